@@ -1,0 +1,1 @@
+"""Dataflows: one package per flow, pure steps plus the Bytewax wiring (``build_flow``)."""

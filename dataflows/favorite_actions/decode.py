@@ -1,0 +1,126 @@
+"""Decode and validate a favorites record (SPEC §4 steps 1-2). Pure: never raises.
+
+Every record yields exactly one of: a :class:`FavoriteMessage` to process, a :class:`Skipped`
+(acknowledged, no row, no DLQ) or a :class:`~schemas.dlq_letter.DeadLetter` (poison).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from schemas.dlq import DlqReason
+from schemas.dlq_letter import DeadLetter
+from schemas.envelope import CONTRACT_VERSION
+from schemas.favorites import ActionType, FavoriteEnvelope
+from schemas.kafka_record import SourceRecord
+
+EMPTY_GUID = UUID(int=0)
+IDEMPOTENCY_PREFIX = "user-activity-favorites"
+
+
+class SkipReason(StrEnum):
+    """Why a message was acknowledged without a row (the ``reason`` metric label)."""
+
+    INVALID_OWNER = "invalid-owner"
+    DUPLICATE = "duplicate"
+    NO_SESSION = "no-session"
+
+
+SKIP_OUTCOMES: Mapping[SkipReason, str] = {
+    SkipReason.INVALID_OWNER: "invalid-owner",
+    SkipReason.DUPLICATE: "skipped-duplicate",
+    SkipReason.NO_SESSION: "skipped-no-session",
+}
+"""The log ``outcome`` of each skip reason (SPEC §6)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FavoriteMessage:
+    """A decoded, valid favorites event, with the record it came from."""
+
+    record: SourceRecord
+    action_type: ActionType
+    envelope: FavoriteEnvelope
+
+    @property
+    def message_id(self) -> UUID:
+        """The source MessageId (the dedup key, the row's ``source_message_id``)."""
+        return self.envelope.message_id
+
+    @property
+    def owner_key(self) -> str:
+        """The owner the session is resolved for: ``anonymous:{id}``, else ``user:{id}``."""
+        payload = self.envelope.payload
+        if payload.anonymous_id is not None:
+            return f"anonymous:{payload.anonymous_id}"
+        return f"user:{payload.user_id}"
+
+    @property
+    def idempotency_key(self) -> str:
+        """``user-activity-favorites:{ActionType}:{MessageId}``."""
+        return f"{IDEMPOTENCY_PREFIX}:{self.action_type.value}:{self.envelope.message_id}"
+
+    @property
+    def dedup_id(self) -> bytes:
+        """A compact form of the idempotency key for the in-memory window (17 bytes)."""
+        tag = b"A" if self.action_type is ActionType.ADD_TO_FAVORITES else b"R"
+        return tag + self.envelope.message_id.bytes
+
+    @property
+    def version_mismatch(self) -> bool:
+        """True when the envelope's Version is not the one we speak (warn and proceed)."""
+        return self.envelope.version != CONTRACT_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A message acknowledged without a row; ``message`` is set when it decoded."""
+
+    record: SourceRecord
+    reason: SkipReason
+    message: FavoriteEnvelope | None = None
+    action_type: ActionType | None = None
+
+
+Decoded = FavoriteMessage | Skipped | DeadLetter
+
+
+def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]) -> Decoded:
+    """Decode ``record`` from a favorites topic; ``action_types`` maps topic -> ActionType.
+
+    Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
+    that does not fit the contract -> ``schema-mismatch`` (all dead letters). Empty GUIDs or not
+    exactly one of UserId / AnonymousId -> ``invalid-owner`` skip.
+    """
+    try:
+        action_type = action_types[record.topic]
+        if record.value is None:
+            return DeadLetter.now(record, DlqReason.TOMBSTONE, "NoneType")
+        try:
+            record.value.decode("utf-8")
+        except UnicodeDecodeError:
+            return DeadLetter.now(record, DlqReason.NOT_UTF8, "UnicodeDecodeError")
+        try:
+            envelope = FavoriteEnvelope.model_validate_json(record.value)
+        except ValidationError as exc:
+            reason = (
+                DlqReason.INVALID_JSON
+                if any(err["type"] == "json_invalid" for err in exc.errors())
+                else DlqReason.SCHEMA_MISMATCH
+            )
+            return DeadLetter.now(record, reason, "ValidationError")
+        payload = envelope.payload
+        if (
+            EMPTY_GUID in (payload.favorite_id, payload.property_object_id, envelope.message_id)
+            or (payload.user_id is None) == (payload.anonymous_id is None)
+            or EMPTY_GUID in (payload.user_id, payload.anonymous_id)
+        ):
+            return Skipped(record, SkipReason.INVALID_OWNER, envelope, action_type)
+        return FavoriteMessage(record, action_type, envelope)
+    except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
+        return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)

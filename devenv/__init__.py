@@ -1,0 +1,1 @@
+"""Local development services: a real Kafka broker and a throwaway PostgreSQL cluster."""

@@ -1,0 +1,1 @@
+"""Cross-cutting runtime pieces: settings, logging, metrics, back-off, health, CLI."""

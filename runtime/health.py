@@ -1,0 +1,150 @@
+"""Process health: running, paused waiting for a dependency, or dead; served over HTTP.
+
+``/livez`` is 200 while the process makes progress or is paused on purpose (an outage is not a
+reason to restart the pod), 503 once no step has reported progress for ``stall_seconds`` while
+not paused. ``/readyz`` is 200 only while running (503 while paused). ``/metrics`` serves the
+Prometheus registry. Bodies are JSON describing the state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from runtime.metrics import PAUSED_SECONDS
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    """What ``/livez`` and ``/readyz`` report."""
+
+    state: str  # "running" | "paused" | "dead"
+    dependency: str | None
+    paused_since: float | None
+    attempt: int
+    last_error: str | None
+    seconds_since_progress: float
+
+    def as_json(self) -> bytes:
+        """The JSON body of the health endpoints."""
+        return orjson.dumps(
+            {
+                "state": self.state,
+                "dependency": self.dependency,
+                "paused_since": (
+                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.paused_since))
+                    if self.paused_since is not None
+                    else None
+                ),
+                "attempt": self.attempt,
+                "last_error": self.last_error,
+                "seconds_since_progress": round(self.seconds_since_progress, 3),
+            }
+        )
+
+
+class Health:
+    """Thread-safe health state shared by every step of one process."""
+
+    def __init__(self, stall_seconds: float = 300.0) -> None:
+        self._lock = threading.Lock()
+        self._stall_seconds = stall_seconds
+        self._paused: dict[str, tuple[float, int, str]] = {}
+        self._last_progress = time.monotonic()
+
+    def beat(self) -> None:
+        """Record progress (a poll, a batch, an idle loop): the process is alive."""
+        self._last_progress = time.monotonic()
+
+    def paused(self, dependency: str, attempt: int, error: str) -> None:
+        """Record that a step waits for ``dependency`` (retry ``attempt``, error class)."""
+        with self._lock:
+            since = self._paused.get(dependency, (time.time(), 0, ""))[0]
+            self._paused[dependency] = (since, attempt, error)
+        self.beat()
+        self._update_gauge()
+
+    def resumed(self, dependency: str) -> None:
+        """Record that ``dependency`` answers again."""
+        with self._lock:
+            self._paused.pop(dependency, None)
+        self.beat()
+        self._update_gauge()
+
+    def snapshot(self) -> HealthSnapshot:
+        """The current state."""
+        with self._lock:
+            paused = dict(self._paused)
+        idle = time.monotonic() - self._last_progress
+        if paused:
+            dependency, (since, attempt, error) = min(paused.items(), key=lambda kv: kv[1][0])
+            return HealthSnapshot("paused", dependency, since, attempt, error, idle)
+        state = "dead" if idle > self._stall_seconds else "running"
+        return HealthSnapshot(state, None, None, 0, None, idle)
+
+    def _update_gauge(self) -> None:
+        with self._lock:
+            since = min((v[0] for v in self._paused.values()), default=None)
+        PAUSED_SECONDS.set(0 if since is None else time.time() - since)
+
+    def refresh_gauge(self) -> None:
+        """Bring the paused-seconds gauge up to date (called on each scrape)."""
+        self._update_gauge()
+
+
+HEALTH = Health()
+"""The process-wide health state."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    health: ClassVar[Health] = HEALTH
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self.health.refresh_gauge()
+            self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+            return
+        snap = self.health.snapshot()
+        if path == "/livez":
+            self._send(503 if snap.state == "dead" else 200, snap.as_json(), "application/json")
+        elif path == "/readyz":
+            self._send(200 if snap.state == "running" else 503, snap.as_json(), "application/json")
+        else:
+            self._send(404, b'{"error":"not found"}', "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Silence the per-request access log."""
+
+
+_server_lock = threading.Lock()
+_server: ThreadingHTTPServer | None = None
+
+
+def serve_http(host: str, port: int) -> int | None:
+    """Start the health/metrics server once per process (idempotent); return its port.
+
+    ``port == 0`` disables the server and returns None.
+    """
+    global _server  # noqa: PLW0603
+    if port == 0:
+        return None
+    with _server_lock:
+        if _server is None:
+            _server = ThreadingHTTPServer((host, port), _Handler)
+            _server.daemon_threads = True
+            threading.Thread(target=_server.serve_forever, name="http", daemon=True).start()
+        return int(_server.server_address[1])

@@ -1,0 +1,84 @@
+"""Prometheus metrics of the service: SPEC §6 names exactly, plus session linking and health.
+
+Metrics live in the default registry, which Bytewax's own metrics also use, so one ``/metrics``
+endpoint serves both.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000)
+
+# Favorites flow (SPEC §6).
+FAVORITES_CONSUME_DURATION_MS = Histogram(
+    "user_activity_favorites_consume_duration_ms",
+    "Milliseconds from a favorites record being read from Kafka to its transaction committing.",
+    buckets=_MS_BUCKETS,
+)
+FAVORITES_RECORDED = Counter(
+    "user_activity_favorites_recorded",
+    "Action-history rows recorded (one per source message).",
+    ["action_type"],
+)
+FAVORITES_SKIPPED = Counter(
+    "user_activity_favorites_skipped",
+    "Favorites messages acknowledged without a row, by reason.",
+    ["reason"],
+)
+FAVORITES_RETRIES = Counter(
+    "user_activity_favorites_retries",
+    "Retries after an infrastructure failure (PostgreSQL or Kafka unavailable, timeout).",
+)
+FAVORITES_DLQ = Counter(
+    "user_activity_favorites_dlq",
+    "Favorites records sent to the dead-letter topic.",
+)
+FAVORITES_LAG_SECONDS = Gauge(
+    "user_activity_favorites_lag_seconds",
+    "Now minus CreatedAt of the oldest message in the last committed batch.",
+)
+
+# Session linking flow (same style).
+SESSION_LINKING_DURATION_MS = Histogram(
+    "user_activity_session_linking_consume_duration_ms",
+    "Milliseconds from a user-signed-in record being read to its transaction committing.",
+    buckets=_MS_BUCKETS,
+)
+SESSION_LINKING_OUTCOMES = Counter(
+    "user_activity_session_linking_outcomes",
+    "user-signed-in messages by outcome (linked, already-linked, relinked, started, ...).",
+    ["outcome"],
+)
+SESSION_LINKING_RETRIES = Counter(
+    "user_activity_session_linking_retries",
+    "Retries after an infrastructure failure in the session-linking flow.",
+)
+SESSION_LINKING_DLQ = Counter(
+    "user_activity_session_linking_dlq",
+    "user-signed-in records sent to the session-linking dead-letter topic.",
+)
+SESSION_LINKING_LAG_SECONDS = Gauge(
+    "user_activity_session_linking_lag_seconds",
+    "Now minus CreatedAt of the oldest message in the last committed session-linking batch.",
+)
+
+# Outbox and health.
+OUTBOX_PUBLISHED = Counter(
+    "user_activity_outbox_published",
+    "Outbox rows acknowledged by the broker and marked published.",
+    ["topic"],
+)
+OUTBOX_PUBLISH_FAILURES = Counter(
+    "user_activity_outbox_publish_failures",
+    "Outbox publication attempts that failed (retried with back-off).",
+)
+CONSUMER_ERRORS = Counter(
+    "user_activity_consumer_errors",
+    "Errors reported by the Kafka consumers (routed to the log, never silently dropped).",
+    ["topic", "code"],
+)
+PAUSED_SECONDS = Gauge(
+    "user_activity_paused_seconds",
+    "Seconds the stream has been paused waiting for a dependency (0 when running).",
+)

@@ -1,0 +1,44 @@
+"""Create the service's topics (SPEC §2: 6 partitions each); existing topics are left alone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+
+def ensure_topics(
+    client_config: Mapping[str, Any],
+    topics: Sequence[str],
+    partitions: int = 6,
+    replication_factor: int = 1,
+    timeout: float = 60.0,
+) -> None:
+    """Create the missing ``topics`` and wait until every one is visible in the metadata."""
+    admin = AdminClient(dict(client_config))
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor)
+         for t in topics],
+        operation_timeout=timeout,
+    )
+    for future in futures.values():
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=10)
+        missing = [
+            t for t in topics
+            if t not in metadata.topics or len(metadata.topics[t].partitions) == 0
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics not visible after {timeout}s: {missing}")
+        time.sleep(0.2)

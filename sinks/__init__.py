@@ -1,0 +1,1 @@
+"""I/O adapters that write: the transactional PostgreSQL sinks, the outbox publisher, the DLQ."""

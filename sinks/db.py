@@ -1,0 +1,49 @@
+"""A PostgreSQL connection owned by one step, reopened after a failure.
+
+Each sink partition and the outbox publisher own one connection: a single-threaded step gains
+nothing from a pool, and a dead connection is replaced on the next attempt of the retry loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import psycopg
+
+from runtime.settings import Settings
+
+
+class Database:
+    """A lazily opened autocommit connection; transactions are explicit (``conn.transaction()``)."""
+
+    def __init__(self, settings: Settings, application_name: str) -> None:
+        self._dsn = settings.database_dsn()
+        self._application_name = application_name
+        self._statement_timeout_ms = settings.db_statement_timeout_ms
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def connection(self) -> psycopg.Connection[tuple[object, ...]]:
+        """The open connection, connecting first if needed (raises OperationalError if down)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            self.reset()
+            conn = psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=self._application_name,
+                options=f"-c statement_timeout={self._statement_timeout_ms}",
+            )
+            self._conn = conn
+        return conn
+
+    def reset(self) -> None:
+        """Drop the current connection (after an infrastructure error); the next call reconnects."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    def close(self) -> None:
+        """Close the connection for good."""
+        self.reset()

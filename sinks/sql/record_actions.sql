@@ -1,0 +1,42 @@
+-- Record a batch of actions in one statement: idempotency marks, action_events rows and
+-- action-tracked outbox rows. A message whose mark or source_message_id already exists changes
+-- nothing (ON CONFLICT DO NOTHING; a racing writer waits, then skips). Returns the ids of the
+-- action_events rows actually inserted.
+WITH input AS (
+    SELECT *
+      FROM unnest(
+               %(idempotency_keys)s::text[], %(ids)s::uuid[], %(action_types)s::text[],
+               %(session_ids)s::uuid[], %(anonymous_ids)s::uuid[], %(user_ids)s::uuid[],
+               %(occurred_ats)s::timestamptz[], %(property_object_ids)s::uuid[],
+               %(favorite_ids)s::uuid[], %(source_message_ids)s::uuid[],
+               %(outbox_ids)s::uuid[], %(outbox_topics)s::text[], %(outbox_keys)s::bytea[],
+               %(outbox_values)s::bytea[], %(outbox_headers)s::text[]
+           ) AS t (idempotency_key, id, action_type, session_id, anonymous_id, user_id,
+                   occurred_at, property_object_id, favorite_id, source_message_id,
+                   outbox_id, outbox_topic, outbox_key, outbox_value, outbox_headers)
+),
+marked AS (
+    INSERT INTO user_activity.consumer_idempotency_marks (key)
+    SELECT idempotency_key FROM input
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
+),
+recorded AS (
+    INSERT INTO user_activity.action_events
+           (id, action_type, session_id, anonymous_id, user_id, occurred_at,
+            property_object_id, favorite_id, source_message_id)
+    SELECT i.id, i.action_type, i.session_id, i.anonymous_id, i.user_id, i.occurred_at,
+           i.property_object_id, i.favorite_id, i.source_message_id
+      FROM input i
+      JOIN marked m ON m.key = i.idempotency_key
+    ON CONFLICT (source_message_id) WHERE source_message_id IS NOT NULL DO NOTHING
+    RETURNING id
+),
+announced AS (
+    INSERT INTO user_activity.outbox (id, topic, key, value, headers)
+    SELECT i.outbox_id, i.outbox_topic, i.outbox_key, i.outbox_value, i.outbox_headers::jsonb
+      FROM input i
+      JOIN recorded r ON r.id = i.id
+    RETURNING id
+)
+SELECT r.id FROM recorded r

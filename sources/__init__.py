@@ -1,0 +1,1 @@
+"""I/O adapters that read: the Kafka input of the dataflows."""

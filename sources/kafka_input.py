@@ -1,0 +1,257 @@
+"""Kafka input: one Bytewax partition per Kafka partition, offsets kept in Bytewax snapshots.
+
+Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviours:
+- consumer errors become :class:`ConsumerError` items (routed by the flow, never raised and never
+  mistaken for an offset: an error event does not move the snapshot offset);
+- starting position: earliest, latest, a timestamp (``offsets_for_times``) or explicit
+  per-partition offsets, used only when there is no snapshot to resume from;
+- bounded mode (``tail=False``): each partition stops at the end offset seen when it was built,
+  so a backfill is a bounded run even while producers keep writing;
+- no busy loop: an empty poll schedules the next one ``idle_poll`` later;
+- the snapshot is the offset of the next record to read, taken by Bytewax at epoch end, i.e.
+  only once the sinks have returned for the records before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from typing_extensions import override
+
+from runtime.backoff import Backoff
+from runtime.health import HEALTH
+from runtime.logs import log_event
+from schemas.kafka_record import ConsumerError, SourceRecord
+
+logger = logging.getLogger(__name__)
+
+InputItem = SourceRecord | ConsumerError
+
+
+@dataclass(frozen=True)
+class StartPosition:
+    """Where a partition starts when Bytewax has no snapshot for it.
+
+    Exactly one of: ``earliest`` (default), ``latest``, ``timestamp_ms`` or ``offsets`` (a map
+    ``(topic, partition) -> offset``; partitions not in it start at earliest).
+    """
+
+    latest: bool = False
+    timestamp_ms: int | None = None
+    offsets: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _part_name(topic: str, partition: int) -> str:
+    return f"{topic}#{partition}"
+
+
+class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
+    """Reads one topic; each Kafka partition is a Bytewax partition (the unit of parallelism)."""
+
+    def __init__(
+        self,
+        client_config: Mapping[str, Any],
+        topic: str,
+        *,
+        start: StartPosition | None = None,
+        tail: bool = True,
+        batch_size: int = 1000,
+        idle_poll: timedelta = timedelta(milliseconds=20),
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._config = dict(client_config)
+        self._topic = topic
+        self._start = start or StartPosition()
+        self._tail = tail
+        self._batch_size = batch_size
+        self._idle_poll = idle_poll
+        self._backoff = backoff or Backoff()
+
+    @override
+    def list_parts(self) -> list[str]:
+        """The topic's partitions; waits (back-off, forever) while Kafka is unreachable."""
+        admin = AdminClient(self._config)
+        attempt = 0
+        while True:
+            try:
+                metadata = admin.list_topics(self._topic, timeout=10)
+                topic = metadata.topics[self._topic]
+                if topic.error is not None:
+                    raise KafkaException(topic.error)
+                HEALTH.resumed("kafka")
+                return [_part_name(self._topic, p) for p in sorted(topic.partitions)]
+            except KafkaException as exc:
+                delay = self._backoff.delay(attempt)
+                attempt += 1
+                HEALTH.paused("kafka", attempt, type(exc).__name__)
+                log_event(
+                    logger, "kafka-metadata-retry", logging.WARNING, topic=self._topic,
+                    error=str(exc), attempt=attempt, delay_s=round(delay, 2),
+                )
+                time.sleep(delay)
+
+    @override
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: int | None
+    ) -> _KafkaPartition:
+        topic, _, index = for_part.rpartition("#")
+        return _KafkaPartition(
+            self._config,
+            topic,
+            int(index),
+            self._start,
+            resume_state,
+            tail=self._tail,
+            batch_size=self._batch_size,
+            idle_poll=self._idle_poll,
+        )
+
+
+class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
+    def __init__(
+        self,
+        client_config: Mapping[str, Any],
+        topic: str,
+        partition: int,
+        start: StartPosition,
+        resume_state: int | None,
+        *,
+        tail: bool,
+        batch_size: int,
+        idle_poll: timedelta,
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._batch_size = batch_size
+        self._idle_poll = idle_poll
+        self._awake: datetime | None = None
+        self._consumer = Consumer(
+            {
+                **client_config,
+                # Offsets live in Bytewax snapshots; the group id is never used to commit.
+                "group.id": "user-activity-stream-unused",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 50,
+            }
+        )
+        self._next_offset = (
+            resume_state if resume_state is not None else self._initial_offset(start)
+        )
+        self._end_offset: int | None = None
+        if not tail:
+            _low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=30
+            )
+            self._end_offset = high
+        self._consumer.assign([TopicPartition(topic, partition, self._assign_offset())])
+
+    def _initial_offset(self, start: StartPosition) -> int | None:
+        explicit = start.offsets.get((self._topic, self._partition))
+        if explicit is not None:
+            return explicit
+        if start.timestamp_ms is not None:
+            found = self._consumer.offsets_for_times(
+                [TopicPartition(self._topic, self._partition, start.timestamp_ms)], timeout=30
+            )[0]
+            if found.offset >= 0:
+                return int(found.offset)
+            _low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, self._partition), timeout=30
+            )
+            return int(high)
+        if start.latest:
+            _low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, self._partition), timeout=30
+            )
+            return int(high)
+        return None
+
+    def _assign_offset(self) -> int:
+        return OFFSET_BEGINNING if self._next_offset is None else self._next_offset
+
+    def _finished(self) -> bool:
+        if self._end_offset is None:
+            return False
+        if self._next_offset is None:
+            low, _high = self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, self._partition), timeout=30
+            )
+            self._next_offset = low
+        return self._next_offset >= self._end_offset
+
+    @override
+    def next_batch(self) -> list[InputItem]:
+        HEALTH.beat()
+        if self._finished():
+            raise StopIteration
+        messages = self._consumer.consume(self._batch_size, 0)
+        batch: list[InputItem] = []
+        now = time.monotonic()
+        end = self._end_offset
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    batch.append(
+                        ConsumerError(
+                            self._topic, self._partition, error.name(), error.str(),
+                            error.fatal(),
+                        )
+                    )
+                continue
+            offset = msg.offset()
+            if offset is None or (end is not None and offset >= end):
+                continue
+            batch.append(
+                SourceRecord(
+                    topic=self._topic,
+                    partition=self._partition,
+                    offset=offset,
+                    key=msg.key(),
+                    value=msg.value(),
+                    headers=_headers(msg.headers()),
+                    received_at=now,
+                )
+            )
+            self._next_offset = offset + 1
+        self._awake = None if messages else datetime.now(UTC) + self._idle_poll
+        return batch
+
+    @override
+    def next_awake(self) -> datetime | None:
+        return self._awake
+
+    @override
+    def snapshot(self) -> int | None:
+        return self._next_offset
+
+    @override
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple((str(name), value or b"") for name, value in raw)
+
+
+__all__ = ["OFFSET_END", "InputItem", "KafkaInput", "StartPosition"]
