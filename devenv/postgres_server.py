@@ -100,6 +100,11 @@ _STATE_NAME: Final = "state.json"
 _LOG_NAME: Final = "postgres.log"
 # sun_path is 108 bytes including the terminating NUL; keep a small margin.
 _MAX_SOCKET_PATH: Final = 103
+_SHUTDOWN_SIGNALS: Final = {
+    "smart": signal.SIGTERM,
+    "fast": signal.SIGINT,
+    "immediate": signal.SIGQUIT,
+}
 _PORT_IN_USE_MARKERS: Final = ("Address already in use", "could not create any TCP/IP sockets")
 
 
@@ -169,6 +174,17 @@ def _free_port() -> int:
         sock.bind((HOST, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _port_available(port: int) -> bool:
+    """Whether a listening socket could bind 127.0.0.1:``port`` (as the postmaster does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
 
 
 def _process_alive(pid: int) -> bool:
@@ -289,11 +305,12 @@ class PostgresServer:
     ) -> None:
         self._bin_dir = find_bin_dir(bin_dir)
         self._owns_run_dir = run_dir is None
-        self._run_dir = (
-            Path(tempfile.mkdtemp(prefix="devenv-postgres-"))
-            if run_dir is None
-            else Path(run_dir).absolute()
-        )
+        if run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix="devenv-postgres-"))
+            if os.geteuid() == 0:
+                self._run_dir.chmod(0o711)  # let the postgres account traverse it
+        else:
+            self._run_dir = Path(run_dir).absolute()
         self._settings: dict[str, SettingValue] = dict(settings or {})
         for name in self._settings:
             _format_setting(name, self._settings[name])
@@ -356,7 +373,9 @@ class PostgresServer:
             first_line = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
             pid = int(first_line)
         except (OSError, ValueError):
-            return None
+            # No pid file (still starting, or the data directory was removed under us): a
+            # postmaster started by this object is still ours to report and stop.
+            return None if self._proc is None else self._proc.pid
         return pid if _process_alive(pid) else None
 
     def is_running(self) -> bool:
@@ -431,6 +450,13 @@ class PostgresServer:
         for attempt in range(attempts):
             if self._port is None:
                 self._port = _free_port()
+            if not _port_available(self._port):
+                if self._port_is_auto and attempt + 1 < attempts:
+                    self._port = None
+                    continue
+                raise PostgresServerError(
+                    f"port {self._port} on {HOST} is already in use (Address already in use)"
+                )
             self._write_config()
             log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             self._launch()
@@ -451,20 +477,26 @@ class PostgresServer:
 
         ``mode`` is ``"smart"``, ``"fast"`` (default) or ``"immediate"`` (crash-like: the next
         start runs recovery).  If the shutdown does not finish within ``stop_timeout`` seconds it
-        is escalated to ``immediate``, and finally to SIGKILL.
+        is escalated to ``immediate``, and finally to SIGKILL.  If ``pg_ctl`` cannot act (e.g.
+        ``postmaster.pid`` is gone), the same shutdown signals are sent to the postmaster directly.
         """
-        if mode not in {"smart", "fast", "immediate"}:
+        if mode not in _SHUTDOWN_SIGNALS:
             raise ValueError(f"unknown shutdown mode {mode!r}")
         pid = self.pid
         if pid is not None:
             result = self._pg_ctl_stop(mode, self._stop_timeout)
-            if self.is_running() and mode != "immediate":
+            if _process_alive(pid) and not (self.data_dir / "postmaster.pid").exists():
+                self._signal(pid, _SHUTDOWN_SIGNALS[mode])
+                self._wait_exit(pid, timeout=self._stop_timeout)
+            if _process_alive(pid) and mode != "immediate":
                 result = self._pg_ctl_stop("immediate", 10.0)
-            if self.is_running():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                if _process_alive(pid):
+                    self._signal(pid, signal.SIGQUIT)
+                    self._wait_exit(pid, timeout=10.0)
+            if _process_alive(pid):
+                self._signal(pid, signal.SIGKILL)
             self._wait_exit(pid, timeout=10.0)
-            if self.is_running():
+            if _process_alive(pid):
                 raise PostgresServerError(
                     f"could not stop postmaster {pid}: {result.stdout}{result.stderr}"
                 )
@@ -614,7 +646,6 @@ class PostgresServer:
             "C",
             "--auth",
             "trust",
-            "--no-sync",
             "--no-instructions",
         ]
         result = self._run_as(cmd, timeout=300.0)
@@ -748,6 +779,11 @@ class PostgresServer:
             return self._run_as(cmd, timeout=timeout + 15.0)
         except subprocess.TimeoutExpired as exc:
             return subprocess.CompletedProcess(cmd, -1, str(exc.stdout or ""), "pg_ctl timed out")
+
+    @staticmethod
+    def _signal(pid: int, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
     def _wait_exit(self, pid: int, timeout: float) -> None:
         if self._proc is not None and self._proc.pid == pid:

@@ -13,6 +13,9 @@ from typing import Any
 
 import orjson
 
+LIBRDKAFKA_LOGGER = logging.getLogger("librdkafka")
+"""Where every Kafka client's own log lines go (instead of raw stderr)."""
+
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
 

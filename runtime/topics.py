@@ -35,7 +35,9 @@ def ensure_topics(
         metadata = admin.list_topics(timeout=10)
         missing = [
             t for t in topics
-            if t not in metadata.topics or len(metadata.topics[t].partitions) == 0
+            if t not in metadata.topics
+            or len(metadata.topics[t].partitions) == 0
+            or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
         ]
         if not missing:
             return

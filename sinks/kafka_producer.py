@@ -13,6 +13,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from runtime.logs import LIBRDKAFKA_LOGGER
 from runtime.settings import Settings
 
 
@@ -37,6 +38,7 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
         "socket.connection.setup.timeout.ms": 5_000,
+        "logger": LIBRDKAFKA_LOGGER,
     }
     config.update(overrides)
     return Producer(config)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from confluent_kafka import (
@@ -35,7 +35,7 @@ from typing_extensions import override
 
 from runtime.backoff import Backoff
 from runtime.health import HEALTH
-from runtime.logs import log_event
+from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from schemas.kafka_record import ConsumerError, SourceRecord
 
 logger = logging.getLogger(__name__)
@@ -85,25 +85,16 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
     @override
     def list_parts(self) -> list[str]:
         """The topic's partitions; waits (back-off, forever) while Kafka is unreachable."""
-        admin = AdminClient(self._config)
-        attempt = 0
-        while True:
-            try:
-                metadata = admin.list_topics(self._topic, timeout=10)
-                topic = metadata.topics[self._topic]
-                if topic.error is not None:
-                    raise KafkaException(topic.error)
-                HEALTH.resumed("kafka")
-                return [_part_name(self._topic, p) for p in sorted(topic.partitions)]
-            except KafkaException as exc:
-                delay = self._backoff.delay(attempt)
-                attempt += 1
-                HEALTH.paused("kafka", attempt, type(exc).__name__)
-                log_event(
-                    logger, "kafka-metadata-retry", logging.WARNING, topic=self._topic,
-                    error=str(exc), attempt=attempt, delay_s=round(delay, 2),
-                )
-                time.sleep(delay)
+        config: dict[str, Any] = {**self._config, "logger": LIBRDKAFKA_LOGGER}
+        admin = AdminClient(config)
+
+        def partitions() -> list[str]:
+            topic = admin.list_topics(self._topic, timeout=10).topics[self._topic]
+            if topic.error is not None:
+                raise KafkaException(topic.error)
+            return [_part_name(self._topic, p) for p in sorted(topic.partitions)]
+
+        return _retrying(partitions, self._topic, self._backoff)
 
     @override
     def build_part(
@@ -119,6 +110,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             tail=self._tail,
             batch_size=self._batch_size,
             idle_poll=self._idle_poll,
+            backoff=self._backoff,
         )
 
 
@@ -134,6 +126,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         tail: bool,
         batch_size: int,
         idle_poll: timedelta,
+        backoff: Backoff,
     ) -> None:
         self._topic = topic
         self._partition = partition
@@ -143,6 +136,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._consumer = Consumer(
             {
                 **client_config,
+                "logger": LIBRDKAFKA_LOGGER,
                 # Offsets live in Bytewax snapshots; the group id is never used to commit.
                 "group.id": "user-activity-stream-unused",
                 "enable.auto.commit": False,
@@ -153,15 +147,20 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             }
         )
         self._next_offset = (
-            resume_state if resume_state is not None else self._initial_offset(start)
+            resume_state
+            if resume_state is not None
+            else _retrying(lambda: self._initial_offset(start), topic, backoff)
         )
         self._end_offset: int | None = None
         if not tail:
-            _low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=30
-            )
-            self._end_offset = high
+            self._end_offset = _retrying(lambda: self._watermarks()[1], topic, backoff)
         self._consumer.assign([TopicPartition(topic, partition, self._assign_offset())])
+
+    def _watermarks(self) -> tuple[int, int]:
+        low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self._topic, self._partition), timeout=10
+        )
+        return int(low), int(high)
 
     def _initial_offset(self, start: StartPosition) -> int | None:
         explicit = start.offsets.get((self._topic, self._partition))
@@ -169,19 +168,13 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return explicit
         if start.timestamp_ms is not None:
             found = self._consumer.offsets_for_times(
-                [TopicPartition(self._topic, self._partition, start.timestamp_ms)], timeout=30
+                [TopicPartition(self._topic, self._partition, start.timestamp_ms)], timeout=10
             )[0]
             if found.offset >= 0:
                 return int(found.offset)
-            _low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self._topic, self._partition), timeout=30
-            )
-            return int(high)
+            return self._watermarks()[1]  # nothing at or after the timestamp: the end
         if start.latest:
-            _low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self._topic, self._partition), timeout=30
-            )
-            return int(high)
+            return self._watermarks()[1]
         return None
 
     def _assign_offset(self) -> int:
@@ -191,10 +184,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if self._end_offset is None:
             return False
         if self._next_offset is None:
-            low, _high = self._consumer.get_watermark_offsets(
-                TopicPartition(self._topic, self._partition), timeout=30
-            )
-            self._next_offset = low
+            self._next_offset = self._watermarks()[0]
         return self._next_offset >= self._end_offset
 
     @override
@@ -246,6 +236,30 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     @override
     def close(self) -> None:
         self._consumer.close()
+
+
+T = TypeVar("T")
+
+
+def _retrying(call: Callable[[], T], topic: str, backoff: Backoff) -> T:
+    """Run a metadata call until Kafka answers (a leader moving, a broker restarting)."""
+    attempt = 0
+    while True:
+        try:
+            result = call()
+        except KafkaException as exc:
+            delay = backoff.delay(attempt)
+            attempt += 1
+            HEALTH.paused("kafka", attempt, type(exc).__name__)
+            log_event(
+                logger, "kafka-metadata-retry", logging.WARNING, topic=topic,
+                error=str(exc), attempt=attempt, delay_s=round(delay, 2),
+            )
+            time.sleep(delay)
+            continue
+        if attempt:
+            HEALTH.resumed("kafka")
+        return result
 
 
 def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:

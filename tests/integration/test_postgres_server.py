@@ -99,6 +99,16 @@ def test_stop_drops_live_connections_and_immediate_stop_recovers(
         assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
 
 
+def test_stop_without_pid_file_still_stops_own_postmaster(server: PostgresServer) -> None:
+    pid = server.pid
+    assert pid is not None
+    (server.data_dir / "postmaster.pid").unlink()  # e.g. data dir removed under a live server
+    assert server.pid == pid
+    server.stop()
+    assert not _alive(pid)
+    assert server.pid is None
+
+
 def test_server_settings(tmp_path: Path) -> None:
     settings = {"work_mem": "8MB", "log_min_duration_statement": 250, "jit": False}
     with PostgresServer(tmp_path / "pg", settings=settings) as srv, srv.connect() as conn:
@@ -172,6 +182,7 @@ def test_temporary_run_dir_is_removed_on_close() -> None:
     with PostgresServer() as srv:
         run_dir, data_dir = srv.run_dir, srv.data_dir
         assert (data_dir / "PG_VERSION").exists()
+        assert data_dir.parent == run_dir  # no relocation needed for its own temp dir
     assert not run_dir.exists()
     assert not data_dir.exists()
 
@@ -249,3 +260,6 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
         assert restarted.stdout.strip().splitlines()[-1] == dsn
     finally:
         assert cli("stop").returncode == 0
+        # CLI stop keeps the data; remove it (it may live outside tmp_path when run as root).
+        PostgresServer(run_dir).remove_data()
+    assert not (run_dir / "state.json").exists()

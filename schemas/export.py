@@ -1,0 +1,148 @@
+"""Export the JSON Schema of every wire contract to ``schemas/json/``, or check it has not drifted.
+
+``python -m schemas.export`` (re)writes ``schemas/json/<kebab-name>.schema.json`` for every model
+in :data:`CONTRACT_MODELS` and removes stale ``*.schema.json`` files; ``python -m schemas.export
+--check`` writes nothing and exits 1, listing the drifted files, when a committed file differs from
+its model, is missing, or belongs to no model. The rendering is deterministic (sorted keys, indent
+2, trailing newline), so a drift is always a real contract change.
+
+The schemas are pydantic's ``model_json_schema(by_alias=True, mode="validation")``: the PascalCase
+wire names, describing what this service accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from schemas.favorites import ActionTrackedEnvelope, FavoriteEnvelope
+from schemas.sessions import (
+    SessionEndedEnvelope,
+    SessionLinkedEnvelope,
+    SessionStartedEnvelope,
+    UserSignedInEnvelope,
+)
+
+CONTRACT_MODELS: tuple[type[BaseModel], ...] = (
+    FavoriteEnvelope,
+    ActionTrackedEnvelope,
+    UserSignedInEnvelope,
+    SessionLinkedEnvelope,
+    SessionStartedEnvelope,
+    SessionEndedEnvelope,
+)
+"""Every message value the service reads or writes, in the order they are exported."""
+
+SCHEMA_DIR = Path(__file__).resolve().parent / "json"
+"""Where the committed schema files live."""
+
+SCHEMA_SUFFIX = ".schema.json"
+
+_WORD_BOUNDARY = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def schema_file_name(model: type[BaseModel]) -> str:
+    """The schema file name: ``FavoriteEnvelope`` -> ``favorite-envelope.schema.json``."""
+    return _WORD_BOUNDARY.sub("-", model.__name__).lower() + SCHEMA_SUFFIX
+
+
+def render_schema(model: type[BaseModel]) -> str:
+    """``model``'s validation JSON Schema with wire names: sorted keys, indent 2, final newline."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    return json.dumps(schema, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def expected_schemas() -> dict[str, str]:
+    """The file name -> rendered schema of every contract model."""
+    return {schema_file_name(model): render_schema(model) for model in CONTRACT_MODELS}
+
+
+def drifted_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
+    """The schema files in ``directory`` that are missing, differ from their model, or are stale.
+
+    Reads only; an unreadable or non-UTF-8 file counts as drifted.
+    """
+    expected = expected_schemas()
+    drifted: list[Path] = []
+    for name, text in expected.items():
+        path = directory / name
+        if _read_text(path) != text:
+            drifted.append(path)
+    if directory.is_dir():
+        drifted.extend(
+            path
+            for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}"))
+            if path.name not in expected
+        )
+    return drifted
+
+
+def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
+    """Write every contract's schema into ``directory`` and delete stale schema files.
+
+    Files whose content is already right are left untouched. Returns the paths written or deleted.
+    Raises ``OSError`` when the directory cannot be created or written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    expected = expected_schemas()
+    changed: list[Path] = []
+    for name, text in expected.items():
+        path = directory / name
+        if _read_text(path) != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}")):
+        if path.name not in expected:
+            path.unlink()
+            changed.append(path)
+    return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the process exit code (1 = drift found by ``--check``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m schemas.export",
+        description="Export (or check) the JSON Schema of every wire contract.",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 and list the files that drifted from the models",
+    )
+    parser.add_argument(
+        "--directory",
+        type=Path,
+        default=SCHEMA_DIR,
+        help=f"where the schema files live (default: {SCHEMA_DIR})",
+    )
+    args = parser.parse_args(argv)
+    directory: Path = args.directory
+    if args.check:
+        drifted = drifted_schemas(directory)
+        for path in drifted:
+            print(f"drifted: {path}", file=sys.stderr)
+        if drifted:
+            print("run `python -m schemas.export` to regenerate", file=sys.stderr)
+            return 1
+        return 0
+    for path in write_schemas(directory):
+        print(f"updated: {path}")
+    return 0
+
+
+def _read_text(path: Path) -> str | None:
+    """The file's UTF-8 text, or None when it is missing or unreadable."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

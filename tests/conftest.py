@@ -1,0 +1,104 @@
+"""Session-wide real services: a PostgreSQL cluster and a Kafka broker, started once.
+
+``USER_ACTIVITY_TEST_DATABASE_URL`` / ``USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS`` point the
+suite at existing services instead (the DSN's role must be allowed to create a database).
+Each test owns its topics (unique names) and its rows (unique ids), so order does not matter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from runtime.migrate import apply_migrations
+from runtime.settings import Settings
+from runtime.topics import ensure_topics
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A migrated database on a real PostgreSQL server."""
+    external = os.environ.get("USER_ACTIVITY_TEST_DATABASE_URL")
+    if external:
+        apply_migrations(external)
+        yield external
+        return
+    from devenv.postgres_server import PostgresServer
+
+    server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+    server.start()
+    try:
+        dsn = server.create_database("user_activity_test")
+        apply_migrations(dsn)
+        yield dsn
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The bootstrap address of a real Kafka broker (KRaft, single node)."""
+    external = os.environ.get("USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    from devenv.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test database."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        yield conn
+
+
+SettingsFactory = Callable[..., Settings]
+
+
+@pytest.fixture
+def make_settings(
+    request: pytest.FixtureRequest, database_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> SettingsFactory:
+    """Settings whose topics belong to this test alone (created with 6 partitions)."""
+    slug = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name)[:60]
+    prefix = f"t.{slug}.{uuid.uuid4().hex[:6]}"
+
+    def factory(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "kafka_bootstrap_servers": kafka_bootstrap,
+            "database_url": database_url,
+            "topic_favorite_added": f"{prefix}.favorite-added",
+            "topic_favorite_removed": f"{prefix}.favorite-removed",
+            "topic_action_tracked": f"{prefix}.action-tracked",
+            "topic_favorites_dlq": f"{prefix}.favorites-dlq",
+            "topic_user_signed_in": f"{prefix}.user-signed-in",
+            "topic_session_linked": f"{prefix}.session-linked",
+            "topic_session_started": f"{prefix}.session-started",
+            "topic_session_ended": f"{prefix}.session-ended",
+            "topic_session_linking_dlq": f"{prefix}.session-linking-dlq",
+            "tail": False,
+            "http_port": 0,
+            "retry_initial_seconds": 0.2,
+            "retry_max_seconds": 2.0,
+            "outbox_idle_poll_seconds": 0.2,
+        }
+        values.update(overrides)
+        settings = Settings(**values)
+        ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6)
+        return settings
+
+    return factory

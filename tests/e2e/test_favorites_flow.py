@@ -1,0 +1,178 @@
+"""AC1-AC6 end to end: real envelopes on real topics -> the real flow -> rows + action-tracked."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from bytewax.testing import cluster_main, run_main
+
+from dataflows.favorite_actions import build_flow
+from schemas.favorites import ActionTrackedEnvelope
+from tests.conftest import SettingsFactory
+from tests.support import (
+    action_rows,
+    consume_all,
+    envelope_record,
+    favorite_envelope,
+    insert_session,
+    new_id,
+    produce,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _tracked(settings: Any, expect: int) -> list[ActionTrackedEnvelope]:
+    return [
+        ActionTrackedEnvelope.model_validate_json(c.value or b"")
+        for c in consume_all(settings, settings.topic_action_tracked, expect_at_least=expect)
+    ]
+
+
+def test_favorite_added_with_an_active_session_records_a_row_and_publishes_action_tracked(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous, user = new_id(), new_id()
+    session = insert_session(db, anonymous_id=anonymous, user_id=user)
+    envelope = favorite_envelope(anonymous_id=anonymous)
+    produce(settings, [envelope_record(settings.topic_favorite_added, envelope,
+                                       headers=(("traceparent", b"00-abc-def-01"),))])
+
+    run_main(build_flow(settings))
+
+    message_id = uuid.UUID(envelope["MessageId"])
+    [row] = action_rows(db, [message_id])
+    assert row["action_type"] == "AddToFavorites"
+    assert (row["session_id"], row["anonymous_id"], row["user_id"]) == (session, anonymous, user)
+    consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=1)
+    assert len(consumed) == 1
+    tracked = ActionTrackedEnvelope.model_validate_json(consumed[0].value or b"")
+    assert tracked.aggregate_id == str(row["id"])
+    assert tracked.payload.action_type == "AddToFavorites"
+    assert tracked.payload.session_id == session
+    assert tracked.payload.user_id == user
+    assert tracked.correlation_id == "corr-1"
+    assert consumed[0].key == str(row["id"]).encode()
+    assert consumed[0].header("traceparent") == b"00-abc-def-01"
+
+
+def test_favorite_removed_records_remove_from_favorites_and_publishes_it(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous = new_id()
+    insert_session(db, anonymous_id=anonymous)
+    envelope = favorite_envelope(anonymous_id=anonymous)
+    produce(settings, [envelope_record(settings.topic_favorite_removed, envelope)])
+
+    run_main(build_flow(settings))
+
+    [row] = action_rows(db, [uuid.UUID(envelope["MessageId"])])
+    assert row["action_type"] == "RemoveFromFavorites"
+    [tracked] = _tracked(settings, 1)
+    assert tracked.payload.action_type == "RemoveFromFavorites"
+    assert tracked.payload.favorite_id == uuid.UUID(envelope["Payload"]["FavoriteId"])
+
+
+def test_redelivered_message_id_on_two_partitions_and_after_a_restart_records_once(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous = new_id()
+    insert_session(db, anonymous_id=anonymous)
+    envelope = favorite_envelope(anonymous_id=anonymous)
+    record = envelope_record(settings.topic_favorite_added, envelope)
+    produce(settings, [
+        envelope_record(settings.topic_favorite_added, envelope, partition=0),
+        envelope_record(settings.topic_favorite_added, envelope, partition=3),
+    ])
+    run_main(build_flow(settings))
+    produce(settings, [record])  # redelivered after the job's restart (no snapshot: full replay)
+
+    run_main(build_flow(settings))
+
+    assert len(action_rows(db, [uuid.UUID(envelope["MessageId"])])) == 1
+    tracked = _tracked(settings, 1)
+    assert len({t.message_id for t in tracked}) == 1
+
+
+def test_both_or_neither_owner_is_invalid_owner_with_no_row_and_no_dlq(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous, user = new_id(), new_id()
+    insert_session(db, anonymous_id=anonymous, user_id=user)
+    both = favorite_envelope(anonymous_id=anonymous, user_id=user)
+    neither = favorite_envelope()
+    produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in (both, neither)])
+
+    run_main(build_flow(settings))
+
+    assert action_rows(db, [uuid.UUID(e["MessageId"]) for e in (both, neither)]) == []
+    assert consume_all(settings, settings.topic_action_tracked, settle=0.5) == []
+    assert consume_all(settings, settings.topic_favorites_dlq, settle=0.5) == []
+
+
+def test_owner_without_any_session_is_skipped_with_no_row(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    envelope = favorite_envelope(user_id=new_id())
+    produce(settings, [envelope_record(settings.topic_favorite_added, envelope)])
+
+    run_main(build_flow(settings))
+
+    assert action_rows(db, [uuid.UUID(envelope["MessageId"])]) == []
+    assert consume_all(settings, settings.topic_action_tracked, settle=0.5) == []
+
+
+def test_guest_like_shows_in_the_users_history_after_the_session_is_linked(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous, user = new_id(), new_id()
+    session = insert_session(db, anonymous_id=anonymous)
+    envelope = favorite_envelope(anonymous_id=anonymous)
+    produce(settings, [envelope_record(settings.topic_favorite_added, envelope)])
+
+    run_main(build_flow(settings))
+    [row] = action_rows(db, [uuid.UUID(envelope["MessageId"])])
+    assert (row["anonymous_id"], row["user_id"]) == (anonymous, None)
+    [tracked] = _tracked(settings, 1)
+    assert tracked.payload.user_id is None
+    history_before = db.execute(
+        "SELECT id FROM user_activity.user_action_history WHERE history_user_id = %s", (user,)
+    ).fetchall()
+    db.execute(
+        "UPDATE user_activity.sessions SET user_id = %s, linked_at = now() WHERE id = %s",
+        (user, session),
+    )
+
+    history = db.execute(
+        "SELECT id FROM user_activity.user_action_history WHERE history_user_id = %s", (user,)
+    ).fetchall()
+
+    assert history_before == []
+    assert history == [(row["id"],)]
+
+
+def test_two_workers_record_every_message_exactly_once(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    owners = [new_id() for _ in range(20)]
+    for owner in owners:
+        insert_session(db, anonymous_id=owner)
+    envelopes = [favorite_envelope(anonymous_id=owners[i % 20]) for i in range(200)]
+    produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in envelopes])
+    produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in envelopes[:50]])
+
+    cluster_main(build_flow(settings), addresses=[], proc_id=0, worker_count_per_proc=2)
+
+    assert len(action_rows(db, [uuid.UUID(e["MessageId"]) for e in envelopes])) == 200
+    tracked = _tracked(settings, 200)
+    assert len({t.message_id for t in tracked}) == 200

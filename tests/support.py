@@ -1,0 +1,182 @@
+"""Helpers shared by integration and e2e tests: envelopes, Kafka I/O, session seeding."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from runtime.settings import Settings
+
+
+def new_id() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+def favorite_envelope(
+    *,
+    message_id: uuid.UUID | None = None,
+    favorite_id: uuid.UUID | None = None,
+    property_object_id: uuid.UUID | None = None,
+    user_id: uuid.UUID | None = None,
+    anonymous_id: uuid.UUID | None = None,
+    occurred_at: str = "2026-11-29T08:00:00.1234567+03:00",
+    created_at: datetime | None = None,
+    version: int = 1,
+    correlation_id: str | None = "corr-1",
+    extra_payload: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A favorite-added/removed envelope as a .NET producer writes it."""
+    favorite_id = favorite_id or new_id()
+    payload: dict[str, Any] = {
+        "FavoriteId": str(favorite_id).upper(),
+        "PropertyObjectId": str(property_object_id or new_id()),
+        "UserId": None if user_id is None else str(user_id),
+        "AnonymousId": None if anonymous_id is None else str(anonymous_id),
+        "OccurredAt": occurred_at,
+        **(extra_payload or {}),
+    }
+    return {
+        "MessageId": str(message_id or new_id()),
+        "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),
+        "Version": version,
+        "AggregateId": str(favorite_id),
+        "AggregateType": "Favorite",
+        "CorrelationId": correlation_id,
+        "Payload": payload,
+    }
+
+
+@dataclass(frozen=True)
+class Produced:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
+
+
+def produce(settings: Settings, records: Iterable[Produced]) -> int:
+    """Produce ``records`` and fail unless every one is acknowledged."""
+    producer = Producer({**settings.kafka_client_config(), "acks": "all", "linger.ms": 5})
+    errors: list[Any] = []
+    count = 0
+    for record in records:
+        kwargs: dict[str, Any] = {"key": record.key, "value": record.value,
+                                  "headers": list(record.headers)}
+        if record.partition is not None:
+            kwargs["partition"] = record.partition
+        while True:
+            try:
+                producer.produce(
+                    record.topic, on_delivery=lambda err, _m: errors.append(err) if err else None,
+                    **kwargs,
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+        count += 1
+    assert producer.flush(60) == 0
+    assert errors == []
+    return count
+
+
+def envelope_record(topic: str, envelope: dict[str, Any], **kwargs: Any) -> Produced:
+    key = str(envelope["AggregateId"]).encode()
+    return Produced(topic, key, orjson.dumps(envelope), **kwargs)
+
+
+@dataclass(frozen=True)
+class Consumed:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+    def json(self) -> Any:
+        assert self.value is not None
+        return orjson.loads(self.value)
+
+    def header(self, name: str) -> bytes | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+
+def consume_all(
+    settings: Settings, topic: str, *, expect_at_least: int = 0, timeout: float = 30.0,
+    settle: float = 1.0,
+) -> list[Consumed]:
+    """Everything on ``topic`` (all partitions, from the beginning).
+
+    Waits until at least ``expect_at_least`` records arrived (or ``timeout``), then ``settle``
+    seconds more so that unexpected extra records are seen too.
+    """
+    consumer = Consumer({
+        **settings.kafka_client_config(),
+        "group.id": f"test-{uuid.uuid4()}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+    })
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        partitions = sorted(metadata.topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        found: list[Consumed] = []
+        deadline = time.monotonic() + timeout
+        settle_until: float | None = None
+        while True:
+            now = time.monotonic()
+            if settle_until is None and (len(found) >= expect_at_least or now > deadline):
+                settle_until = now + settle
+            if settle_until is not None and now > settle_until:
+                return found
+            for msg in consumer.consume(500, 0.2):
+                if msg.error() is not None:
+                    continue
+                found.append(Consumed(
+                    msg.topic() or topic, msg.partition() or 0, msg.offset() or 0, msg.key(),
+                    msg.value(), tuple(msg.headers() or ()),  # type: ignore[arg-type]
+                ))
+    finally:
+        consumer.close()
+
+
+def insert_session(
+    conn: psycopg.Connection[Any],
+    *,
+    anonymous_id: uuid.UUID,
+    user_id: uuid.UUID | None = None,
+    status: str = "Active",
+    last_activity_at: datetime | None = None,
+    session_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    session_id = session_id or new_id()
+    now = datetime.now(UTC)
+    last = last_activity_at or now
+    conn.execute(
+        """INSERT INTO user_activity.sessions
+             (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at, ended_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+        (session_id, anonymous_id, user_id, now if user_id else None, status,
+         last - timedelta(hours=1), last, now if status == "Ended" else None),
+    )
+    return session_id
+
+
+def action_rows(conn: psycopg.Connection[Any], source_message_ids: Sequence[uuid.UUID]) -> list[
+    dict[str, Any]
+]:
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute(
+            "SELECT * FROM user_activity.action_events WHERE source_message_id = ANY(%s)",
+            (list(source_message_ids),),
+        )
+        return list(cur.fetchall())
