@@ -677,6 +677,7 @@ class KafkaBroker:
                         raise
                     cds_retry = False  # maybe a bad class-data archive: retry without it
                     self._cds_archive(lib).unlink(missing_ok=True)
+                    self._log_header("JVM died with the class-data archive; deleted it, retrying")
                 else:
                     self._ports_pinned = True
                     return self.bootstrap
@@ -841,13 +842,20 @@ class KafkaBroker:
             self._format(lib)
         for what, p in (("port", self.port), ("controller_port", self.controller_port)):
             if not _port_bindable(p, reuse_addr=True):
-                raise _PortClashError(f"{what} {p} on {HOST} is already in use")
+                raise _PortClashError(
+                    f"{what} {p} on {HOST} is already in use (ports are kept across restarts "
+                    f"of {self.run_dir}; choose others with port=/controller_port=)"
+                )
 
         cds_opts: list[str] = []
         cds_dump: Path | None = None
         self._cds_used = False
         if self._cds:
             archive = self._cds_archive(lib)
+            for stale in lib.glob("*.jsa.*.tmp"):  # dumps of brokers nobody stopped through us
+                with contextlib.suppress(OSError):
+                    if time.time() - stale.stat().st_mtime > 300:
+                        stale.unlink()
             if archive.is_file():
                 cds_opts = [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds*=off"]
                 self._cds_used = True
@@ -977,7 +985,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m devenv.kafka_broker",
         description=f"Single-node Apache Kafka {KAFKA_VERSION} broker (KRaft) for local use.",
     )
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=DEFAULT_RUN_DIR,
+        help=f"state directory: pid, ports, config, data, log (default: {DEFAULT_RUN_DIR})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", parents=[common], help="resolve the jars with Maven (once)")
     start = sub.add_parser(

@@ -303,6 +303,11 @@ class PostgresServer:
         stop_timeout: float = 30.0,
         system_user: str = "postgres",
     ) -> None:
+        self._settings: dict[str, SettingValue] = dict(settings or {})
+        for name in self._settings:
+            _format_setting(name, self._settings[name])
+            if name.lower() in _MANAGED_SETTINGS:
+                raise ValueError(f"setting {name!r} is managed by PostgresServer")
         self._bin_dir = find_bin_dir(bin_dir)
         self._owns_run_dir = run_dir is None
         if run_dir is None:
@@ -311,11 +316,6 @@ class PostgresServer:
                 self._run_dir.chmod(0o711)  # let the postgres account traverse it
         else:
             self._run_dir = Path(run_dir).absolute()
-        self._settings: dict[str, SettingValue] = dict(settings or {})
-        for name in self._settings:
-            _format_setting(name, self._settings[name])
-            if name.lower() in _MANAGED_SETTINGS:
-                raise ValueError(f"setting {name!r} is managed by PostgresServer")
         self._detach = detach
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
@@ -624,7 +624,7 @@ class PostgresServer:
             self._base_dir = self._run_dir
             self._relocated = False
             if user is not None and not self._user_can_traverse(self._run_dir, user):
-                self._base_dir = Path(tempfile.mkdtemp(prefix="devenv-postgres-"))
+                self._base_dir = Path(tempfile.mkdtemp(prefix="devenv-pgdata-"))
                 self._relocated = True
                 self._chown(self._base_dir, user)
         for directory, mode in ((self.data_dir, 0o700), (self._base_dir / "socket", 0o755)):

@@ -1,4 +1,4 @@
-"""Operator commands: ``python -m runtime migrate | create-topics | init-recovery``."""
+"""Operator commands: ``python -m runtime migrate | create-topics | init-recovery | replay``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def main(argv: list[str] | None = None) -> int:
         "--partitions", type=int, default=4,
         help="recovery partitions: at least the largest planned worker count (default 4)",
     )
+    from runtime import replay
+
+    replay_parser = commands.add_parser(
+        "replay",
+        help="replay/backfill the favorites topics (bounded; --dry-run writes nothing)",
+        description=replay.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_arguments(replay_parser)
     args = parser.parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level)
@@ -46,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         args.directory.mkdir(parents=True, exist_ok=True)
         init_db_dir(args.directory, args.partitions)  # type: ignore[no-untyped-call]
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")
+    elif args.command == "replay":
+        return replay.run(args, settings)
     return 0
 
 

@@ -45,7 +45,8 @@ class BatchOutcome:
         self.no_session.extend(other.no_session)
 
 
-def _owner(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
+def owner_of(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
+    """The owner a session is resolved for: ``(anonymous_id, None)`` or ``(None, user_id)``."""
     payload = message.envelope.payload
     if payload.anonymous_id is not None:
         return (payload.anonymous_id, None)
@@ -79,11 +80,11 @@ class FavoritesStore:
         if not unique:
             return outcome
         with conn.transaction():
-            sessions = self._resolve_sessions(conn, list(unique.values()))
+            sessions = self.resolve_sessions(conn, list(unique.values()))
             now = self._clock()
             actions: list[RecordedAction] = []
             for message in unique.values():
-                session = sessions.get(_owner(message))
+                session = sessions.get(owner_of(message))
                 if session is None:
                     outcome.no_session.append(message)
                     continue
@@ -108,10 +109,11 @@ class FavoritesStore:
                     conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
         return outcome
 
-    def _resolve_sessions(
+    def resolve_sessions(
         self, conn: psycopg.Connection[tuple[object, ...]], messages: list[FavoriteMessage]
     ) -> dict[tuple[UUID | None, UUID | None], SessionSnapshot]:
-        owners = list(dict.fromkeys(_owner(m) for m in messages))
+        """Each distinct owner's session (INV-ACT-003), by one query; owners without one absent."""
+        owners = list(dict.fromkeys(owner_of(m) for m in messages))
         params = {
             "anonymous_ids": [anonymous for anonymous, _ in owners],
             "user_ids": [user for _, user in owners],

@@ -23,40 +23,51 @@ from runtime.topics import ensure_topics
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A migrated database on a real PostgreSQL server."""
-    external = os.environ.get("USER_ACTIVITY_TEST_DATABASE_URL")
-    if external:
-        apply_migrations(external)
-        yield external
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The suite's own PostgreSQL server (None when an external one is configured)."""
+    if os.environ.get("USER_ACTIVITY_TEST_DATABASE_URL"):
+        yield None
         return
     from devenv.postgres_server import PostgresServer
 
     server = PostgresServer(tmp_path_factory.mktemp("postgres"))
     server.start()
     try:
-        dsn = server.create_database("user_activity_test")
-        apply_migrations(dsn)
-        yield dsn
+        yield server
     finally:
         server.close()
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The bootstrap address of a real Kafka broker (KRaft, single node)."""
-    external = os.environ.get("USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
+def database_url(postgres_server: Any) -> str:
+    """A migrated database on a real PostgreSQL server."""
+    external = os.environ.get("USER_ACTIVITY_TEST_DATABASE_URL")
+    dsn = external or str(postgres_server.create_database("user_activity_test"))
+    apply_migrations(dsn)
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The suite's own Kafka broker (None when an external one is configured)."""
+    if os.environ.get("USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS"):
+        yield None
         return
     from devenv.kafka_broker import KafkaBroker
 
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()
     try:
-        yield broker.bootstrap
+        yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: Any) -> str:
+    """The bootstrap address of a real Kafka broker (KRaft, single node)."""
+    external = os.environ.get("USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS")
+    return external or str(kafka_broker.bootstrap)
 
 
 @pytest.fixture

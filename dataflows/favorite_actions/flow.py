@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
+from bytewax.outputs import DynamicSink
 
 from dataflows.favorite_actions.decode import (
     SKIP_OUTCOMES,
@@ -45,6 +47,7 @@ from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sinks.action_history import ActionHistorySink, DeadLetterSink, message_fields
+from sinks.dry_run import DryRunActionSink, DryRunDeadLetterSink, Tally
 from sources.kafka_input import KafkaInput, StartPosition
 
 logger = logging.getLogger(__name__)
@@ -133,8 +136,19 @@ def start_position(settings: Settings) -> StartPosition:
     return StartPosition(latest=settings.starting_offset is StartingOffset.LATEST)
 
 
-def build_flow(settings: Settings, start: StartPosition | None = None) -> Dataflow:
-    """The favorites dataflow for ``settings`` (``start`` overrides the starting position)."""
+def build_flow(
+    settings: Settings,
+    start: StartPosition | None = None,
+    *,
+    topics: Sequence[str] | None = None,
+    dry_run: Tally | None = None,
+) -> Dataflow:
+    """The favorites dataflow for ``settings``.
+
+    ``start`` overrides the starting position; ``topics`` limits the input to some of the two
+    favorites topics (a replay of one topic); ``dry_run`` swaps the sinks for read-only ones
+    that tally would-be outcomes into the given :class:`~sinks.dry_run.Tally`.
+    """
     serve_http(settings.http_host, settings.http_port)
     flow = Dataflow("favorite_actions")
     client = settings.kafka_client_config()
@@ -148,9 +162,15 @@ def build_flow(settings: Settings, start: StartPosition | None = None) -> Datafl
         )
         return op.input(step_id, flow, source)
 
-    added = kafka_input("favorite_added_input", settings.topic_favorite_added)
-    removed = kafka_input("favorite_removed_input", settings.topic_favorite_removed)
-    consumed = op.merge("merge_favorite_topics", added, removed)
+    inputs = [
+        kafka_input(step_id, topic)
+        for step_id, topic in (
+            ("favorite_added_input", settings.topic_favorite_added),
+            ("favorite_removed_input", settings.topic_favorite_removed),
+        )
+        if topics is None or topic in topics
+    ]
+    consumed = op.merge("merge_favorite_topics", *inputs)
 
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
@@ -170,11 +190,12 @@ def build_flow(settings: Settings, start: StartPosition | None = None) -> Datafl
     rejected = op.branch(
         "route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter)
     )
-    op.output(
-        "dead_letter_poison",
-        rejected.trues,  # type: ignore[misc]
-        DeadLetterSink(settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES),
+    dead_letters: DynamicSink[DeadLetter] = (
+        DeadLetterSink(settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES)
+        if dry_run is None
+        else DryRunDeadLetterSink(dry_run)
     )
+    op.output("dead_letter_poison", rejected.trues, dead_letters)  # type: ignore[misc]
     op.inspect("log_invalid_owner", rejected.falses, _log_skipped)  # type: ignore[arg-type]
 
     messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
@@ -183,5 +204,8 @@ def build_flow(settings: Settings, start: StartPosition | None = None) -> Datafl
     fresh = op.stateful_batch(
         "dedup_by_message_id", keyed, lambda state: DedupLogic(ttl, state)
     )
-    op.output("record_action_history", fresh, ActionHistorySink(settings))
+    history: DynamicSink[tuple[str, FavoriteMessage]] = (
+        ActionHistorySink(settings) if dry_run is None else DryRunActionSink(settings, dry_run)
+    )
+    op.output("record_action_history", fresh, history)
     return flow

@@ -1,0 +1,173 @@
+"""The Kafka broker and PostgreSQL server of a benchmark run, and its databases and topics.
+
+Own services (default): a fresh ``KafkaBroker`` and ``PostgresServer`` in a temporary run dir,
+stopped and removed at the end. ``--external``: the servers named by
+``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL``; the DSN's role must be
+allowed to create databases (the benchmark creates ``bench_<run>_*`` databases on that server and
+drops them at the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from runtime.migrate import apply_migrations
+from runtime.settings import Settings
+from runtime.topics import ensure_topics
+
+
+def database_url(url: str, name: str) -> str:
+    """``url`` with its database name replaced by ``name``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"a postgresql:// URL is needed, got scheme {parts.scheme!r}")
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+class Services:
+    """Kafka + PostgreSQL for one run; ``close()`` leaves nothing running."""
+
+    def __init__(self, external: bool, run_id: str) -> None:
+        self.external = external
+        self.run_id = run_id
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{run_id}-"))
+        self._broker: Any = None
+        self._postgres: Any = None
+        self._databases: list[str] = []
+        self.bootstrap = ""
+        self.server_url = ""  # a URL to some database of the server (for CREATE DATABASE)
+        self.kafka_pid: int | None = None
+        self.postmaster_pid: int | None = None
+
+    def start(self) -> dict[str, float]:
+        """Start (or connect to) the services; return how long each took."""
+        timings: dict[str, float] = {}
+        if self.external:
+            self.bootstrap = os.environ["USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS"]
+            self.server_url = os.environ["USER_ACTIVITY_DATABASE_URL"]
+            return timings
+        from devenv.kafka_broker import KafkaBroker
+        from devenv.postgres_server import PostgresServer
+
+        t0 = time.monotonic()
+        self._postgres = PostgresServer(self.run_dir / "postgres")
+        self._postgres.start()
+        self.server_url = self._postgres.dsn("postgres")
+        self.postmaster_pid = self._postgres.pid
+        timings["postgres_start_s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        self._broker = KafkaBroker(self.run_dir / "kafka")
+        self.bootstrap = self._broker.start()
+        self.kafka_pid = self._broker.pid
+        timings["kafka_start_s"] = time.monotonic() - t0
+        return timings
+
+    # ---- databases ------------------------------------------------------------------------
+
+    def db_name(self, suffix: str) -> str:
+        """The name of this run's database ``suffix``."""
+        return f"bench_{self.run_id}_{suffix}"
+
+    def _admin(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.server_url, autocommit=True)
+
+    def create_database(self, suffix: str, template: str | None = None) -> str:
+        """Create this run's database ``suffix`` (a copy of ``template`` if given); its URL."""
+        name = self.db_name(suffix)
+        with self._admin() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+            if template is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            else:
+                statement = sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+                    sql.Identifier(name), sql.Identifier(self.db_name(template)))
+                try:
+                    conn.execute(statement)
+                except psycopg.errors.SyntaxError:  # before PostgreSQL 15: no STRATEGY
+                    conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                        sql.Identifier(name), sql.Identifier(self.db_name(template))))
+        self._databases.append(name)
+        return database_url(self.server_url, name)
+
+    def drop_database(self, suffix: str) -> None:
+        """Drop this run's database ``suffix`` (disconnecting its sessions)."""
+        name = self.db_name(suffix)
+        with contextlib.suppress(psycopg.Error), self._admin() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+        if name in self._databases:
+            self._databases.remove(name)
+
+    def migrate(self, url: str) -> None:
+        """Apply the project's migrations to ``url``."""
+        apply_migrations(url)
+
+    # ---- topics ---------------------------------------------------------------------------
+
+    def settings(self, prefix: str, db_url: str, **overrides: Any) -> Settings:
+        """Settings whose topics are ``bench.<run>.<prefix>.*``, created with 6 partitions."""
+        base = f"bench.{self.run_id}.{prefix}"
+        values: dict[str, Any] = {
+            "kafka_bootstrap_servers": self.bootstrap,
+            "database_url": db_url,
+            "topic_favorite_added": f"{base}.favorite-added",
+            "topic_favorite_removed": f"{base}.favorite-removed",
+            "topic_action_tracked": f"{base}.action-tracked",
+            "topic_favorites_dlq": f"{base}.favorites-dlq",
+            "topic_user_signed_in": f"{base}.user-signed-in",
+            "topic_session_linked": f"{base}.session-linked",
+            "topic_session_started": f"{base}.session-started",
+            "topic_session_ended": f"{base}.session-ended",
+            "topic_session_linking_dlq": f"{base}.session-linking-dlq",
+            "http_port": 0,
+        }
+        values.update(overrides)
+        settings = Settings(**values)
+        ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6)
+        return settings
+
+    # ---- teardown -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop this run's databases, stop own services, remove the run dir."""
+        for name in list(self._databases):
+            self.drop_database(name.removeprefix(f"bench_{self.run_id}_"))
+        if self._broker is not None:
+            with contextlib.suppress(Exception):
+                self._broker.stop()
+            self._broker = None
+        if self._postgres is not None:
+            with contextlib.suppress(Exception):
+                self._postgres.close()
+            self._postgres = None
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The ``USER_ACTIVITY_*`` environment that reproduces ``settings`` in a job subprocess."""
+    env = {
+        "USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+        "USER_ACTIVITY_DATABASE_URL": settings.database_dsn(),
+        "USER_ACTIVITY_TOPIC_FAVORITE_ADDED": settings.topic_favorite_added,
+        "USER_ACTIVITY_TOPIC_FAVORITE_REMOVED": settings.topic_favorite_removed,
+        "USER_ACTIVITY_TOPIC_ACTION_TRACKED": settings.topic_action_tracked,
+        "USER_ACTIVITY_TOPIC_FAVORITES_DLQ": settings.topic_favorites_dlq,
+        "USER_ACTIVITY_TOPIC_USER_SIGNED_IN": settings.topic_user_signed_in,
+        "USER_ACTIVITY_TOPIC_SESSION_LINKED": settings.topic_session_linked,
+        "USER_ACTIVITY_TOPIC_SESSION_STARTED": settings.topic_session_started,
+        "USER_ACTIVITY_TOPIC_SESSION_ENDED": settings.topic_session_ended,
+        "USER_ACTIVITY_TOPIC_SESSION_LINKING_DLQ": settings.topic_session_linking_dlq,
+    }
+    env.update(extra)
+    return env

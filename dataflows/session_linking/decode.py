@@ -1,0 +1,119 @@
+"""Decode and validate a user-signed-in record (ASSUMED contract, :mod:`schemas.sessions`). Pure.
+
+Every record yields exactly one of: a :class:`SignInMessage` to link, an :class:`InvalidSignIn`
+(an empty GUID: acknowledged, logged, no change, no DLQ — SPEC §5) or a
+:class:`~schemas.dlq_letter.DeadLetter` (poison). Never raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from schemas.dlq import DlqReason
+from schemas.dlq_letter import DeadLetter
+from schemas.envelope import CONTRACT_VERSION
+from schemas.kafka_record import SourceRecord
+from schemas.sessions import UserSignedInEnvelope
+
+EMPTY_GUID = UUID(int=0)
+IDEMPOTENCY_PREFIX = "user-activity-signed-in"
+
+
+@dataclass(frozen=True, slots=True)
+class SignInMessage:
+    """A decoded, valid user-signed-in event, with the record it came from."""
+
+    record: SourceRecord
+    envelope: UserSignedInEnvelope
+
+    @property
+    def message_id(self) -> UUID:
+        """The source MessageId (the dedup key)."""
+        return self.envelope.message_id
+
+    @property
+    def anonymous_id(self) -> UUID:
+        """The device that signed in: the key of the flow."""
+        return self.envelope.payload.anonymous_id
+
+    @property
+    def user_id(self) -> UUID:
+        """The user who signed in."""
+        return self.envelope.payload.user_id
+
+    @property
+    def device_key(self) -> str:
+        """The stream key: the AnonymousId, so one device's sign-ins go to one worker in order."""
+        return str(self.envelope.payload.anonymous_id)
+
+    @property
+    def idempotency_key(self) -> str:
+        """``user-activity-signed-in:{MessageId}`` (the consumer idempotency mark)."""
+        return f"{IDEMPOTENCY_PREFIX}:{self.envelope.message_id}"
+
+    @property
+    def dedup_id(self) -> bytes:
+        """The MessageId's 16 bytes, for the in-memory dedup window."""
+        return self.envelope.message_id.bytes
+
+    @property
+    def version_mismatch(self) -> bool:
+        """True when the envelope's Version is not the one we speak (warn and proceed)."""
+        return self.envelope.version != CONTRACT_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidSignIn:
+    """A sign-in whose MessageId, UserId or AnonymousId is the empty GUID: skipped."""
+
+    record: SourceRecord
+    envelope: UserSignedInEnvelope
+
+
+DecodedSignIn = SignInMessage | InvalidSignIn | DeadLetter
+
+
+def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict[str, Any]:
+    """The log fields of a sign-in: ids and where it came from (no IP, no user agent)."""
+    payload = envelope.payload
+    return {
+        "MessageId": str(envelope.message_id),
+        "AnonymousId": str(payload.anonymous_id),
+        "UserId": str(payload.user_id),
+        "source": record.where(),
+    }
+
+
+def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
+    """Decode ``record`` from the user-signed-in topic.
+
+    Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
+    that does not fit the (assumed) contract -> ``schema-mismatch``; anything unexpected ->
+    ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`.
+    """
+    try:
+        if record.value is None:
+            return DeadLetter.now(record, DlqReason.TOMBSTONE, "NoneType")
+        try:
+            record.value.decode("utf-8")
+        except UnicodeDecodeError:
+            return DeadLetter.now(record, DlqReason.NOT_UTF8, "UnicodeDecodeError")
+        try:
+            envelope = UserSignedInEnvelope.model_validate_json(record.value)
+        except ValidationError as exc:
+            reason = (
+                DlqReason.INVALID_JSON
+                if any(err["type"] == "json_invalid" for err in exc.errors())
+                else DlqReason.SCHEMA_MISMATCH
+            )
+            return DeadLetter.now(record, reason, "ValidationError")
+        payload = envelope.payload
+        if EMPTY_GUID in (envelope.message_id, payload.user_id, payload.anonymous_id):
+            return InvalidSignIn(record, envelope)
+        return SignInMessage(record, envelope)
+    except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
+        return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)

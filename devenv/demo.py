@@ -1,0 +1,210 @@
+"""README's main-job command: local services (or the configured ones), migrate, topics, the job.
+
+With no ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL`` in the
+environment it starts a real Kafka broker and a throwaway PostgreSQL in ``.run/``, seeds demo
+sessions, produces a demo backlog plus a live trickle, runs the favorites job with recovery
+(``python -m bytewax.run dataflows.favorite_actions:flow -r .run/recovery``), prints progress and
+a summary, then stops everything. With both variables set it migrates, creates topics and runs
+the job in the foreground against those services (no demo data) until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import psycopg
+from confluent_kafka import Producer
+
+from runtime.migrate import apply_migrations
+from runtime.settings import ENV_PREFIX, Settings
+from runtime.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_DIR = ROOT / ".run"
+
+
+def _envelope(anonymous_id: uuid.UUID | None, user_id: uuid.UUID | None) -> bytes:
+    favorite_id = uuid.uuid4()
+    now = datetime.now(UTC).isoformat()
+    return orjson.dumps({
+        "MessageId": str(uuid.uuid4()),
+        "CreatedAt": now,
+        "Version": 1,
+        "AggregateId": str(favorite_id),
+        "AggregateType": "Favorite",
+        "CorrelationId": f"demo-{uuid.uuid4().hex[:8]}",
+        "Payload": {
+            "FavoriteId": str(favorite_id),
+            "PropertyObjectId": str(uuid.uuid4()),
+            "UserId": None if user_id is None else str(user_id),
+            "AnonymousId": None if anonymous_id is None else str(anonymous_id),
+            "OccurredAt": now,
+            "Note": "a private note the service must never store or log",
+        },
+    })
+
+
+def _seed_sessions(dsn: str, count: int) -> list[uuid.UUID]:
+    devices = [uuid.uuid4() for _ in range(count)]
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(
+            """INSERT INTO user_activity.sessions
+                 (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at)
+               SELECT gen_random_uuid(), d, NULL, NULL, 'Active', now(), now()
+                 FROM unnest(%s::uuid[]) AS d""",
+            (devices,),
+        )
+    return devices
+
+
+def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int) -> int:
+    producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all"})
+    rng = random.Random(7)
+    for i in range(count):
+        roll = rng.random()
+        topic = settings.topic_favorite_added if roll < 0.8 else settings.topic_favorite_removed
+        if i % 200 == 0:
+            value = _envelope(rng.choice(devices), uuid.uuid4())  # both owners: invalid-owner
+        elif i % 250 == 0:
+            value = _envelope(uuid.uuid4(), None)  # a device without a session: no-session
+        else:
+            value = _envelope(rng.choice(devices), None)
+        while True:
+            try:
+                producer.produce(topic, value=value, key=str(uuid.uuid4()).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+    return count
+
+
+def _counts(dsn: str) -> tuple[int, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT (SELECT count(*) FROM user_activity.action_events),
+                      (SELECT count(*) FROM user_activity.outbox WHERE published_at IS NOT NULL)"""
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env[f"{ENV_PREFIX}KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
+    env[f"{ENV_PREFIX}DATABASE_URL"] = settings.database_dsn()
+    return env
+
+
+def _job_command(recovery: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
+        "-r", str(recovery), "-s", "5", "-b", "60",
+    ]
+
+
+def _ensure_recovery(recovery: Path) -> None:
+    if not recovery.exists() or not any(recovery.iterdir()):
+        subprocess.run(
+            [sys.executable, "-m", "runtime", "init-recovery", str(recovery), "--partitions", "1"],
+            check=True,
+        )
+
+
+def run_configured(settings: Settings) -> int:
+    """Migrate, create topics and run the job in the foreground against the configured services."""
+    apply_migrations(settings.database_dsn())
+    ensure_topics(settings.kafka_client_config(), settings.all_topics(), settings.topic_partitions)
+    recovery = Path(os.environ.get("USER_ACTIVITY_RECOVERY_DIR", RUN_DIR / "recovery"))
+    _ensure_recovery(recovery)
+    os.execvpe(sys.executable, _job_command(recovery), _env(settings))  # noqa: S606
+
+
+def run_demo(events: int, sessions: int, linger: float) -> int:
+    """Local services + demo data + the job; prints progress and a summary."""
+    from devenv.kafka_broker import KafkaBroker
+    from devenv.postgres_server import PostgresServer
+
+    RUN_DIR.mkdir(exist_ok=True)
+    print("starting PostgreSQL and Kafka on 127.0.0.1 ...", flush=True)
+    postgres = PostgresServer(RUN_DIR / "postgres")
+    postgres.start()
+    broker = KafkaBroker(RUN_DIR / "kafka")
+    job: subprocess.Popen[bytes] | None = None
+    try:
+        broker.start()
+        dsn = postgres.create_database("user_activity")
+        settings = Settings(kafka_bootstrap_servers=broker.bootstrap, database_url=dsn)
+        applied = apply_migrations(dsn)
+        ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6)
+        print(f"kafka {broker.bootstrap}  postgres {dsn}  migrations applied now: {applied}")
+        before_rows, before_published = _counts(dsn)
+        devices = _seed_sessions(dsn, sessions)
+        produced = _produce_demo(settings, devices, events)
+        print(f"seeded {sessions} sessions, produced {produced} favorites events")
+        recovery = RUN_DIR / "recovery"
+        _ensure_recovery(recovery)
+        log = (RUN_DIR / "job.log").open("ab")
+        print(f"running: {' '.join(_job_command(recovery)[1:])}  (log: .run/job.log)")
+        started = time.monotonic()
+        job = subprocess.Popen(_job_command(recovery), env=_env(settings), stdout=log, stderr=log)
+        expected = events - events // 200 - events // 250  # minus invalid-owner and no-session
+        done_at: float | None = None
+        while job.poll() is None:
+            time.sleep(2)
+            rows, published = _counts(dsn)
+            rows -= before_rows
+            published -= before_published
+            elapsed = time.monotonic() - started
+            print(f"  t={elapsed:5.1f}s  rows recorded={rows:7d}  action-tracked published="
+                  f"{published:7d}  ({rows / elapsed:,.0f} rows/s)", flush=True)
+            if done_at is None and rows >= expected and published >= rows:
+                done_at = elapsed
+                print(f"demo backlog done in {done_at:.1f}s: {rows} rows, {published} published "
+                      f"({rows / done_at:,.0f} events/s incl. start-up); "
+                      f"lingering {linger:.0f}s (Ctrl-C to stop)")
+            if done_at is not None and elapsed - done_at > linger:
+                break
+        return 0 if done_at is not None else 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if job is not None and job.poll() is None:
+            job.send_signal(signal.SIGINT)
+            try:
+                job.wait(30)
+            except subprocess.TimeoutExpired:
+                job.kill()
+        broker.stop()
+        postgres.stop()
+        print("stopped the job, Kafka and PostgreSQL")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``scripts/run-job.sh``."""
+    parser = argparse.ArgumentParser(prog="scripts/run-job.sh", description=__doc__)
+    parser.add_argument("--events", type=int, default=20_000, help="demo backlog size")
+    parser.add_argument("--sessions", type=int, default=2_000, help="demo sessions to seed")
+    parser.add_argument("--linger", type=float, default=10.0,
+                        help="seconds to keep the job running after the backlog is done")
+    args = parser.parse_args(argv)
+    configured = all(
+        f"{ENV_PREFIX}{name}" in os.environ for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")
+    )
+    if configured:
+        return run_configured(Settings())
+    return run_demo(args.events, args.sessions, args.linger)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole suite: lint, types, unit, integration (real PostgreSQL), e2e (real Kafka + PostgreSQL).
+# Starts its own services on loopback (or uses USER_ACTIVITY_TEST_* ones) and stops them.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/bootstrap.sh
+export PYTHONDONTWRITEBYTECODE=1
+
+start=$(date +%s)
+echo "== ruff" && .venv/bin/ruff check .
+echo "== mypy" && .venv/bin/mypy .
+echo "== schemas" && .venv/bin/python -m schemas.export --check
+echo "== pytest"
+set +e
+.venv/bin/pytest -p no:cacheprovider --durations=15 "$@"
+rc=$?
+set -e
+echo "suite took $(( $(date +%s) - start )) s"
+if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+exit "$rc"

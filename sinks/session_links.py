@@ -1,0 +1,338 @@
+"""The session-linking write path and its Bytewax sink: user-signed-in -> sessions + outbox.
+
+Guarantees (SPEC §5, §7):
+- One transaction per batch: the idempotency marks, every session change and the outbox rows
+  announcing them commit together or not at all, then the outbox channel is NOTIFYed.
+  ``write_batch`` returns only after that commit (and after its poison, if any, was acknowledged
+  by the DLQ topic), so input offsets advance only after the commit.
+- Race-free (INV-SES-002 LinkOnce): the device's Active session is row-locked before deciding,
+  every UPDATE is conditional on the state it was decided on, and a new session is inserted with
+  ``ON CONFLICT DO NOTHING`` on the one-Active-session-per-device index; a lost race re-reads
+  and decides again. A second session-linked for a session is impossible: only a guest
+  (``user_id IS NULL``) session can be linked, and linking sets ``user_id``.
+- Idempotent: the mark ``user-activity-signed-in:{MessageId}`` is inserted first in the same
+  transaction; an already marked sign-in (redelivery, replay of an old sign-in) changes nothing,
+  so replaying an old sign-in can never end a newer session.
+- PostgreSQL unreachable, timeouts, serialization failures, deadlocks: retried forever with
+  back-off; the worker blocks (back-pressure), nothing is skipped, nothing goes to the DLQ.
+- A data error or an unexpected exception: the batch is bisected; a sign-in failing alone
+  ``poison_attempts`` times is dead-lettered and its batch-mates are linked normally.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+from uuid import UUID
+
+import orjson
+import psycopg
+import uuid_utils.compat as uuid_compat
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from typing_extensions import override
+
+from dataflows.favorite_actions.records import OutboxRow
+from dataflows.session_linking.decode import SignInMessage, sign_in_fields
+from dataflows.session_linking.linking import (
+    LOG_EVENTS,
+    ActiveSession,
+    LinkOutcome,
+    LinkResult,
+    SessionChange,
+    SessionEventKind,
+    SessionTopics,
+    build_session_event,
+    decide,
+)
+from runtime.backoff import Backoff, retry_forever
+from runtime.health import HEALTH
+from runtime.logs import log_event
+from runtime.metrics import (
+    SESSION_LINKING_DLQ,
+    SESSION_LINKING_DURATION_MS,
+    SESSION_LINKING_LAG_SECONDS,
+    SESSION_LINKING_OUTCOMES,
+    SESSION_LINKING_RETRIES,
+)
+from runtime.poison import Poisoned, write_isolating_poison
+from runtime.settings import Settings
+from schemas.dlq import DlqReason
+from schemas.dlq_letter import DeadLetter
+from sinks.db import Database
+from sinks.dead_letters import DeadLetterPublisher
+from sinks.errors import is_data_error, is_infrastructure_error
+from sinks.favorites_store import OUTBOX_CHANNEL
+from sinks.outbox import acquire_shared_publisher, release_shared_publisher
+from sinks.sql import query
+
+logger = logging.getLogger(__name__)
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+DECISION_ROUNDS = 5
+"""How often one sign-in re-reads the device's session after losing a race to another writer,
+before the batch's transaction is abandoned as a serialization failure (and retried)."""
+
+
+class SessionLinksStore:
+    """Applies sign-ins to ``user_activity.sessions`` in one transaction per batch."""
+
+    def __init__(
+        self,
+        topics: SessionTopics,
+        new_id: Callable[[], UUID] = uuid_compat.uuid7,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._topics = topics
+        self._new_id = new_id
+        self._clock = clock
+
+    def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
+        """Apply ``messages`` in order in one transaction; return what each one did.
+
+        On any exception the transaction is rolled back and nothing of the batch is written.
+        """
+        results: list[LinkResult] = []
+        with conn.transaction():
+            now = self._clock()
+            for message in messages:
+                results.append(self._link_one(conn, message, now))
+            outbox = [row for result in results for row in result.outbox]
+            if outbox:
+                _insert_outbox(conn, outbox)
+                conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
+        return results
+
+    def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
+        marked = conn.execute(query("link_session_mark"), {"key": message.idempotency_key})
+        if marked.fetchone() is None:
+            return LinkResult(message, LinkOutcome.DUPLICATE)
+        for _ in range(DECISION_ROUNDS):
+            result = self._apply(conn, message, now)
+            if result is not None:
+                return result
+        raise psycopg.errors.SerializationFailure(
+            "the device's Active session kept changing while linking"
+        )
+
+    def _apply(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult | None:
+        """One decision on the locked Active session; None when a concurrent writer won."""
+        locked = conn.execute(
+            query("link_session_lock_active"), {"anonymous_id": message.anonymous_id}
+        ).fetchone()
+        active = None if locked is None else ActiveSession(_uuid(locked[0]), _opt_uuid(locked[1]))
+        outcome = decide(active, message.user_id)
+        if outcome is LinkOutcome.ALREADY_LINKED:
+            assert active is not None
+            return LinkResult(message, outcome, active.session_id)
+        if outcome is LinkOutcome.LINKED:
+            assert active is not None
+            linked_at = _returned(conn, "link_session_link_guest", {
+                "session_id": active.session_id, "user_id": message.user_id,
+            })
+            if linked_at is None:
+                return None
+            change = self._change(SessionEventKind.LINKED, active.session_id, message, linked_at)
+            return LinkResult(
+                message, outcome, active.session_id,
+                outbox=(self._event(change, message, now),),
+            )
+        changes: list[SessionChange] = []
+        ended_id = None
+        if outcome is LinkOutcome.RELINKED:
+            assert active is not None
+            ended_at = _returned(conn, "link_session_end", {
+                "session_id": active.session_id, "user_id": active.user_id,
+            })
+            if ended_at is None:
+                return None
+            ended_id = active.session_id
+            changes.append(SessionChange(
+                SessionEventKind.ENDED, ended_id, message.anonymous_id, active.user_id, ended_at
+            ))
+        session_id = self._new_id()
+        started_at = _returned(conn, "link_session_start", {
+            "session_id": session_id,
+            "anonymous_id": message.anonymous_id,
+            "user_id": message.user_id,
+        })
+        if started_at is None:
+            if ended_id is not None:  # cannot happen: we hold the only Active row's lock
+                raise psycopg.errors.SerializationFailure("an Active session appeared")
+            return None
+        changes.append(self._change(SessionEventKind.STARTED, session_id, message, started_at))
+        return LinkResult(
+            message, outcome, session_id, ended_id,
+            tuple(self._event(change, message, now) for change in changes),
+        )
+
+    @staticmethod
+    def _change(
+        kind: SessionEventKind, session_id: UUID, message: SignInMessage, at: datetime
+    ) -> SessionChange:
+        return SessionChange(kind, session_id, message.anonymous_id, message.user_id, at)
+
+    def _event(self, change: SessionChange, message: SignInMessage, now: datetime) -> OutboxRow:
+        return build_session_event(
+            change, message, message_id=self._new_id(), topics=self._topics, now=now
+        )
+
+
+def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime | None:
+    """Run the named statement; the timestamp it returned, or None if it changed no row."""
+    row = conn.execute(query(name), params).fetchone()
+    return None if row is None else cast(datetime, row[0])
+
+
+def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
+    conn.execute(query("link_session_outbox"), {
+        "ids": [r.id for r in rows],
+        "topics": [r.topic for r in rows],
+        "keys": [r.key for r in rows],
+        "values": [r.value for r in rows],
+        "headers": [orjson.dumps(r.headers).decode() for r in rows],
+    })
+
+
+def _uuid(value: object) -> UUID:
+    return cast(UUID, value)
+
+
+def _opt_uuid(value: object) -> UUID | None:
+    return None if value is None else cast(UUID, value)
+
+
+class SessionLinkSink(DynamicSink[tuple[str, SignInMessage]]):
+    """Links ``(AnonymousId, SignInMessage)`` items; one partition (connection) per worker."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    @override
+    def build(
+        self, step_id: str, worker_index: int, worker_count: int
+    ) -> _SessionLinkPartition:
+        return _SessionLinkPartition(self._settings, worker_index)
+
+
+class _SessionLinkPartition(StatelessSinkPartition[tuple[str, SignInMessage]]):
+    def __init__(self, settings: Settings, worker_index: int) -> None:
+        self._settings = settings
+        self._db = Database(settings, f"user-activity-session-linking-{worker_index}")
+        self._store = SessionLinksStore(SessionTopics(
+            linked=settings.topic_session_linked,
+            started=settings.topic_session_started,
+            ended=settings.topic_session_ended,
+        ))
+        self._dlq = DeadLetterPublisher(
+            settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
+            SESSION_LINKING_RETRIES,
+        )
+        self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
+        self._publisher = acquire_shared_publisher(settings)
+
+    @override
+    def write_batch(self, items: list[tuple[str, SignInMessage]]) -> None:
+        messages = [message for _device, message in items]
+        size = self._settings.sink_batch_max
+        for start in range(0, len(messages), size):
+            chunk = messages[start : start + size]
+            batches, poisoned = write_isolating_poison(
+                chunk, self._write_retrying, self._settings.poison_attempts
+            )
+            for results in batches:
+                self._report(results)
+            if poisoned:
+                self._dead_letter(poisoned)
+        HEALTH.beat()
+
+    @override
+    def close(self) -> None:
+        self._dlq.close()
+        self._db.close()
+        if self._publisher is not None:
+            release_shared_publisher()
+
+    def _write_retrying(self, batch: Sequence[SignInMessage]) -> list[LinkResult]:
+        return retry_forever(
+            lambda: self._write_once(batch),
+            is_transient=is_infrastructure_error,
+            backoff=self._backoff,
+            on_retry=self._on_retry,
+            on_recovered=self._on_recovered,
+            sleep=time.sleep,
+        )
+
+    def _write_once(self, batch: Sequence[SignInMessage]) -> list[LinkResult]:
+        try:
+            return self._store.link_batch(self._db.connection(), batch)
+        except psycopg.Error as exc:
+            if is_infrastructure_error(exc):
+                self._db.reset()
+            raise
+
+    def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
+        SESSION_LINKING_RETRIES.inc()
+        HEALTH.paused("postgres", attempt, type(exc).__name__)
+        log_event(
+            logger,
+            "postgres-retry",
+            logging.WARNING,
+            error=type(exc).__name__,
+            sqlstate=getattr(exc, "sqlstate", None),
+            attempt=attempt,
+            delay_s=round(delay, 2),
+        )
+
+    def _on_recovered(self, attempts: int) -> None:
+        HEALTH.resumed("postgres")
+        log_event(logger, "postgres-recovered", attempts=attempts)
+
+    def _report(self, results: list[LinkResult]) -> None:
+        now_mono = time.monotonic()
+        oldest = None
+        for result in results:
+            message = result.message
+            SESSION_LINKING_OUTCOMES.labels(outcome=result.outcome.value).inc()
+            SESSION_LINKING_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)
+            created = message.envelope.created_at
+            oldest = created if oldest is None or created < oldest else oldest
+            event = LOG_EVENTS[result.outcome]
+            log_event(
+                logger,
+                event,
+                outcome=event,
+                SessionId=None if result.session_id is None else str(result.session_id),
+                EndedSessionId=(
+                    None if result.ended_session_id is None else str(result.ended_session_id)
+                ),
+                **sign_in_fields(message.record, message.envelope),
+            )
+        if oldest is not None:
+            lag = (datetime.now(UTC) - oldest).total_seconds()
+            SESSION_LINKING_LAG_SECONDS.set(max(0.0, lag))
+
+    def _dead_letter(self, poisoned: list[Poisoned[SignInMessage]]) -> None:
+        letters = [
+            DeadLetter.now(
+                p.item.record,
+                DlqReason.DATA_ERROR if is_data_error(p.error) else DlqReason.PROCESSING_ERROR,
+                type(p.error).__name__,
+                p.attempts,
+            )
+            for p in poisoned
+        ]
+        for p in poisoned:
+            log_event(
+                logger,
+                "link-failed",
+                logging.ERROR,
+                outcome="failed",
+                error=type(p.error).__name__,
+                sqlstate=getattr(p.error, "sqlstate", None),
+                **sign_in_fields(p.item.record, p.item.envelope),
+            )
+        self._dlq.publish(letters)

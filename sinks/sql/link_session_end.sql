@@ -1,0 +1,9 @@
+-- End the device's Active session that belongs to another user (before a new one starts).
+-- Conditional: no row changes unless it is still Active and still that user's. Returns the end.
+UPDATE user_activity.sessions
+   SET status = 'Ended',
+       ended_at = now()
+ WHERE id = %(session_id)s
+   AND status = 'Active'
+   AND user_id = %(user_id)s
+RETURNING ended_at

@@ -1,0 +1,284 @@
+"""build_recorded_action: a favorites message + the owner's session -> the rows of one commit."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from dataflows.favorite_actions.records import (
+    RecordedAction,
+    SessionSnapshot,
+    build_recorded_action,
+)
+from schemas.favorites import ActionTrackedEnvelope, ActionType
+from schemas.kafka_record import SourceRecord
+
+ADDED_TOPIC = "pin.favorites.favorite-added.v1"
+REMOVED_TOPIC = "pin.favorites.favorite-removed.v1"
+ACTION_TRACKED_TOPIC = "pin.user-activity.action-tracked.v1"
+ACTION_TYPES = {
+    ADDED_TOPIC: ActionType.ADD_TO_FAVORITES,
+    REMOVED_TOPIC: ActionType.REMOVE_FROM_FAVORITES,
+}
+
+MESSAGE_ID = UUID("01938a4e-7c1a-7cc3-9a55-3f2b1c0d9e11")
+FAVORITE_ID = UUID("5d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c4d")
+PROPERTY_OBJECT_ID = UUID("a1b2c3d4-e5f6-4789-abcd-ef0123456789")
+PAYLOAD_ANONYMOUS_ID = UUID("0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0")
+SESSION_ID = UUID("11111111-2222-4333-8444-555555555555")
+SESSION_ANONYMOUS_ID = UUID("99999999-8888-4777-8666-555555555555")
+SESSION_USER_ID = UUID("7c9e6679-7425-40de-944b-e07fc1f90ae7")
+ACTION_EVENT_ID = UUID("01938a4f-0000-7000-8000-000000000001")
+OUTBOX_MESSAGE_ID = UUID("01938a4f-0000-7000-8000-000000000002")
+OCCURRED_AT = datetime(2026, 11, 29, 11, 0, 0, 123456, tzinfo=timezone(timedelta(hours=3)))
+NOW = datetime(2027, 1, 1, 0, 0, 0, tzinfo=UTC)
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+PAYLOAD_FIELDS = {
+    "ActionType",
+    "SessionId",
+    "AnonymousId",
+    "UserId",
+    "OccurredAt",
+    "PropertyObjectId",
+    "FavoriteId",
+}
+ENVELOPE_FIELDS = {
+    "MessageId",
+    "CreatedAt",
+    "Version",
+    "AggregateId",
+    "AggregateType",
+    "CorrelationId",
+    "Payload",
+}
+
+
+def favorite_message(
+    *,
+    topic: str = ADDED_TOPIC,
+    correlation_id: str | None = "corr-7",
+    headers: tuple[tuple[str, bytes], ...] = (("traceparent", TRACEPARENT),),
+    occurred_at: datetime = OCCURRED_AT,
+) -> FavoriteMessage:
+    value: dict[str, Any] = {
+        "MessageId": str(MESSAGE_ID),
+        "CreatedAt": "2026-11-29T08:00:05+00:00",
+        "Version": 1,
+        "AggregateId": str(FAVORITE_ID),
+        "AggregateType": "Favorite",
+        "CorrelationId": correlation_id,
+        "Payload": {
+            "FavoriteId": str(FAVORITE_ID),
+            "PropertyObjectId": str(PROPERTY_OBJECT_ID),
+            "UserId": None,
+            "AnonymousId": str(PAYLOAD_ANONYMOUS_ID),
+            "OccurredAt": occurred_at.isoformat(),
+            "Note": "never copied",
+        },
+    }
+    source = SourceRecord(
+        topic=topic,
+        partition=0,
+        offset=7,
+        key=str(FAVORITE_ID).encode(),
+        value=json.dumps(value).encode(),
+        headers=headers,
+    )
+    message = decode_favorite(source, ACTION_TYPES)
+    assert isinstance(message, FavoriteMessage)
+    return message
+
+
+LINKED_SESSION = SessionSnapshot(SESSION_ID, SESSION_ANONYMOUS_ID, SESSION_USER_ID)
+GUEST_SESSION = SessionSnapshot(SESSION_ID, SESSION_ANONYMOUS_ID, None)
+
+
+def record_action(
+    message: FavoriteMessage | None = None, session: SessionSnapshot = LINKED_SESSION
+) -> RecordedAction:
+    return build_recorded_action(
+        message or favorite_message(),
+        session,
+        action_event_id=ACTION_EVENT_ID,
+        outbox_message_id=OUTBOX_MESSAGE_ID,
+        topic=ACTION_TRACKED_TOPIC,
+        now=NOW,
+    )
+
+
+# --- the action-tracked outbox value ---------------------------------------------------------
+
+
+def test_outbox_value_parses_as_an_action_tracked_envelope() -> None:
+    recorded = record_action()
+
+    envelope = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value)
+
+    assert envelope.message_id == OUTBOX_MESSAGE_ID
+    assert envelope.payload.action_type is ActionType.ADD_TO_FAVORITES
+
+
+def test_outbox_value_has_exactly_the_spec_envelope_and_payload_fields() -> None:
+    recorded = record_action()
+
+    wire = orjson.loads(recorded.outbox.value)
+
+    assert set(wire) == ENVELOPE_FIELDS
+    assert set(wire["Payload"]) == PAYLOAD_FIELDS
+
+
+def test_payload_note_is_not_copied_to_the_outbox_value() -> None:
+    recorded = record_action()
+
+    assert b"never copied" not in recorded.outbox.value
+    assert b"Note" not in recorded.outbox.value
+
+
+def test_envelope_announces_the_action_event_aggregate_at_version_1() -> None:
+    recorded = record_action()
+
+    envelope = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value)
+
+    assert envelope.aggregate_type == "ActionEvent"
+    assert envelope.aggregate_id == str(ACTION_EVENT_ID)
+    assert envelope.version == 1
+    assert envelope.created_at == NOW
+
+
+@pytest.mark.parametrize("correlation_id", ["corr-7", None])
+def test_correlation_id_is_copied_from_the_source_envelope(correlation_id: str | None) -> None:
+    recorded = record_action(favorite_message(correlation_id=correlation_id))
+
+    envelope = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value)
+
+    assert envelope.correlation_id == correlation_id
+
+
+def test_occurred_at_comes_from_the_payload_not_the_clock() -> None:
+    recorded = record_action()
+
+    envelope = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value)
+
+    assert envelope.payload.occurred_at == OCCURRED_AT
+    assert envelope.payload.occurred_at.utcoffset() == timedelta(hours=3)
+    assert recorded.event.occurred_at == OCCURRED_AT
+    assert recorded.event.occurred_at != NOW
+
+
+def test_owner_ids_come_from_the_session_snapshot_not_the_payload() -> None:
+    recorded = record_action(session=LINKED_SESSION)
+
+    payload = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value).payload
+
+    assert payload.session_id == SESSION_ID
+    assert payload.anonymous_id == SESSION_ANONYMOUS_ID
+    assert payload.user_id == SESSION_USER_ID
+    assert (recorded.event.session_id, recorded.event.anonymous_id, recorded.event.user_id) == (
+        SESSION_ID,
+        SESSION_ANONYMOUS_ID,
+        SESSION_USER_ID,
+    )
+
+
+def test_guest_session_yields_a_null_user_id() -> None:
+    recorded = record_action(session=GUEST_SESSION)
+
+    wire = orjson.loads(recorded.outbox.value)
+
+    assert wire["Payload"]["UserId"] is None
+    assert recorded.event.user_id is None
+
+
+def test_property_object_and_favorite_ids_come_from_the_payload() -> None:
+    recorded = record_action()
+
+    payload = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value).payload
+
+    assert payload.property_object_id == PROPERTY_OBJECT_ID
+    assert payload.favorite_id == FAVORITE_ID
+
+
+@pytest.mark.parametrize(
+    ("topic", "action_type"),
+    [(ADDED_TOPIC, ActionType.ADD_TO_FAVORITES), (REMOVED_TOPIC, ActionType.REMOVE_FROM_FAVORITES)],
+)
+def test_action_type_follows_the_source_topic(topic: str, action_type: ActionType) -> None:
+    recorded = record_action(favorite_message(topic=topic))
+
+    payload = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value).payload
+
+    assert payload.action_type is action_type
+    assert recorded.event.action_type == action_type.value
+
+
+# --- the outbox row and the action event row -----------------------------------------------
+
+
+def test_outbox_row_is_keyed_by_the_action_event_id_on_the_action_tracked_topic() -> None:
+    recorded = record_action()
+
+    assert recorded.outbox.key == str(ACTION_EVENT_ID).encode()
+    assert recorded.outbox.id == OUTBOX_MESSAGE_ID
+    assert recorded.outbox.topic == ACTION_TRACKED_TOPIC
+
+
+def test_traceparent_header_is_propagated_when_present() -> None:
+    recorded = record_action(favorite_message(headers=(("traceparent", TRACEPARENT),)))
+
+    assert recorded.outbox.headers == {"traceparent": TRACEPARENT.decode()}
+
+
+def test_no_traceparent_header_is_invented_when_absent() -> None:
+    recorded = record_action(favorite_message(headers=(("x-other", b"1"),)))
+
+    assert recorded.outbox.headers == {}
+
+
+def test_action_event_row_records_the_source_message_and_its_own_id() -> None:
+    recorded = record_action()
+
+    assert recorded.event.id == ACTION_EVENT_ID
+    assert recorded.event.source_message_id == MESSAGE_ID
+    assert recorded.idempotency_key == f"user-activity-favorites:AddToFavorites:{MESSAGE_ID}"
+
+
+offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(
+    lambda minutes: timezone(timedelta(minutes=minutes))
+)
+
+
+@given(
+    occurred_at=st.datetimes(
+        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=offsets
+    ),
+    session_user_id=st.none() | st.uuids(),
+    session_id=st.uuids(),
+    session_anonymous_id=st.uuids(),
+)
+def test_outbox_payload_mirrors_the_event_row_for_any_session_and_time(
+    occurred_at: datetime,
+    session_user_id: UUID | None,
+    session_id: UUID,
+    session_anonymous_id: UUID,
+) -> None:
+    message = favorite_message(occurred_at=occurred_at)
+    session = SessionSnapshot(session_id, session_anonymous_id, session_user_id)
+
+    recorded = record_action(message, session)
+
+    payload = ActionTrackedEnvelope.model_validate_json(recorded.outbox.value).payload
+    event = recorded.event
+    assert payload.session_id == event.session_id == session_id
+    assert payload.anonymous_id == event.anonymous_id == session_anonymous_id
+    assert payload.user_id == event.user_id == session_user_id
+    assert payload.occurred_at == event.occurred_at == occurred_at
+    assert payload.occurred_at.utcoffset() == occurred_at.utcoffset()
