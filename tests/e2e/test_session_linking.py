@@ -1,5 +1,7 @@
-"""SL1-SL3, redelivery, replay and AC6 end to end: user-signed-in on real Kafka -> the real flow ->
-sessions in real PostgreSQL + session events on their topics."""
+"""SL1-SL3, redelivery, replay and AC6 end to end on real Kafka and PostgreSQL.
+
+user-signed-in records on a real topic -> the real flow -> sessions rows + session events.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from bytewax.dataflow import Dataflow
 from bytewax.testing import cluster_main, run_main
 from pydantic import BaseModel
 
@@ -38,6 +41,11 @@ from tests.support import (
 pytestmark = pytest.mark.e2e
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def run(flow: Dataflow) -> None:
+    """One bounded run of ``flow`` on one worker (settings ``tail=False``)."""
+    run_main(flow)  # type: ignore[no-untyped-call]
 
 
 def signed_in_envelope(
@@ -109,7 +117,7 @@ def test_guest_sign_in_links_the_session_and_publishes_exactly_one_session_linke
     envelope = signed_in_envelope(user_id=user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, envelope, headers=(("traceparent", TRACEPARENT),))])
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     row = session_row(db, session)
     assert (row["user_id"], row["status"]) == (user, "Active")
@@ -144,7 +152,7 @@ def test_sign_in_of_the_same_user_again_changes_nothing_and_publishes_nothing(
     before = session_row(db, session)
     produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     assert session_row(db, session) == before
     assert device_sessions(db, anonymous) == [before]
@@ -162,7 +170,7 @@ def test_sign_in_of_another_user_ends_the_session_and_starts_a_new_linked_one(
         headers=(("traceparent", TRACEPARENT),),
     )])
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     ended_row, new_row = device_sessions(db, anonymous)
     assert ended_row["id"] == old
@@ -196,11 +204,11 @@ def test_redelivered_sign_in_publishes_session_linked_only_once(
     envelope = signed_in_envelope(user_id=user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, envelope, partition=0),
                        sign_in(settings, envelope, partition=4)])
-    run_main(build_flow(settings))
+    run(build_flow(settings))
     linked_at = session_row(db, session)["linked_at"]
     produce(settings, [sign_in(settings, envelope)])  # redelivered after a restart: full replay
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     assert session_row(db, session)["linked_at"] == linked_at
     events = session_events(settings)
@@ -218,12 +226,12 @@ def test_replayed_old_sign_in_does_not_end_the_newer_session(
     first = signed_in_envelope(user_id=first_user, anonymous_id=anonymous)
     second = signed_in_envelope(user_id=second_user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, first)])
-    run_main(build_flow(settings))
+    run(build_flow(settings))
     produce(settings, [sign_in(settings, second)])
-    run_main(build_flow(settings))
+    run(build_flow(settings))
     produce(settings, [sign_in(settings, first)])  # a backfill replays the old sign-in
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     sessions = device_sessions(db, anonymous)
     assert [(s["id"] == guest, s["status"], s["user_id"]) for s in sessions] == [
@@ -244,7 +252,7 @@ def test_sign_in_on_a_device_without_a_session_starts_a_linked_session(
     insert_session(db, anonymous_id=anonymous, status="Ended")
     produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     active = [s for s in device_sessions(db, anonymous) if s["status"] == "Active"]
     assert len(active) == 1
@@ -268,7 +276,7 @@ def test_guest_likes_show_in_the_users_history_after_the_sign_in_is_processed(
     insert_session(db, anonymous_id=anonymous)
     likes = [favorite_envelope(anonymous_id=anonymous) for _ in range(2)]
     produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in likes])
-    run_main(build_favorites_flow(settings))
+    run(build_favorites_flow(settings))
     rows = action_rows(db, [uuid.UUID(e["MessageId"]) for e in likes])
     assert [r["user_id"] for r in rows] == [None, None]
     history_query = (
@@ -277,7 +285,7 @@ def test_guest_likes_show_in_the_users_history_after_the_sign_in_is_processed(
     assert db.execute(history_query, (user,)).fetchall() == []
     produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     history = db.execute(history_query, (user,)).fetchall()
     assert history == sorted((r["id"],) for r in rows)
@@ -300,7 +308,7 @@ def test_undecodable_sign_ins_go_to_the_dlq_and_the_others_are_linked(
         sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous), partition=1),
     ])
 
-    run_main(build_flow(settings))
+    run(build_flow(settings))
 
     assert session_row(db, session)["user_id"] == user
     letters = consume_all(settings, settings.topic_session_linking_dlq, expect_at_least=2)
@@ -323,7 +331,9 @@ def test_two_workers_link_every_device_once(
     envelopes = [signed_in_envelope(user_id=u, anonymous_id=a) for a, u in devices]
     produce(settings, [sign_in(settings, e) for e in envelopes + envelopes[:10]])
 
-    cluster_main(build_flow(settings), addresses=[], proc_id=0, worker_count_per_proc=2)
+    cluster_main(  # type: ignore[no-untyped-call]
+        build_flow(settings), addresses=[], proc_id=0, worker_count_per_proc=2
+    )
 
     assert [session_row(db, s)["user_id"] for s in sessions] == [u for _, u in devices]
     linked = parsed(

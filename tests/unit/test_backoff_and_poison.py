@@ -282,8 +282,9 @@ def test_clean_batch_is_written_in_one_call() -> None:
 
 def test_empty_batch_writes_nothing() -> None:
     writer = FakeWriter(bad=set())
+    nothing: list[int] = []
 
-    results, poisoned = write_isolating_poison([], writer, attempts=3)
+    results, poisoned = write_isolating_poison(nothing, writer, attempts=3)
 
     assert (results, poisoned, writer.calls) == ([], [], [])
 

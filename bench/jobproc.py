@@ -1,0 +1,376 @@
+"""The job as a subprocess (``python -m bytewax.run``), what it emits, and what it costs.
+
+- :class:`JobProcess`: spawns the real job with ``USER_ACTIVITY_*`` settings, scrapes its
+  Prometheus ``/metrics``, reads its CPU time and RSS from ``/proc``, kills it.
+- :class:`OutputCounter`: a consumer thread on the action-tracked topic that counts messages and
+  timestamps their arrival (receive time in this process); optionally maps FavoriteId -> arrival.
+- :class:`CpuSampler`: CPU seconds of the job, PostgreSQL, Kafka and the whole machine over a
+  phase, and the job's peak RSS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from bench.services import settings_env
+from runtime.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
+_LIVE: set[JobProcess] = set()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of ``pid`` (all its threads), or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def proc_status_kb(pid: int, key: str) -> int | None:
+    """A ``/proc/<pid>/status`` value in kB (VmRSS, VmHWM), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def children_cpu_seconds(parent: int) -> float:
+    """CPU seconds of ``parent`` and its direct children (the postmaster and its backends)."""
+    total = proc_cpu_seconds(parent) or 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return total
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    total = sum(values[:8])
+    return (total - idle) / _CLK_TCK, total / _CLK_TCK
+
+
+class JobProcess:
+    """One ``python -m bytewax.run dataflows.favorite_actions:flow`` subprocess."""
+
+    def __init__(
+        self, settings: Settings, log_path: Path, *, workers: int = 1, tail: bool,
+        recovery_dir: Path | None = None, snapshot_interval: float = 5.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.metrics_port = free_port()
+        env = {
+            **os.environ,
+            **settings_env(settings),
+            "USER_ACTIVITY_TAIL": "true" if tail else "false",
+            "USER_ACTIVITY_HTTP_PORT": str(self.metrics_port),
+            "USER_ACTIVITY_HTTP_HOST": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
+        cmd = [sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
+               "-w", str(workers)]
+        if recovery_dir is not None:
+            cmd += ["-r", str(recovery_dir), "-s", str(snapshot_interval), "-b", "0"]
+        setpriv = shutil.which("setpriv")
+        if setpriv is not None:  # the job dies with the benchmark, whatever happens
+            cmd = [setpriv, "--pdeathsig", "KILL", *cmd]
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.exited_at: float | None = None
+        self.rusage: Any = None  # the exact CPU time and max RSS once reaped (os.wait4)
+        self._reaper = threading.Thread(target=self._reap, name="job-reaper", daemon=True)
+        self._reaper.start()
+        _LIVE.add(self)
+
+    def _reap(self) -> None:
+        _pid, status, rusage = os.wait4(self.proc.pid, 0)
+        self.exited_at = time.monotonic()
+        self.rusage = rusage
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+
+    @property
+    def pid(self) -> int:
+        """The job's pid (setpriv execs, so it is the Python process)."""
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self.proc.returncode is None
+
+    def metrics(self, timeout: float = 2.0) -> dict[str, float] | None:
+        """The scraped ``/metrics`` as ``{name{labels}: value}``, or None if unreachable."""
+        try:
+            with urllib.request.urlopen(  # noqa: S310 - a local http URL we built
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout
+            ) as response:
+                text = response.read().decode()
+        except OSError:
+            return None
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            match = _METRIC_LINE.match(line)
+            if match:
+                found[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+        return found
+
+    def cpu_seconds(self) -> float | None:
+        """The job's CPU seconds so far (exact once it has exited)."""
+        if self.rusage is not None:
+            return float(self.rusage.ru_utime + self.rusage.ru_stime)
+        return proc_cpu_seconds(self.pid)
+
+    def rss_mb(self) -> float | None:
+        """The job's current VmRSS in MiB."""
+        kb = proc_status_kb(self.pid, "VmRSS")
+        return None if kb is None else kb / 1024
+
+    def hwm_mb(self) -> float | None:
+        """The job's peak VmHWM in MiB (ru_maxrss once it has exited)."""
+        if self.rusage is not None:
+            return float(self.rusage.ru_maxrss) / 1024
+        kb = proc_status_kb(self.pid, "VmHWM")
+        return None if kb is None else kb / 1024
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait for the process to exit; its return code, or None on timeout."""
+        self._reaper.join(timeout)
+        return self.proc.returncode
+
+    def _signal(self, sig: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` and reap the process."""
+        self._signal(sig)
+        self.wait(30)
+        self._log.close()
+        _LIVE.discard(self)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; the return code."""
+        self._signal(signal.SIGTERM)
+        if self.wait(timeout) is None:
+            self._signal(signal.SIGKILL)
+        code = self.wait(30)
+        self._log.close()
+        _LIVE.discard(self)
+        return code
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the job's log."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(0, self.log_path.stat().st_size - 20_000))
+                return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def kill_all_jobs() -> None:
+    """SIGKILL every job subprocess still running (teardown)."""
+    for job in list(_LIVE):
+        job.kill()
+
+
+def metric_sum(metrics: dict[str, float] | None, name: str, **labels: str) -> float:
+    """The sum of ``name`` over the series whose labels include ``labels``."""
+    if not metrics:
+        return 0.0
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+class OutputCounter:
+    """Counts messages on a topic (all partitions, from the beginning) in a thread."""
+
+    def __init__(self, bootstrap: str, topic: str, *, track_favorites: bool = False,
+                 partitions: int = 6) -> None:
+        self.count = 0
+        self.first_at: float | None = None  # monotonic receive time of the first message
+        self.last_at: float | None = None
+        self.arrivals: dict[str, float] = {}  # FavoriteId -> wall-clock receive time
+        self._track = track_favorites
+        self._stop = threading.Event()
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 20,
+        })
+        self._consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        self._thread = threading.Thread(target=self._run, name=f"count-{topic}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        while not self._stop.is_set():
+            messages = consumer.consume(2000, 0.05)
+            if not messages:
+                continue
+            now_wall = time.time()
+            now = time.monotonic()
+            good = 0
+            for msg in messages:
+                if msg.error() is not None:
+                    continue
+                good += 1
+                if self._track:
+                    with contextlib.suppress(Exception):
+                        favorite = orjson.loads(msg.value())["Payload"]["FavoriteId"]
+                        self.arrivals.setdefault(favorite.lower(), now_wall)
+            if good:
+                if self.first_at is None:
+                    self.first_at = now
+                self.last_at = now
+                self.count += good
+        consumer.close()
+
+    def close(self) -> None:
+        """Stop the thread and close the consumer."""
+        self._stop.set()
+        self._thread.join(10)
+
+
+def read_topic(bootstrap: str, topic: str, key: Callable[[Any], str], *,
+               expect: int, timeout: float = 60.0, partitions: int = 6) -> tuple[int, int]:
+    """(total, distinct ``key(envelope)``) of everything on ``topic``."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
+        "enable.auto.commit": False, "enable.partition.eof": True,
+    })
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    total = 0
+    seen: set[str] = set()
+    eof: set[int] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and (len(eof) < partitions or total < expect):
+            for msg in consumer.consume(5000, 0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == -191:  # _PARTITION_EOF
+                        eof.add(msg.partition() or 0)
+                    continue
+                total += 1
+                seen.add(key(orjson.loads(msg.value())))
+    finally:
+        consumer.close()
+    return total, len(seen)
+
+
+class CpuSampler:
+    """CPU seconds of the job / PostgreSQL / Kafka / machine between ``start`` and ``stop``."""
+
+    def __init__(self, job: JobProcess | None, postmaster_pid: int | None,
+                 kafka_pid: int | None, interval: float = 0.5) -> None:
+        self._job = job
+        self._pg = postmaster_pid
+        self._kafka = kafka_pid
+        self._interval = interval
+        self._stop = threading.Event()
+        self.peak_rss_mb = 0.0
+        self._start = self._read()
+        self._last_job_cpu = self._start["job"]
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> dict[str, float]:
+        busy, total = machine_cpu()
+        job_cpu = None if self._job is None else self._job.cpu_seconds()
+        return {
+            "t": time.monotonic(),
+            "machine_busy": busy,
+            "machine_total": total,
+            "job": job_cpu or 0.0,
+            "postgres": children_cpu_seconds(self._pg) if self._pg else 0.0,
+            "kafka": (proc_cpu_seconds(self._kafka) or 0.0) if self._kafka else 0.0,
+            "bench": proc_cpu_seconds(os.getpid()) or 0.0,
+        }
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            if self._job is not None:
+                rss = self._job.rss_mb()
+                if rss is not None:
+                    self.peak_rss_mb = max(self.peak_rss_mb, rss)
+                cpu = self._job.cpu_seconds()
+                if cpu is not None:
+                    self._last_job_cpu = cpu
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; CPU seconds and utilisation (cores) of each part over the phase."""
+        self._stop.set()
+        self._thread.join(5)
+        end = self._read()
+        if self._job is not None and self._job.rusage is None and not self._job.alive():
+            end["job"] = self._last_job_cpu
+        wall = end["t"] - self._start["t"]
+        result: dict[str, Any] = {"wall_s": round(wall, 2)}
+        for part in ("job", "postgres", "kafka", "bench"):
+            if part in ("postgres",) and not self._pg or part == "kafka" and not self._kafka:
+                result[f"{part}_cpu_s"] = None
+                continue
+            used = end[part] - self._start[part]
+            result[f"{part}_cpu_s"] = round(used, 2)
+            result[f"{part}_cores"] = round(used / wall, 2) if wall > 0 else None
+        busy = end["machine_busy"] - self._start["machine_busy"]
+        total = end["machine_total"] - self._start["machine_total"]
+        result["machine_busy_cores"] = round(busy / wall, 2) if wall > 0 else None
+        result["machine_busy_pct"] = round(100 * busy / total, 1) if total > 0 else None
+        if self._job is not None:
+            result["job_peak_rss_mb"] = round(self.peak_rss_mb, 1)
+        return result

@@ -1,0 +1,121 @@
+"""decode_sign_in: each sign-in record becomes a message, an invalid skip or a dead letter."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from dataflows.session_linking.decode import (
+    EMPTY_GUID,
+    InvalidSignIn,
+    SignInMessage,
+    decode_sign_in,
+    sign_in_fields,
+)
+from schemas.dlq import DlqReason
+from schemas.dlq_letter import DeadLetter
+from schemas.kafka_record import SourceRecord
+
+TOPIC = "pin.identity.user-signed-in.v1"
+MESSAGE_ID = UUID("01938a4e-7c1a-7cc3-9a55-3f2b1c0d9e11")
+ANONYMOUS_ID = UUID("0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0")
+USER_ID = UUID("7c9e6679-7425-40de-944b-e07fc1f90ae7")
+
+
+def sign_in_value(**overrides: Any) -> dict[str, Any]:
+    """A valid user-signed-in envelope; ``Payload__X`` overrides a payload field."""
+    payload: dict[str, Any] = {
+        "UserId": str(USER_ID),
+        "AnonymousId": str(ANONYMOUS_ID).upper(),
+        "SignedInAt": "2026-11-29T11:00:00.1234567+03:00",
+    }
+    envelope: dict[str, Any] = {
+        "MessageId": str(MESSAGE_ID),
+        "CreatedAt": "2026-11-29T08:00:00.123+00:00",
+        "Version": 1,
+        "AggregateId": str(USER_ID),
+        "AggregateType": "User",
+        "CorrelationId": "corr-1",
+        "Payload": payload,
+    }
+    for name, value in overrides.items():
+        if name.startswith("Payload__"):
+            payload[name.removeprefix("Payload__")] = value
+        else:
+            envelope[name] = value
+    return envelope
+
+
+def record(value: bytes | None) -> SourceRecord:
+    return SourceRecord(TOPIC, 2, 41, str(USER_ID).encode(), value)
+
+
+def decode(envelope: dict[str, Any]) -> Any:
+    return decode_sign_in(record(json.dumps(envelope).encode()))
+
+
+def test_a_valid_sign_in_decodes_to_a_message_keyed_by_its_device() -> None:
+    decoded = decode(sign_in_value(Payload__IpAddress="10.0.0.1", Unknown=1))
+
+    assert isinstance(decoded, SignInMessage)
+    assert (decoded.message_id, decoded.user_id, decoded.anonymous_id) == (
+        MESSAGE_ID, USER_ID, ANONYMOUS_ID,
+    )
+    assert decoded.device_key == str(ANONYMOUS_ID)
+    assert decoded.idempotency_key == f"user-activity-signed-in:{MESSAGE_ID}"
+    assert decoded.dedup_id == MESSAGE_ID.bytes
+    assert not decoded.version_mismatch
+
+
+def test_another_contract_version_is_decoded_and_flagged() -> None:
+    decoded = decode(sign_in_value(Version=2))
+
+    assert isinstance(decoded, SignInMessage)
+    assert decoded.version_mismatch
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, DlqReason.TOMBSTONE),
+        (b"\xff\xfe", DlqReason.NOT_UTF8),
+        (b"{not json", DlqReason.INVALID_JSON),
+        (json.dumps(sign_in_value(Payload__AnonymousId=None)).encode(), DlqReason.SCHEMA_MISMATCH),
+        (json.dumps(sign_in_value(Payload__UserId="nope")).encode(), DlqReason.SCHEMA_MISMATCH),
+        (json.dumps(sign_in_value(Payload__SignedInAt="2026-11-29T11:00:00")).encode(),
+         DlqReason.SCHEMA_MISMATCH),
+        (json.dumps({"MessageId": str(MESSAGE_ID)}).encode(), DlqReason.SCHEMA_MISMATCH),
+    ],
+)
+def test_undecodable_records_become_dead_letters_with_a_reason(
+    value: bytes | None, reason: DlqReason
+) -> None:
+    decoded = decode_sign_in(record(value))
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is reason
+    assert decoded.record.value == value
+
+
+@pytest.mark.parametrize("field", ["MessageId", "Payload__UserId", "Payload__AnonymousId"])
+def test_an_empty_guid_is_an_invalid_sign_in_not_a_dead_letter(field: str) -> None:
+    decoded = decode(sign_in_value(**{field: str(EMPTY_GUID)}))
+
+    assert isinstance(decoded, InvalidSignIn)
+
+
+def test_log_fields_are_ids_and_the_source_only() -> None:
+    decoded = decode(sign_in_value(Payload__UserAgent="Mozilla/5.0"))
+    assert isinstance(decoded, SignInMessage)
+
+    fields = sign_in_fields(decoded.record, decoded.envelope)
+
+    assert fields == {
+        "MessageId": str(MESSAGE_ID),
+        "AnonymousId": str(ANONYMOUS_ID),
+        "UserId": str(USER_ID),
+        "source": f"{TOPIC}[2]@41",
+    }
