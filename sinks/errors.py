@@ -12,8 +12,17 @@ INFRASTRUCTURE_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
 """Connection exception, insufficient resources, operator intervention (admin shutdown,
 statement timeout, cannot connect now), system error (I/O)."""
 
-INFRASTRUCTURE_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
-"""Serialization failure, deadlock detected, lock not available."""
+INFRASTRUCTURE_SQLSTATES = frozenset({
+    "40001", "40P01", "55P03",  # serialization failure, deadlock detected, lock not available
+    # The environment, not the message: every message would fail alike, and a retry succeeds once
+    # an operator fixes it, so these pause the stream instead of dead-lettering good messages.
+    "25006",  # read_only_sql_transaction: connected to a standby after a failover
+    "28000", "28P01",  # invalid authorization / password: credentials rotated
+    "3D000",  # invalid_catalog_name: the database does not exist (yet)
+    "42501",  # insufficient_privilege: grants missing
+    "42P01",  # undefined_table: migrations not applied yet
+})
+"""SQLSTATEs outside those classes that are infrastructure too."""
 
 DATA_SQLSTATE_CLASSES = frozenset({"22", "23"})
 """Data exception, integrity constraint violation: the message's data is at fault."""

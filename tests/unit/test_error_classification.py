@@ -30,6 +30,11 @@ INFRASTRUCTURE_ERRORS: list[type[psycopg.Error]] = [
     psycopg.errors.ConnectionException,  # 08000
     psycopg.errors.SqlclientUnableToEstablishSqlconnection,  # 08001
     psycopg.errors.IoError,  # 58030
+    psycopg.errors.ReadOnlySqlTransaction,  # 25006, a standby after failover
+    psycopg.errors.InvalidPassword,  # 28P01, rotated credentials
+    psycopg.errors.InvalidCatalogName,  # 3D000
+    psycopg.errors.InsufficientPrivilege,  # 42501
+    psycopg.errors.UndefinedTable,  # 42P01, migrations not applied
 ]
 
 DATA_ERRORS: list[type[psycopg.Error]] = [
@@ -44,7 +49,6 @@ DATA_ERRORS: list[type[psycopg.Error]] = [
 ]
 
 NEITHER_ERRORS: list[type[psycopg.Error]] = [
-    psycopg.errors.UndefinedTable,  # 42P01
     psycopg.errors.UndefinedColumn,  # 42703
     psycopg.errors.SyntaxError,  # 42601
     psycopg.errors.InFailedSqlTransaction,  # 25P02
