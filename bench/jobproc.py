@@ -66,8 +66,15 @@ def proc_status_kb(pid: int, key: str) -> int | None:
 
 
 def children_cpu_seconds(parent: int) -> float:
-    """CPU seconds of ``parent`` and its direct children (the postmaster and its backends)."""
-    total = proc_cpu_seconds(parent) or 0.0
+    """CPU seconds of ``parent``, its reaped children (cutime + cstime) and its live children.
+
+    For the postmaster: every backend, including those that exited during the phase.
+    """
+    try:
+        fields = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    total = sum(int(v) for v in fields[11:15]) / _CLK_TCK
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -109,7 +116,7 @@ class JobProcess:
         cmd = [sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
                "-w", str(workers)]
         if recovery_dir is not None:
-            cmd += ["-r", str(recovery_dir), "-s", str(snapshot_interval), "-b", "0"]
+            cmd += ["-r", str(recovery_dir), "-s", str(round(snapshot_interval)), "-b", "0"]
         setpriv = shutil.which("setpriv")
         if setpriv is not None:  # the job dies with the benchmark, whatever happens
             cmd = [setpriv, "--pdeathsig", "KILL", *cmd]
@@ -371,6 +378,10 @@ class CpuSampler:
         total = end["machine_total"] - self._start["machine_total"]
         result["machine_busy_cores"] = round(busy / wall, 2) if wall > 0 else None
         result["machine_busy_pct"] = round(100 * busy / total, 1) if total > 0 else None
+        ours = sum(result.get(f"{part}_cpu_s") or 0.0 for part in ("job", "postgres", "kafka",
+                                                                   "bench"))
+        # CPU used by processes outside this benchmark (other work sharing the machine).
+        result["other_cores"] = round(max(0.0, busy - ours) / wall, 2) if wall > 0 else None
         if self._job is not None:
             result["job_peak_rss_mb"] = round(self.peak_rss_mb, 1)
         return result

@@ -319,6 +319,7 @@ def _round(value: float | None, digits: int = 1) -> float | None:
 def dedup_and_restart(
     services: Services, sessions: Sequence[Session], db_url: str, *, ids: int, owners: int,
     restart_backlog: int, rng: random.Random, log: Log, snapshot_interval: float = 5.0,
+    settle: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """RSS of the job holding ``ids`` MessageIds in its dedup window, then restart after SIGKILL.
 
@@ -374,7 +375,8 @@ def dedup_and_restart(
         job.kill()
         return dedup, {"ok": False, "failure": "dedup phase failed"}
     rss_done = job.rss_mb()
-    time.sleep(snapshot_interval + 1.5)  # one more snapshot of the full window
+    if settle:
+        time.sleep(snapshot_interval + 1.5)  # one more snapshot of the full window
     dedup.update(
         ok=True,
         process_s=round(t_done - job.started, 1),

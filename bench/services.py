@@ -116,7 +116,7 @@ class Services:
     # ---- topics ---------------------------------------------------------------------------
 
     def settings(self, prefix: str, db_url: str, **overrides: Any) -> Settings:
-        """Settings whose topics are ``bench.<run>.<prefix>.*``, created with 6 partitions."""
+        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the flow's, created: 6 partitions)."""
         base = f"bench.{self.run_id}.{prefix}"
         values: dict[str, Any] = {
             "kafka_bootstrap_servers": self.bootstrap,
@@ -134,7 +134,9 @@ class Services:
         }
         values.update(overrides)
         settings = Settings(**values)
-        ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6)
+        topics = [settings.topic_favorite_added, settings.topic_favorite_removed,
+                  settings.topic_action_tracked, settings.topic_favorites_dlq]
+        ensure_topics(settings.kafka_client_config(), topics, 6)  # what the favorites flow uses
         return settings
 
     # ---- teardown -------------------------------------------------------------------------

@@ -9,11 +9,12 @@ Python API::
 
     from devenv.kafka_broker import KafkaBroker, create_topics
 
-    with KafkaBroker(tmp_path / "kafka") as broker:       # format + start + wait for metadata
+    with KafkaBroker(tmp_path / "kafka") as broker:       # format + start + wait until ready
         create_topics(broker.bootstrap, ["events"])        # 6 partitions, RF 1, idempotent
         ...
         broker.stop()                                      # SIGTERM, SIGKILL after a timeout
         broker.start()                                     # same port, same data
+        broker.kill()                                      # SIGKILL (crash); start() again
 
 CLI (state in ``.run/kafka`` unless ``--run-dir``)::
 
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -328,8 +329,8 @@ def _poll_metadata(
     admin: AdminClient,
     deadline: float,
     topics: Sequence[str] | None,
-    alive: Any = None,
-) -> None:
+    alive: Callable[[], None] | None = None,
+) -> ClusterMetadata:
     last: Exception | str = "no metadata yet"
     while True:
         remaining = deadline - time.monotonic()
@@ -343,22 +344,72 @@ def _poll_metadata(
             last = exc
         else:
             if _metadata_ready(md, topics):
-                return
+                return md
             last = f"brokers={sorted(md.brokers)} topics={sorted(md.topics)}"
         admin.poll(0)  # drain queued log callbacks
         time.sleep(0.1)
 
 
-def wait_until_ready(bootstrap: str, timeout: float = 60.0) -> None:
-    """Block until the broker at ``bootstrap`` serves metadata.
+_GROUP_PROBE = "devenv-kafka-broker-readiness-probe"
+_COORDINATOR_NOT_READY = {
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+}
 
-    Ready means: a registered broker, and a leader for every partition of every topic.
+
+def _wait_group_coordinator(
+    admin: AdminClient, deadline: float, alive: Callable[[], None] | None = None
+) -> None:
+    """Wait until the group coordinator has loaded ``__consumer_offsets``.
+
+    Right after a restart it answers COORDINATOR_LOAD_IN_PROGRESS, and librdkafka then waits
+    about 3 s before its consumer retries JoinGroup.
+    """
+    last: object = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"group coordinator not ready: {last}")
+        if alive is not None:
+            alive()
+        futures = admin.describe_consumer_groups(
+            [_GROUP_PROBE], request_timeout=max(0.5, min(5.0, remaining))
+        )
+        try:
+            futures[_GROUP_PROBE].result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError) or not (
+                err.code() in _COORDINATOR_NOT_READY or err.retriable()
+            ):
+                return  # not a loading problem: nothing to wait for
+            last = err
+        else:
+            return
+        time.sleep(0.05)
+
+
+def _wait_ready(
+    admin: AdminClient, deadline: float, alive: Callable[[], None] | None = None
+) -> None:
+    _poll_metadata(admin, deadline, None, alive)
+    # Also creates __consumer_offsets on a new broker (FindCoordinator), so that the first
+    # consumer group does not hit the loading delay either.
+    _wait_group_coordinator(admin, deadline, alive)
+
+
+def wait_until_ready(bootstrap: str, timeout: float = 60.0) -> None:
+    """Block until the broker at ``bootstrap`` serves metadata and consumer groups.
+
+    Ready means: a registered broker, a leader for every partition of every topic, and a group
+    coordinator that has loaded ``__consumer_offsets`` (created here if missing).
 
     Raises:
         KafkaBrokerError: not ready within ``timeout`` seconds.
     """
     try:
-        _poll_metadata(_admin(bootstrap), time.monotonic() + timeout, None)
+        _wait_ready(_admin(bootstrap), time.monotonic() + timeout)
     except TimeoutError as exc:
         raise KafkaBrokerError(f"{bootstrap}: {exc} (after {timeout:.0f}s)") from exc
 
@@ -581,7 +632,7 @@ class KafkaBroker:
             server_properties: Extra/overriding broker properties (applied last).
             jvm_opts: Extra JVM options, appended after the defaults (so they win).
             lib_dir: Jar directory, default ``DEFAULT_LIB_DIR`` (fetched on demand).
-            start_timeout: Seconds ``start()`` waits for metadata before giving up.
+            start_timeout: Seconds ``start()`` waits for readiness before giving up.
             stop_timeout: Seconds ``stop()`` waits after SIGTERM before SIGKILL.
             die_with_parent: Kill the JVM when the starting thread dies (see class doc).
             class_data_sharing: Use/create an AppCDS archive for faster starts.
@@ -644,7 +695,7 @@ class KafkaBroker:
         return self.pid is not None
 
     def start(self, *, fresh: bool = False) -> str:
-        """Start the broker and wait until it serves metadata; return the bootstrap address.
+        """Start the broker and wait until it is ready (see ``wait_until_ready``); return bootstrap.
 
         Formats the data dir on first use; a later start reuses it (same data, same ports).
         ``fresh=True`` deletes the data dir first.
@@ -908,7 +959,7 @@ class KafkaBroker:
         deadline = time.monotonic() + self.start_timeout
         try:
             self._wait_tcp(deadline, alive)
-            _poll_metadata(_admin(self.bootstrap), deadline, None, alive)
+            _wait_ready(_admin(self.bootstrap), deadline, alive)
         except TimeoutError as exc:
             self._terminate(signal.SIGKILL, 0.0)
             raise KafkaBrokerError(
@@ -920,7 +971,7 @@ class KafkaBroker:
                 self._terminate(signal.SIGKILL, 0.0)
             raise
 
-    def _wait_tcp(self, deadline: float, alive: Any) -> None:
+    def _wait_tcp(self, deadline: float, alive: Callable[[], None]) -> None:
         while True:
             alive()
             try:

@@ -1,7 +1,8 @@
 """Prometheus metrics of the service: SPEC §6 names exactly, plus session linking and health.
 
-Metrics live in the default registry, which Bytewax's own metrics also use, so one ``/metrics``
-endpoint serves both.
+Metrics live in prometheus_client's default registry, served on ``USER_ACTIVITY_HTTP_PORT``
+(``/metrics``). Bytewax's own metrics come from its API server (``BYTEWAX_DATAFLOW_API_ENABLED``,
+port 3030), which also renders this registry.
 """
 
 from __future__ import annotations

@@ -7,10 +7,14 @@ nothing from a pool, and a dead connection is replaced on the next attempt of th
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import psycopg
 
 from runtime.settings import Settings
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+"""A psycopg connection returning tuple rows."""
 
 
 class Database:
@@ -20,9 +24,9 @@ class Database:
         self._dsn = settings.database_dsn()
         self._application_name = application_name
         self._statement_timeout_ms = settings.db_statement_timeout_ms
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._conn: Connection | None = None
 
-    def connection(self) -> psycopg.Connection[tuple[object, ...]]:
+    def connection(self) -> Connection:
         """The open connection, connecting first if needed (raises OperationalError if down)."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:

@@ -11,14 +11,13 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-import psycopg
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
-from sinks.db import Database
+from sinks.db import Connection, Database
 from sinks.favorites_store import FavoritesStore, owner_of
 from sinks.sql import query
 
@@ -77,7 +76,7 @@ class _DryRunPartition(StatelessSinkPartition[tuple[str, FavoriteMessage]]):
                 self._tally.add("recorded")
 
     def _existing(
-        self, conn: psycopg.Connection[tuple[object, ...]], messages: Sequence[FavoriteMessage]
+        self, conn: Connection, messages: Sequence[FavoriteMessage]
     ) -> set[str]:
         rows = conn.execute(
             query("preview_actions"),

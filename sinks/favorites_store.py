@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 import orjson
-import psycopg
 import uuid_utils.compat as uuid_compat
 
 from dataflows.favorite_actions.decode import FavoriteMessage
@@ -24,6 +23,7 @@ from dataflows.favorite_actions.records import (
     SessionSnapshot,
     build_recorded_action,
 )
+from sinks.db import Connection
 from sinks.sql import query
 
 OUTBOX_CHANNEL = "user_activity_outbox"
@@ -67,7 +67,7 @@ class FavoritesStore:
         self._clock = clock
 
     def record_batch(
-        self, conn: psycopg.Connection[tuple[object, ...]], messages: Sequence[FavoriteMessage]
+        self, conn: Connection, messages: Sequence[FavoriteMessage]
     ) -> BatchOutcome:
         """Record ``messages`` in one transaction; return what happened to each of them."""
         outcome = BatchOutcome()
@@ -110,7 +110,7 @@ class FavoritesStore:
         return outcome
 
     def resolve_sessions(
-        self, conn: psycopg.Connection[tuple[object, ...]], messages: list[FavoriteMessage]
+        self, conn: Connection, messages: list[FavoriteMessage]
     ) -> dict[tuple[UUID | None, UUID | None], SessionSnapshot]:
         """Each distinct owner's session (INV-ACT-003), by one query; owners without one absent."""
         owners = list(dict.fromkeys(owner_of(m) for m in messages))
@@ -122,15 +122,11 @@ class FavoritesStore:
         with conn.cursor(binary=True) as cur:
             cur.execute(query("resolve_owner_sessions"), params, binary=True)
             for owner_index, session_id, anonymous_id, user_id in cur:
-                found[owners[int(owner_index) - 1]] = SessionSnapshot(  # type: ignore[call-overload]
-                    session_id,  # type: ignore[arg-type]
-                    anonymous_id,  # type: ignore[arg-type]
-                    user_id,  # type: ignore[arg-type]
-                )
+                found[owners[owner_index - 1]] = SessionSnapshot(session_id, anonymous_id, user_id)
         return found
 
     def _insert(
-        self, conn: psycopg.Connection[tuple[object, ...]], actions: list[RecordedAction]
+        self, conn: Connection, actions: list[RecordedAction]
     ) -> set[UUID]:
         events = [a.event for a in actions]
         outbox = [a.outbox for a in actions]
@@ -153,4 +149,4 @@ class FavoritesStore:
         }
         with conn.cursor(binary=True) as cur:
             cur.execute(query("record_actions"), params, binary=True)
-            return {row[0] for row in cur}  # type: ignore[misc]
+            return {row[0] for row in cur}

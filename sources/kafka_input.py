@@ -132,11 +132,15 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._partition = partition
         self._batch_size = batch_size
         self._idle_poll = idle_poll
+        self._backoff = backoff
         self._awake: datetime | None = None
+        self._down_attempts = 0  # failed reachability checks since every broker went down
+        self._probe_at = 0.0  # time.monotonic() of the next check while down
         self._consumer = Consumer(
             {
                 **client_config,
                 "logger": LIBRDKAFKA_LOGGER,
+                "error_cb": self._on_client_error,
                 # Offsets live in Bytewax snapshots; the group id is never used to commit.
                 "group.id": "user-activity-stream-unused",
                 "enable.auto.commit": False,
@@ -184,7 +188,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if self._end_offset is None:
             return False
         if self._next_offset is None:
-            self._next_offset = self._watermarks()[0]
+            self._next_offset = _retrying(
+                lambda: self._watermarks()[0], self._topic, self._backoff
+            )
         return self._next_offset >= self._end_offset
 
     @override
@@ -222,8 +228,46 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 )
             )
             self._next_offset = offset + 1
+        if self._down_attempts:
+            self._check_kafka(reached=any(isinstance(item, SourceRecord) for item in batch))
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        """Every broker is unreachable (librdkafka reconnects by itself): report the pause."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and not self._down_attempts:
+            self._kafka_down(error.name())
+
+    def _check_kafka(self, *, reached: bool) -> None:
+        """While down: resume on a fetched record, else ask for metadata with back-off."""
+        if not reached:
+            if time.monotonic() < self._probe_at:
+                return
+            try:
+                self._consumer.list_topics(self._topic, timeout=1.0)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                self._kafka_down(
+                    error.name() if isinstance(error, KafkaError) else type(exc).__name__
+                )
+                return
+        attempts, self._down_attempts = self._down_attempts, 0
+        HEALTH.resumed("kafka")
+        log_event(
+            logger, "kafka-consumer-recovered", topic=self._topic, partition=self._partition,
+            attempts=attempts,
+        )
+
+    def _kafka_down(self, error: str) -> None:
+        delay = self._backoff.delay(self._down_attempts)
+        self._down_attempts += 1
+        self._probe_at = time.monotonic() + delay
+        HEALTH.paused("kafka", self._down_attempts, error)
+        log_event(
+            logger, "kafka-consumer-retry", logging.WARNING, topic=self._topic,
+            partition=self._partition, error=error, attempt=self._down_attempts,
+            delay_s=round(delay, 2),
+        )
 
     @override
     def next_awake(self) -> datetime | None:

@@ -65,7 +65,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def _base_env() -> dict[str, str]:
-    """This process's environment without service or Bytewax settings that could leak in."""
+    """The current environment minus service or Bytewax settings that could leak in."""
     env = {
         k: v for k, v in os.environ.items()
         if not k.startswith((ENV_PREFIX, "BYTEWAX_"))
@@ -235,7 +235,7 @@ class FavoritesJob:
         """GET ``path`` from the job's HTTP server; None if it does not answer."""
         url = f"http://127.0.0.1:{self.port}{path}"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
+            with urllib.request.urlopen(url, timeout=timeout) as response:
                 return HttpAnswer(response.status, response.read())
         except urllib.error.HTTPError as exc:
             return HttpAnswer(exc.code, exc.read())
@@ -267,12 +267,12 @@ class FavoritesJob:
                         events.append(parsed)
         return events
 
-    def log_tail(self, lines: int = 40) -> str:
-        """The end of the latest log, for failure messages."""
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the latest log without its INFO lines, for failure messages."""
         if not self.log_paths:
             return ""
-        return "\n".join(line.decode(errors="replace") for line in
-                         _read_lines(self.log_paths[-1])[-lines:])
+        kept = [line for line in _read_lines(self.log_paths[-1]) if b'"level":"INFO"' not in line]
+        return "\n".join(line.decode(errors="replace") for line in kept[-lines:])
 
     # ---- helpers ---------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ process is left running. Measurements are printed (``pytest -s``) and recorded a
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -108,7 +109,7 @@ def good_stream(settings: Settings, database_url: str, count: int, seed: int) ->
 
 def good_record(
     settings: Settings, rng: random.Random, devices: Sequence[uuid.UUID],
-    users: Sequence[uuid.UUID], headers: tuple[tuple[str, bytes], ...] = (),
+    users: Sequence[uuid.UUID], *, headers: tuple[tuple[str, bytes], ...] = (),
     reason: DlqReason | None = None,
 ) -> Outgoing:
     topic = (settings.topic_favorite_added if rng.random() < 0.7
@@ -136,7 +137,7 @@ def poison_records(settings: Settings, rng: random.Random, devices: Sequence[uui
         envelope = favorite_envelope(anonymous_id=rng.choice(devices))
         misfits: list[dict[str, Any]] = [
             {**envelope, "MessageId": f"not-a-uuid-{marker}"},
-            {**envelope, "Payload": {**envelope["Payload"], "OccurredAt": 12345}},
+            {**envelope, "Payload": {**envelope["Payload"], "OccurredAt": "2026-11-29T08:00:00"}},
             {k: v for k, v in envelope.items() if k != "Payload"},
             {**envelope, "Payload": {**envelope["Payload"], "PropertyObjectId": None}},
         ]
@@ -150,8 +151,8 @@ def poison_records(settings: Settings, rng: random.Random, devices: Sequence[uui
                      reason=DlqReason.SCHEMA_MISMATCH),
             # Decodes and has a session, but its traceparent (copied into the outbox row's
             # jsonb headers) holds a NUL: PostgreSQL refuses it with SQLSTATE 22P05.
-            good_record(settings, rng, devices, users, (("traceparent", NUL_TRACEPARENT),),
-                        reason=DlqReason.DATA_ERROR),
+            good_record(settings, rng, devices, users,
+                        headers=(("traceparent", NUL_TRACEPARENT),), reason=DlqReason.DATA_ERROR),
         ]
     return records
 
@@ -180,6 +181,7 @@ class PacedProducer(threading.Thread):
             "acks": "all",
             "linger.ms": 5,
             "message.timeout.ms": 300_000,
+            "logger": logging.getLogger("tests.paced_producer"),  # not raw stderr
         }
         self._records = records
         self._rate = rate
@@ -262,20 +264,20 @@ class HealthMonitor(threading.Thread):
         super().__init__(name="health-monitor", daemon=True)
         self._job = job
         self._interval = interval
-        self._stop = threading.Event()
+        self._done = threading.Event()
         self.samples: list[Sample] = []
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             metrics = self._job.metrics()
             self.samples.append(Sample(
                 time.monotonic(), self._job.get("/readyz"), self._job.get("/livez"),
                 metrics.get(RETRIES), metrics.get(PAUSED_SECONDS),
             ))
-            self._stop.wait(self._interval)
+            self._done.wait(self._interval)
 
     def stop(self) -> list[Sample]:
-        self._stop.set()
+        self._done.set()
         self.join(10)
         return self.samples
 
@@ -498,7 +500,7 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
         "readyz_paused_after_stop_s": round(first_paused, 1),
         "readyz_dependencies": sorted({str(b["dependency"]) for b in bodies}),
         "max_attempt_seen": max(int(b["attempt"]) for b in bodies),
-        "max_paused_seconds_gauge": max(s.paused_seconds or 0.0 for s in outage),
+        "max_paused_seconds_gauge": round(max(s.paused_seconds or 0.0 for s in outage), 1),
         "retries_during_outage": retries_at_start - retries_before,
         "retries_total": retries_after,
         "produced_during_outage": produced_at_start - produced_at_stop,
@@ -532,6 +534,7 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
     wait_for_rows(job, database_url, stream, 2_000, timeout=60)
     retries_before = job.metric(RETRIES)
     rows_at_stop = count_rows(database_url, stream.good_ids)
+    stopping = time.monotonic()
     kafka_broker.stop()
     stopped = time.monotonic()
     time.sleep(10)
@@ -541,24 +544,35 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
     deliveries = producer.result()
     wait_until_drained(job, database_url, stream)
     drained_after = time.monotonic() - restarted
+    job.wait_until(lambda: (s := job.get("/readyz")) is not None and s.status == 200, 60,
+                   "/readyz 200")
     retries_after = job.metric(RETRIES)
     dlq_total = job.metric(DLQ_TOTAL)
     samples = monitor.stop()
     job.terminate()
 
+    outage = monitor.between(stopped, restarted)
+    paused = [s for s in outage if s.ready is not None and s.ready.status == 503]
+    assert paused and all(s.ready_state == "paused" for s in paused), "no pause reported"
+    bodies = [s.ready.json() for s in paused if s.ready is not None]
+    assert {b["dependency"] for b in bodies} == {"kafka"}
     assert all(s.live is not None and s.live.status == 200 for s in samples), "livez failed"
+    consumer_retries = count_log_events(job, "kafka-consumer-retry")
+    assert consumer_retries > 0 and count_log_events(job, "kafka-consumer-recovered") > 0
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.dlq == 0 and dlq_total == 0
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
     assert job.leftover_pids() == []
-    outage = monitor.between(stopped, restarted + drained_after)
     report(record_property, "b-kafka-restart", {
+        "broker_stop_s": round(stopped - stopping, 1),
         "broker_down_s": round(restarted - stopped, 1),
+        "readyz_paused_s": round(paused[-1].at - paused[0].at, 1),
+        "readyz_paused_after_stop_s": round(paused[0].at - stopped, 1),
+        "readyz_errors": sorted({str(b["last_error"]) for b in bodies}),
         "rows_at_stop": rows_at_stop,
         "rows_while_down": rows_while_down,
-        "readyz_states": sorted({str(s.ready_state) for s in outage}),
-        "retries": retries_after - retries_before,
-        "consumer_errors_logged": count_log_events(job, "kafka-consumer-error"),
+        "consumer_retry_lines": consumer_retries,
+        "retries_total_delta": retries_after - retries_before,
         "outbox_retries_logged": count_log_events(job, "outbox-publish-retry"),
         "drained_after_start_s": round(drained_after, 1),
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,
@@ -616,7 +630,7 @@ def test_job_sigkilled_three_times_resumes_from_its_recovery_dir_exactly_once(
         "kills": kills,
         "recorded_per_run": recorded,
         "redelivered_skipped_per_run": duplicates,
-        "drained_after_last_start_s": round(drained_after, 1),
+        "drained_after_producer_done_s": round(drained_after, 1),
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,
         "action_tracked_distinct": counts.tracked_distinct, "dlq": counts.dlq,
         "took_s": round(time.monotonic() - began, 1),

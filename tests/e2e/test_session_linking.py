@@ -393,3 +393,63 @@ def test_concurrent_sign_ins_on_one_guest_session_link_it_once(
             "DELETE FROM user_activity.outbox WHERE topic = ANY(%s)",
             ([topics.linked, topics.started, topics.ended],),
         )
+
+
+def test_a_sign_in_failing_three_times_is_dead_lettered_and_its_batch_mates_are_linked(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings()
+    good_device, poison_device, user = new_id(), new_id(), new_id()
+    good_session = insert_session(db, anonymous_id=good_device)
+    poison_session = insert_session(db, anonymous_id=poison_device)
+    poison = signed_in_envelope(user_id=user, anonymous_id=poison_device)
+    link_batch = SessionLinksStore.link_batch
+
+    def failing_for_poison(
+        store: SessionLinksStore, conn: Any, messages: list[SignInMessage]
+    ) -> Any:
+        if any(m.anonymous_id == poison_device for m in messages):
+            raise RuntimeError("a bug triggered by this one message")
+        return link_batch(store, conn, messages)
+
+    monkeypatch.setattr(SessionLinksStore, "link_batch", failing_for_poison)
+    produce(settings, [
+        sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=good_device), partition=2),
+        sign_in(settings, poison, partition=2),
+    ])
+
+    run(build_flow(settings))
+
+    assert session_row(db, good_session)["user_id"] == user
+    assert session_row(db, poison_session)["user_id"] is None
+    [letter] = consume_all(settings, settings.topic_session_linking_dlq, expect_at_least=1)
+    assert letter.json()["MessageId"] == poison["MessageId"]
+    assert letter.header("x-dlq-reason") == b"processing-error"
+    assert letter.header("x-exception-type") == b"RuntimeError"
+    assert letter.header("x-attempts") == b"3"
+    assert len(consume_all(settings, settings.topic_session_linked, expect_at_least=1)) == 1
+
+
+def test_a_transient_database_failure_is_retried_and_nothing_is_dead_lettered(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings()
+    anonymous, user = new_id(), new_id()
+    session = insert_session(db, anonymous_id=anonymous)
+    link_batch = SessionLinksStore.link_batch
+    failures = iter([psycopg.errors.SerializationFailure("x"), psycopg.OperationalError("down")])
+
+    def flaky(store: SessionLinksStore, conn: Any, messages: list[SignInMessage]) -> Any:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return link_batch(store, conn, messages)
+
+    monkeypatch.setattr(SessionLinksStore, "link_batch", flaky)
+    produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
+
+    run(build_flow(settings))
+
+    assert session_row(db, session)["user_id"] == user
+    assert len(consume_all(settings, settings.topic_session_linked, expect_at_least=1)) == 1
+    assert consume_all(settings, settings.topic_session_linking_dlq, settle=0.5) == []

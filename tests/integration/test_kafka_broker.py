@@ -85,7 +85,7 @@ def _consume(bootstrap: str, topic: str, expected: int, timeout: float = 60.0) -
             assert isinstance(key, bytes) and isinstance(value, bytes)
             got[(msg.partition() or 0, msg.offset() or 0)] = (key, value)
         # Nothing beyond what was produced shows up.
-        extra = consumer.consume(num_messages=10, timeout=1.0)
+        extra = consumer.consume(num_messages=10, timeout=0.5)
         assert [m for m in extra if m.error() is None] == []
     finally:
         consumer.close()

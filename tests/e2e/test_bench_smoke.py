@@ -1,0 +1,82 @@
+"""The benchmark (``python -m bench``) runs end to end at a tiny size on the suite's services.
+
+It is a subprocess (``--small --external``) against the session's Kafka broker and PostgreSQL
+server (the benchmark creates and drops its own ``bench_*`` databases there). Only that it works
+is checked here: every section is present with positive numbers; the targets are for the full
+run on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _positive(results: dict[str, Any], *path: str) -> float:
+    node: Any = results
+    for key in path:
+        assert isinstance(node, dict) and key in node, f"missing {'.'.join(path)}"
+        node = node[key]
+    assert isinstance(node, (int, float)) and node > 0, f"{'.'.join(path)} = {node!r}"
+    return float(node)
+
+
+@pytest.mark.timeout(300)
+def test_bench_small_writes_every_section_with_positive_numbers(
+    kafka_bootstrap: str, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "results.json"
+    env = {
+        **os.environ,
+        "USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "USER_ACTIVITY_DATABASE_URL": database_url,
+    }
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--small", "--external", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    results = json.loads(out.read_text())
+    assert "error" not in results
+
+    _positive(results, "prefill", "action_events_rows")
+    for workers in ("workers_1", "workers_2"):
+        run = results["job"][workers]
+        assert run["ok"], run
+        assert run["rows_committed"] == run["expected_recorded"]
+        assert run["action_tracked_distinct"] == run["expected_recorded"]
+        _positive(results, "job", workers, "events_per_s")
+        _positive(results, "job", workers, "wall_s")
+    _positive(results, "naive", "events_per_s")
+    _positive(results, "naive", "recorded")
+    _positive(results, "ceiling", "events_per_s")
+    _positive(results, "outbox_publish_db_cost", "mark_published", "us_per_row")
+    _positive(results, "outbox_publish_db_cost", "delete", "us_per_row")
+    for key in ("p50_ms", "p95_ms", "p99_ms"):
+        _positive(results, "steady", key)
+    assert results["steady"]["ok"], results["steady"]
+    _positive(results, "dedup", "rss_mb")
+    _positive(results, "restart", "caught_up_s")
+    _positive(results, "ratios", "job_vs_naive")
+    _positive(results, "ratios", "job_vs_ceiling")
+    assert set(results["targets"]) == {
+        "job_events_per_s", "job_vs_naive", "job_vs_ceiling", "steady_p99_ms", "dedup_rss_mb",
+        "restart_caught_up_s",
+    }
+    for target in results["targets"].values():
+        assert target["met"] in ("met", "not met"), target
+    assert "measure" in proc.stdout  # the table
+    print(f"bench --small took {elapsed:.1f}s")
