@@ -86,7 +86,7 @@ def replay(
     out: TextIO = sys.stdout,
 ) -> dict[str, int]:
     """Run one bounded replay; return the outcome counts (also printed as a table)."""
-    from dataflows.favorite_actions.flow import build_flow
+    from dataflows.favorite_actions.wiring import build_flow
 
     bounded = settings.model_copy(update={"tail": False})
     tally = Tally() if dry_run else None

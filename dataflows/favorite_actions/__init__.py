@@ -14,11 +14,11 @@ __all__ = ["build_flow", "flow"]
 
 def __getattr__(name: str) -> Any:
     if name == "build_flow":
-        from dataflows.favorite_actions.flow import build_flow
+        from dataflows.favorite_actions.wiring import build_flow
 
         return build_flow
     if name == "flow":
-        from dataflows.favorite_actions.flow import build_flow
+        from dataflows.favorite_actions.wiring import build_flow
         from runtime.logs import configure_logging
         from runtime.settings import Settings
 

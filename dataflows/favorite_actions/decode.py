@@ -11,15 +11,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from uuid import UUID
 
-from pydantic import ValidationError
-
+from dataflows.envelopes import EMPTY_GUID, parse_envelope
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.envelope import CONTRACT_VERSION
 from schemas.favorites import ActionType, FavoriteEnvelope
 from schemas.kafka_record import SourceRecord
 
-EMPTY_GUID = UUID(int=0)
 IDEMPOTENCY_PREFIX = "user-activity-favorites"
 
 
@@ -99,21 +97,9 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
     """
     try:
         action_type = action_types[record.topic]
-        if record.value is None:
-            return DeadLetter.now(record, DlqReason.TOMBSTONE, "NoneType")
-        try:
-            record.value.decode("utf-8")
-        except UnicodeDecodeError:
-            return DeadLetter.now(record, DlqReason.NOT_UTF8, "UnicodeDecodeError")
-        try:
-            envelope = FavoriteEnvelope.model_validate_json(record.value)
-        except ValidationError as exc:
-            reason = (
-                DlqReason.INVALID_JSON
-                if any(err["type"] == "json_invalid" for err in exc.errors())
-                else DlqReason.SCHEMA_MISMATCH
-            )
-            return DeadLetter.now(record, reason, "ValidationError")
+        envelope = parse_envelope(record, FavoriteEnvelope)
+        if isinstance(envelope, DeadLetter):
+            return envelope
         payload = envelope.payload
         if (
             EMPTY_GUID in (payload.favorite_id, payload.property_object_id, envelope.message_id)

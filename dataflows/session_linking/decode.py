@@ -11,15 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from pydantic import ValidationError
-
+from dataflows.envelopes import EMPTY_GUID, parse_envelope
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.envelope import CONTRACT_VERSION
 from schemas.kafka_record import SourceRecord
 from schemas.sessions import UserSignedInEnvelope
 
-EMPTY_GUID = UUID(int=0)
 IDEMPOTENCY_PREFIX = "user-activity-signed-in"
 
 
@@ -96,21 +94,9 @@ def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
     ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`.
     """
     try:
-        if record.value is None:
-            return DeadLetter.now(record, DlqReason.TOMBSTONE, "NoneType")
-        try:
-            record.value.decode("utf-8")
-        except UnicodeDecodeError:
-            return DeadLetter.now(record, DlqReason.NOT_UTF8, "UnicodeDecodeError")
-        try:
-            envelope = UserSignedInEnvelope.model_validate_json(record.value)
-        except ValidationError as exc:
-            reason = (
-                DlqReason.INVALID_JSON
-                if any(err["type"] == "json_invalid" for err in exc.errors())
-                else DlqReason.SCHEMA_MISMATCH
-            )
-            return DeadLetter.now(record, reason, "ValidationError")
+        envelope = parse_envelope(record, UserSignedInEnvelope)
+        if isinstance(envelope, DeadLetter):
+            return envelope
         payload = envelope.payload
         if EMPTY_GUID in (envelope.message_id, payload.user_id, payload.anonymous_id):
             return InvalidSignIn(record, envelope)

@@ -75,16 +75,28 @@ def sign_in(settings: Settings, envelope: dict[str, Any], **kwargs: Any) -> Prod
     return envelope_record(settings.topic_user_signed_in, envelope, **kwargs)
 
 
-def session_events(settings: Settings) -> dict[str, list[Consumed]]:
-    """Everything on the three session topics (after a short settle for unexpected extras)."""
+def session_events(
+    settings: Settings, *, linked: int = 0, started: int = 0, ended: int = 0
+) -> dict[str, list[Consumed]]:
+    """Everything on the three session topics: waits for the expected counts, then settles."""
     return {
-        topic: consume_all(settings, topic, settle=0.5)
-        for topic in (
-            settings.topic_session_linked,
-            settings.topic_session_started,
-            settings.topic_session_ended,
+        topic: consume_all(settings, topic, expect_at_least=expected, settle=0.5)
+        for topic, expected in (
+            (settings.topic_session_linked, linked),
+            (settings.topic_session_started, started),
+            (settings.topic_session_ended, ended),
         )
     }
+
+
+def outbox_counts(db: psycopg.Connection[Any], settings: Settings) -> dict[str, int]:
+    """Outbox rows written for each session topic of this test (published or not)."""
+    rows = db.execute(
+        "SELECT topic, count(*) FROM user_activity.outbox WHERE topic = ANY(%s) GROUP BY topic",
+        ([settings.topic_session_linked, settings.topic_session_started,
+          settings.topic_session_ended],),
+    ).fetchall()
+    return {topic: count for topic, count in rows}
 
 
 def parsed(records: list[Consumed], model: type[BaseModel]) -> list[Any]:
@@ -138,7 +150,7 @@ def test_guest_sign_in_links_the_session_and_publishes_exactly_one_session_linke
     )
     assert linked.correlation_id == "corr-sign-in"
     assert linked.message_id.version == 7
-    others = session_events(settings)
+    others = session_events(settings, linked=1)
     assert others[settings.topic_session_started] == []
     assert others[settings.topic_session_ended] == []
 
@@ -156,6 +168,7 @@ def test_sign_in_of_the_same_user_again_changes_nothing_and_publishes_nothing(
 
     assert session_row(db, session) == before
     assert device_sessions(db, anonymous) == [before]
+    assert outbox_counts(db, settings) == {}
     assert all(records == [] for records in session_events(settings).values())
 
 
@@ -179,7 +192,7 @@ def test_sign_in_of_another_user_ends_the_session_and_starts_a_new_linked_one(
     assert (new_row["status"], new_row["user_id"]) == ("Active", second_user)
     assert new_row["linked_at"] is not None
     assert uuid.UUID(str(new_row["id"])).version == 7
-    events = session_events(settings)
+    events = session_events(settings, started=1, ended=1)
     assert events[settings.topic_session_linked] == []
     [ended_record] = events[settings.topic_session_ended]
     [started_record] = events[settings.topic_session_started]
@@ -211,7 +224,8 @@ def test_redelivered_sign_in_publishes_session_linked_only_once(
     run(build_flow(settings))
 
     assert session_row(db, session)["linked_at"] == linked_at
-    events = session_events(settings)
+    assert outbox_counts(db, settings) == {settings.topic_session_linked: 1}
+    events = session_events(settings, linked=1)
     assert len(events[settings.topic_session_linked]) == 1
     assert events[settings.topic_session_started] == []
     assert events[settings.topic_session_ended] == []
@@ -238,7 +252,12 @@ def test_replayed_old_sign_in_does_not_end_the_newer_session(
         (True, "Ended", first_user),
         (False, "Active", second_user),
     ]
-    events = session_events(settings)
+    assert outbox_counts(db, settings) == {
+        settings.topic_session_linked: 1,
+        settings.topic_session_started: 1,
+        settings.topic_session_ended: 1,
+    }
+    events = session_events(settings, linked=1, started=1, ended=1)
     assert len(events[settings.topic_session_linked]) == 1
     assert len(events[settings.topic_session_ended]) == 1
     assert len(events[settings.topic_session_started]) == 1
@@ -258,7 +277,7 @@ def test_sign_in_on_a_device_without_a_session_starts_a_linked_session(
     assert len(active) == 1
     assert active[0]["user_id"] == user
     assert active[0]["linked_at"] is not None
-    events = session_events(settings)
+    events = session_events(settings, started=1)
     assert events[settings.topic_session_linked] == []
     assert events[settings.topic_session_ended] == []
     [started] = parsed(events[settings.topic_session_started], SessionStartedEnvelope)

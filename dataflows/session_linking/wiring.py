@@ -1,0 +1,109 @@
+"""Wiring of the session-linking flow: Kafka -> decode -> key by device -> dedup -> Postgres sink.
+
+::
+
+    user_signed_in_input ─ decode_sign_in ─┬─ dead_letter_poison (session-linking DLQ topic)
+        (+ consumer errors → log)          ├─ log_invalid_sign_in
+                                           └─ key_by_device ─ dedup_by_message_id
+                                                  ─ link_sessions (Postgres + outbox)
+
+Keying by AnonymousId sends every sign-in of one device to one worker, in input order, so one
+device's sessions are changed by one transaction at a time in this job (the row locks of the
+sink make it safe against any other writer too). Exactly one effect per sign-in = at-least-once
+input (offsets in Bytewax snapshots) + the idempotency mark in the linking transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+
+from dataflows.common import (
+    configured_start,
+    deduplicated,
+    kafka_records,
+    warn_version_mismatch,
+)
+from dataflows.session_linking.decode import (
+    InvalidSignIn,
+    SignInMessage,
+    decode_sign_in,
+    sign_in_fields,
+)
+from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
+from runtime.health import serve_http
+from runtime.logs import log_event
+from runtime.metrics import (
+    SESSION_LINKING_DLQ,
+    SESSION_LINKING_OUTCOMES,
+    SESSION_LINKING_RETRIES,
+)
+from runtime.settings import Settings
+from schemas.dlq_letter import DeadLetter
+from schemas.kafka_record import SourceRecord
+from sinks.action_history import DeadLetterSink
+from sinks.session_links import SessionLinkSink
+from sources.kafka_input import StartPosition
+
+logger = logging.getLogger(__name__)
+
+
+def _log_outcome(
+    outcome: LinkOutcome, record: SourceRecord, message: SignInMessage | InvalidSignIn
+) -> None:
+    SESSION_LINKING_OUTCOMES.labels(outcome=outcome.value).inc()
+    event = LOG_EVENTS[outcome]
+    level = logging.WARNING if outcome is LinkOutcome.INVALID else logging.INFO
+    log_event(logger, event, level, outcome=event, **sign_in_fields(record, message.envelope))
+
+
+def _log_invalid(_step_id: str, invalid: InvalidSignIn) -> None:
+    _log_outcome(LinkOutcome.INVALID, invalid.record, invalid)
+
+
+def _warn_version(message: SignInMessage) -> SignInMessage:
+    return warn_version_mismatch(  # type: ignore[no-any-return]
+        message, lambda m: sign_in_fields(m.record, m.envelope)
+    )
+
+
+def _log_duplicate(message: SignInMessage) -> None:
+    _log_outcome(LinkOutcome.DUPLICATE, message.record, message)
+
+
+def build_flow(settings: Settings, start: StartPosition | None = None) -> Dataflow:
+    """The session-linking dataflow for ``settings`` (``start`` overrides the start position)."""
+    serve_http(settings.http_host, settings.http_port)
+    flow = Dataflow("session_linking")
+    records = kafka_records(
+        flow,
+        settings,
+        [("user_signed_in_input", settings.topic_user_signed_in)],
+        start or configured_start(settings),
+    )
+
+    decoded = op.map("decode_sign_in", records, decode_sign_in)
+    valid = op.branch("route_decoded", decoded, lambda d: isinstance(d, SignInMessage))
+    rejected = op.branch(
+        "route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter)
+    )
+    op.output(
+        "dead_letter_poison",
+        rejected.trues,  # type: ignore[misc]
+        DeadLetterSink(
+            settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
+            SESSION_LINKING_RETRIES,
+        ),
+    )
+    op.inspect("log_invalid_sign_in", rejected.falses, _log_invalid)  # type: ignore[arg-type]
+
+    messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
+    keyed = op.key_on("key_by_device", messages, lambda m: m.device_key)
+    fresh = deduplicated(
+        "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
+    )
+    op.output("link_sessions", fresh, SessionLinkSink(settings))
+    return flow
+
