@@ -14,6 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
+from prometheus_client import Counter
 
 from dataflows.dedup import DedupWindow
 from runtime.backoff import Backoff
@@ -45,12 +46,17 @@ def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
 
 
 def kafka_records(
-    flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]], start: StartPosition
+    flow: Dataflow,
+    settings: Settings,
+    inputs: list[tuple[str, str]],
+    start: StartPosition,
+    retries: Counter,
 ) -> Stream[SourceRecord]:
     """One input step per ``(step_id, topic)``, merged; consumer errors logged and counted.
 
-    Consumer errors are a second stream routed to ``log_consumer_errors`` on purpose: they are
-    never raised (librdkafka recovers from transport errors itself) and never silently dropped.
+    ``retries`` counts every retry of an unreachable Kafka. Consumer errors are a second stream
+    routed to ``log_consumer_errors`` on purpose: never raised (librdkafka recovers from
+    transport errors by itself) and never silently dropped.
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
@@ -64,6 +70,7 @@ def kafka_records(
                 tail=settings.tail,
                 batch_size=settings.source_batch_size,
                 backoff=backoff,
+                count_retry=retries.inc,
             ),
         )
         for step_id, topic in inputs

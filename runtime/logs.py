@@ -7,7 +7,9 @@ Only the fields given are written; payload notes, IPs, user agents and secrets a
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -40,6 +42,41 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+class RepeatThrottle(logging.Filter):
+    """Let one line of each message shape through per ``window`` seconds; count the rest.
+
+    librdkafka repeats the same line for every client and every reconnect attempt while a broker
+    is down (hundreds a second for a dozen consumers); the next line of a shape that passes
+    carries ``suppressed``: how many were dropped since the last one.
+    """
+
+    def __init__(self, window: float = 10.0, max_shapes: int = 1000) -> None:
+        super().__init__()
+        self._window = window
+        self._max_shapes = max_shapes
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True to emit ``record``."""
+        shape = _DIGITS.sub("#", record.getMessage())[:160]
+        now = time.monotonic()
+        with self._lock:
+            first, suppressed = self._seen.get(shape, (-self._window, 0))
+            if now - first < self._window:
+                self._seen[shape] = (first, suppressed + 1)
+                return False
+            if len(self._seen) >= self._max_shapes:
+                self._seen.clear()
+            self._seen[shape] = (now, 0)
+        if suppressed:
+            record.suppressed = suppressed
+        return True
+
+
+_DIGITS = re.compile(r"\d+")
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Send JSON lines at ``level`` to stderr; idempotent (replaces earlier handlers)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -49,7 +86,9 @@ def configure_logging(level: str = "INFO") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    logging.getLogger("kafka.client").setLevel(logging.WARNING)
+    for old_filter in list(LIBRDKAFKA_LOGGER.filters):
+        LIBRDKAFKA_LOGGER.removeFilter(old_filter)
+    LIBRDKAFKA_LOGGER.addFilter(RepeatThrottle())
 
 
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:

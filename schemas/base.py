@@ -7,9 +7,11 @@ from pydantic.alias_generators import to_pascal
 
 
 class WireModel(BaseModel):
-    """A frozen model whose wire names are PascalCase and which ignores unknown fields.
+    """A frozen, strict model whose wire names are PascalCase and which ignores unknown fields.
 
     Python attributes stay snake_case; ``model_dump(by_alias=True)`` writes the wire form.
+    Strict: a JSON number is not a datetime, ``true`` is not a Version, ``"1"`` is not an int;
+    GUIDs and DateTimeOffsets still arrive as JSON strings, as .NET writes them.
     """
 
     model_config = ConfigDict(
@@ -17,5 +19,6 @@ class WireModel(BaseModel):
         populate_by_name=True,
         extra="ignore",
         frozen=True,
+        strict=True,
         ser_json_timedelta="iso8601",
     )

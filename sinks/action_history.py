@@ -40,6 +40,7 @@ from runtime.poison import Poisoned, write_isolating_poison
 from runtime.settings import Settings
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
+from schemas.favorites import ActionType
 from sinks.db import Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
@@ -47,6 +48,9 @@ from sinks.favorites_store import BatchOutcome, FavoritesStore
 from sinks.outbox import acquire_shared_publisher, release_shared_publisher
 
 logger = logging.getLogger(__name__)
+
+_RECORDED = {action: FAVORITES_RECORDED.labels(action_type=action.value) for action in ActionType}
+_SKIPPED = {reason: FAVORITES_SKIPPED.labels(reason=reason.value) for reason in SkipReason}
 
 
 def message_fields(message: FavoriteMessage) -> dict[str, Any]:
@@ -148,7 +152,7 @@ class _ActionHistoryPartition(StatelessSinkPartition[tuple[str, FavoriteMessage]
         oldest = None
         for action in outcome.recorded:
             message = action.message
-            FAVORITES_RECORDED.labels(action_type=message.action_type.value).inc()
+            _RECORDED[message.action_type].inc()
             FAVORITES_CONSUME_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)
             created = message.envelope.created_at
             oldest = created if oldest is None or created < oldest else oldest
@@ -163,8 +167,9 @@ class _ActionHistoryPartition(StatelessSinkPartition[tuple[str, FavoriteMessage]
             (SkipReason.DUPLICATE, outcome.duplicates),
             (SkipReason.NO_SESSION, outcome.no_session),
         ):
+            skipped = _SKIPPED[reason]
             for message in messages:
-                FAVORITES_SKIPPED.labels(reason=reason.value).inc()
+                skipped.inc()
                 FAVORITES_CONSUME_DURATION_MS.observe(
                     (now_mono - message.record.received_at) * 1000
                 )

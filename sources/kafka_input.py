@@ -73,6 +73,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         batch_size: int = 1000,
         idle_poll: timedelta = timedelta(milliseconds=20),
         backoff: Backoff | None = None,
+        count_retry: Callable[[], None] = lambda: None,
     ) -> None:
         self._config = dict(client_config)
         self._topic = topic
@@ -81,6 +82,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         self._batch_size = batch_size
         self._idle_poll = idle_poll
         self._backoff = backoff or Backoff()
+        self._count_retry = count_retry
 
     @override
     def list_parts(self) -> list[str]:
@@ -94,7 +96,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
                 raise KafkaException(topic.error)
             return [_part_name(self._topic, p) for p in sorted(topic.partitions)]
 
-        return _retrying(partitions, self._topic, self._backoff)
+        return _retrying(partitions, self._topic, self._backoff, self._count_retry)
 
     @override
     def build_part(
@@ -111,6 +113,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             batch_size=self._batch_size,
             idle_poll=self._idle_poll,
             backoff=self._backoff,
+            count_retry=self._count_retry,
         )
 
 
@@ -127,12 +130,14 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         batch_size: int,
         idle_poll: timedelta,
         backoff: Backoff,
+        count_retry: Callable[[], None],
     ) -> None:
         self._topic = topic
         self._partition = partition
         self._batch_size = batch_size
         self._idle_poll = idle_poll
         self._backoff = backoff
+        self._count_retry = count_retry
         self._awake: datetime | None = None
         self._down_attempts = 0  # failed reachability checks since every broker went down
         self._probe_at = 0.0  # time.monotonic() of the next check while down
@@ -153,11 +158,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._next_offset = (
             resume_state
             if resume_state is not None
-            else _retrying(lambda: self._initial_offset(start), topic, backoff)
+            else _retrying(lambda: self._initial_offset(start), topic, backoff, count_retry)
         )
         self._end_offset: int | None = None
         if not tail:
-            self._end_offset = _retrying(lambda: self._watermarks()[1], topic, backoff)
+            self._end_offset = _retrying(lambda: self._watermarks()[1], topic, backoff, count_retry)
         self._consumer.assign([TopicPartition(topic, partition, self._assign_offset())])
 
     def _watermarks(self) -> tuple[int, int]:
@@ -189,7 +194,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return False
         if self._next_offset is None:
             self._next_offset = _retrying(
-                lambda: self._watermarks()[0], self._topic, self._backoff
+                lambda: self._watermarks()[0], self._topic, self._backoff, self._count_retry
             )
         return self._next_offset >= self._end_offset
 
@@ -229,7 +234,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             )
             self._next_offset = offset + 1
         if self._down_attempts:
-            self._check_kafka(reached=any(isinstance(item, SourceRecord) for item in batch))
+            self._check_kafka(fetched=any(isinstance(item, SourceRecord) for item in batch))
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
 
@@ -238,19 +243,20 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if error.code() == KafkaError._ALL_BROKERS_DOWN and not self._down_attempts:
             self._kafka_down(error.name())
 
-    def _check_kafka(self, *, reached: bool) -> None:
-        """While down: resume on a fetched record, else ask for metadata with back-off."""
-        if not reached:
-            if time.monotonic() < self._probe_at:
-                return
-            try:
-                self._consumer.list_topics(self._topic, timeout=1.0)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                self._kafka_down(
-                    error.name() if isinstance(error, KafkaError) else type(exc).__name__
-                )
-                return
+    def _check_kafka(self, *, fetched: bool) -> None:
+        """While down: ask a broker for metadata when due with back-off, resume if it answers.
+
+        Records may still come from the local prefetch queue while every broker is down, so a
+        fetch only makes the check due at once; it does not prove Kafka is back.
+        """
+        if not fetched and time.monotonic() < self._probe_at:
+            return
+        try:
+            self._consumer.list_topics(self._topic, timeout=1.0)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            self._kafka_down(error.name() if isinstance(error, KafkaError) else type(exc).__name__)
+            return
         attempts, self._down_attempts = self._down_attempts, 0
         HEALTH.resumed("kafka")
         log_event(
@@ -261,6 +267,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     def _kafka_down(self, error: str) -> None:
         delay = self._backoff.delay(self._down_attempts)
         self._down_attempts += 1
+        self._count_retry()
         self._probe_at = time.monotonic() + delay
         HEALTH.paused("kafka", self._down_attempts, error)
         log_event(
@@ -285,7 +292,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
 T = TypeVar("T")
 
 
-def _retrying(call: Callable[[], T], topic: str, backoff: Backoff) -> T:
+def _retrying(
+    call: Callable[[], T], topic: str, backoff: Backoff, count_retry: Callable[[], None]
+) -> T:
     """Run a metadata call until Kafka answers (a leader moving, a broker restarting)."""
     attempt = 0
     while True:
@@ -294,6 +303,7 @@ def _retrying(call: Callable[[], T], topic: str, backoff: Backoff) -> T:
         except KafkaException as exc:
             delay = backoff.delay(attempt)
             attempt += 1
+            count_retry()
             HEALTH.paused("kafka", attempt, type(exc).__name__)
             log_event(
                 logger, "kafka-metadata-retry", logging.WARNING, topic=topic,

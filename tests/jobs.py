@@ -64,7 +64,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """The current environment minus service or Bytewax settings that could leak in."""
     env = {
         k: v for k, v in os.environ.items()
@@ -73,6 +73,9 @@ def _base_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+_base_env = base_env  # the name tests/e2e/test_multi_process.py imports
 
 
 def _alive(pid: int) -> bool:
@@ -123,7 +126,7 @@ class FavoritesJob:
         self.pids: list[int] = []
         self.log_paths: list[Path] = []
         self.exit_codes: list[int] = []
-        self._env = {**_base_env(), **settings_env(self.settings)}
+        self._env = {**base_env(), **settings_env(self.settings)}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -177,18 +180,25 @@ class FavoritesJob:
         proc = self._proc
         if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # alive, so its pid (and group id) is still ours
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         self._reap(proc, 30.0)
 
-    def terminate(self, timeout: float = 20.0) -> int | None:
-        """Stop the job: SIGINT (Bytewax stops at the next epoch), SIGKILL after ``timeout``."""
+    def terminate(
+        self, timeout: float = 20.0, sig: signal.Signals = signal.SIGTERM
+    ) -> int | None:
+        """Stop the job as Kubernetes does: ``sig`` (SIGTERM), SIGKILL after ``timeout``.
+
+        Returns the exit code (negative: the signal that ended it). SIGINT makes Bytewax stop
+        at the next epoch boundary instead (exit code 1, "signal received").
+        """
         proc = self._proc
         if proc is None:
             return None
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
+                os.killpg(proc.pid, sig)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -209,12 +219,12 @@ class FavoritesJob:
         return self._reap(self._proc, 1.0)
 
     def _reap(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
+        # Signals go to the process group only while its leader is alive or not yet reaped, so
+        # a group id is never reused by then; the job forks no children (checked by
+        # ``leftover_pids``).
         code = proc.wait(timeout)
         self.exit_codes.append(code)
         self._proc = None
-        # The group leader is gone; make sure no child of it survives either.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
         return code
 
     def leftover_pids(self) -> list[int]:

@@ -100,7 +100,9 @@ def build_flow(
         )
         if topics is None or topic in topics
     ]
-    records = kafka_records(flow, settings, inputs, start or configured_start(settings))
+    records = kafka_records(
+        flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES
+    )
 
     action_types = {
         settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,

@@ -82,6 +82,7 @@ def build_flow(settings: Settings, start: StartPosition | None = None) -> Datafl
         settings,
         [("user_signed_in_input", settings.topic_user_signed_in)],
         start or configured_start(settings),
+        SESSION_LINKING_RETRIES,
     )
 
     decoded = op.map("decode_sign_in", records, decode_sign_in)

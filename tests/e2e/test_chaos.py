@@ -51,6 +51,9 @@ DLQ_TOTAL = "user_activity_favorites_dlq_total"
 PAUSED_SECONDS = "user_activity_paused_seconds"
 NUL_TRACEPARENT = b"00-4bf92f3577b34da6\x00a3ce929d0e0e4736-00f067aa0ba902b7-01"
 GOOD_TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+POSTGRES_DOWN_SECONDS = 22.0
+KAFKA_DOWN_SECONDS = 35.0
+"""Longer than the producers' ``message.timeout.ms`` (30 s): deliveries fail and are retried."""
 
 
 # ---- the stream ------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ class PacedProducer(threading.Thread):
         self.deliveries: list[Delivery | None] = [None] * len(records)
         self.errors: list[str] = []
         self.produced = 0
-        self.finished_at: float | None = None
+        self.started_at = self.finished_at = 0.0
         self._failure: BaseException | None = None
 
     def run(self) -> None:
@@ -199,7 +202,7 @@ class PacedProducer(threading.Thread):
 
     def _produce(self) -> None:
         producer = Producer(self._config)
-        started = time.monotonic()
+        started = self.started_at = time.monotonic()
         for index, record in enumerate(self._records):
             due = started + index / self._rate
             while (wait := due - time.monotonic()) > 0:
@@ -227,6 +230,11 @@ class PacedProducer(threading.Thread):
             self.deliveries[index] = Delivery(msg.topic() or "", msg.partition() or 0,
                                               msg.offset() or 0)
         return on_delivery
+
+    @property
+    def seconds(self) -> float:
+        """How long producing and delivering everything took."""
+        return round(self.finished_at - self.started_at, 1)
 
     def result(self, timeout: float = 320) -> list[Delivery]:
         """Wait until every record is acknowledged; where each landed."""
@@ -335,7 +343,7 @@ class Counts:
     tracked_records: int = 0
     tracked_distinct: int = 0
     dlq: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    letters: list[Consumed] = field(default_factory=list)
 
 
 def assert_exact_outcome(
@@ -376,7 +384,7 @@ def assert_exact_outcome(
     dlq = consume_all(settings, settings.topic_favorites_dlq,
                       expect_at_least=len(poison), timeout=60, settle=1.0)
     assert_dlq_holds_exactly(dlq, stream, deliveries)
-    return Counts(len(good), len(rows), len(tracked), len(by_event), len(dlq))
+    return Counts(len(good), len(rows), len(tracked), len(by_event), len(dlq), dlq)
 
 
 def assert_dlq_holds_exactly(
@@ -422,6 +430,13 @@ def report(record_property: Any, name: str, values: dict[str, Any]) -> None:
         record_property(key, value)
 
 
+def stop_job(job: FavoritesJob) -> dict[str, Any]:
+    """Stop the job the way Kubernetes does (a signal, then SIGKILL); how long it took."""
+    started = time.monotonic()
+    code = job.terminate()
+    return {"stop_s": round(time.monotonic() - started, 1), "stop_exit_code": code}
+
+
 def count_log_events(job: FavoritesJob, event: str, run: int | None = None) -> int:
     return sum(1 for e in job.log_events(run) if e.get("event") == event)
 
@@ -462,12 +477,15 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
     wait_for_rows(job, database_url, stream, 5_000, timeout=90)
     retries_before = job.metric(RETRIES)
     produced_at_stop = producer.produced
+    rows_at_stop = count_rows(database_url, stream.good_ids)
     postgres_server.stop()
-    stopped = time.monotonic()
-    time.sleep(22)
-    down_seconds = time.monotonic() - stopped
-    produced_at_start = producer.produced
-    postgres_server.start()
+    try:
+        stopped = time.monotonic()
+        time.sleep(POSTGRES_DOWN_SECONDS)
+        down_seconds = time.monotonic() - stopped
+        produced_at_start = producer.produced
+    finally:  # never leave the session's server down for the tests that follow
+        postgres_server.start()
     restarted = time.monotonic()
     retries_at_start = job.metric(RETRIES)
     resumed_after = job.wait_until(
@@ -479,7 +497,7 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
     retries_after = job.metric(RETRIES)
     dlq_total = job.metric(DLQ_TOTAL)
     samples = monitor.stop()
-    job.terminate()
+    shutdown = stop_job(job)
 
     outage = [s for s in samples if stopped <= s.at <= restarted]
     paused = [s for s in outage if s.ready is not None and s.ready.status == 503]
@@ -487,6 +505,9 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
     assert all(s.ready_state == "paused" for s in paused)
     bodies = [s.ready.json() for s in paused if s.ready is not None]
     first_paused = paused[0].at - stopped
+    steady = [s for s in outage if s.at >= paused[0].at]
+    assert all(s.ready_state == "paused" for s in steady), "readyz flapped while Postgres was down"
+    assert down_seconds >= 20
     assert all(s.live is not None and s.live.status == 200 for s in samples), "livez failed"
     assert max(s.paused_seconds or 0.0 for s in outage) > 10
     assert retries_at_start - retries_before >= 5
@@ -495,6 +516,7 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
     assert counts.rows == counts.tracked_distinct == 20_000
     assert job.leftover_pids() == []
     report(record_property, "a-postgres-down", {
+        "rows_at_stop": rows_at_stop,
         "postgres_down_s": round(down_seconds, 1),
         "readyz_paused_s": round(paused[-1].at - paused[0].at, 1),
         "readyz_paused_after_stop_s": round(first_paused, 1),
@@ -506,8 +528,10 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
         "produced_during_outage": produced_at_start - produced_at_stop,
         "ready_again_after_start_s": round(resumed_after, 1),
         "drained_after_start_s": round(drained_after, 1),
+        "produce_s": producer.seconds,
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,
         "action_tracked_distinct": counts.tracked_distinct, "dlq": counts.dlq,
+        **shutdown,
         "took_s": round(time.monotonic() - began, 1),
     })
 
@@ -536,10 +560,13 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
     rows_at_stop = count_rows(database_url, stream.good_ids)
     stopping = time.monotonic()
     kafka_broker.stop()
-    stopped = time.monotonic()
-    time.sleep(10)
-    rows_while_down = count_rows(database_url, stream.good_ids)
-    kafka_broker.start()
+    try:
+        stopped = time.monotonic()
+        time.sleep(KAFKA_DOWN_SECONDS)
+        rows_while_down = count_rows(database_url, stream.good_ids)
+        starting = time.monotonic()
+    finally:  # never leave the session's broker down for the tests that follow
+        kafka_broker.start()
     restarted = time.monotonic()
     deliveries = producer.result()
     wait_until_drained(job, database_url, stream)
@@ -549,13 +576,17 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
     retries_after = job.metric(RETRIES)
     dlq_total = job.metric(DLQ_TOTAL)
     samples = monitor.stop()
-    job.terminate()
+    shutdown = stop_job(job)
 
     outage = monitor.between(stopped, restarted)
     paused = [s for s in outage if s.ready is not None and s.ready.status == 503]
     assert paused and all(s.ready_state == "paused" for s in paused), "no pause reported"
     bodies = [s.ready.json() for s in paused if s.ready is not None]
-    assert {b["dependency"] for b in bodies} == {"kafka"}
+    # The input's consumers report "kafka"; past message.timeout.ms (30 s) the outbox publisher
+    # reports its own pause ("outbox") as well.
+    assert "kafka" in {b["dependency"] for b in bodies} <= {"kafka", "outbox"}
+    steady = monitor.between(paused[0].at, starting)
+    assert all(s.ready_state == "paused" for s in steady), "readyz flapped while Kafka was down"
     assert all(s.live is not None and s.live.status == 200 for s in samples), "livez failed"
     consumer_retries = count_log_events(job, "kafka-consumer-retry")
     assert consumer_retries > 0 and count_log_events(job, "kafka-consumer-recovered") > 0
@@ -568,15 +599,17 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
         "broker_down_s": round(restarted - stopped, 1),
         "readyz_paused_s": round(paused[-1].at - paused[0].at, 1),
         "readyz_paused_after_stop_s": round(paused[0].at - stopped, 1),
-        "readyz_errors": sorted({str(b["last_error"]) for b in bodies}),
+        "readyz_pauses": sorted({f'{b["dependency"]}:{b["last_error"]}' for b in bodies}),
         "rows_at_stop": rows_at_stop,
         "rows_while_down": rows_while_down,
         "consumer_retry_lines": consumer_retries,
         "retries_total_delta": retries_after - retries_before,
         "outbox_retries_logged": count_log_events(job, "outbox-publish-retry"),
         "drained_after_start_s": round(drained_after, 1),
+        "produce_s": producer.seconds,
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,
         "action_tracked_distinct": counts.tracked_distinct, "dlq": counts.dlq,
+        **shutdown,
         "took_s": round(time.monotonic() - began, 1),
     })
 
@@ -614,7 +647,7 @@ def test_job_sigkilled_three_times_resumes_from_its_recovery_dir_exactly_once(
     kill_and_restart("steady-70%")
     deliveries = producer.result()
     drained_after = wait_until_drained(job, database_url, stream)
-    job.terminate()
+    shutdown = stop_job(job)
 
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.dlq == 0
@@ -626,13 +659,19 @@ def test_job_sigkilled_three_times_resumes_from_its_recovery_dir_exactly_once(
     # The database decides: at most one "recorded" per message, ever (fewer only if a kill hit
     # between a commit and its log lines).
     assert sum(recorded) <= good
+    # Each restart resumed from its snapshot: a replay from the start would re-read (and skip as
+    # duplicates) every message recorded before the kill.
+    for run in (1, 2, 3):
+        assert duplicates[run] < max(1, kills[run - 1]["rows"]), (run, duplicates, kills)
     report(record_property, "c-sigkill-x3", {
         "kills": kills,
         "recorded_per_run": recorded,
         "redelivered_skipped_per_run": duplicates,
         "drained_after_producer_done_s": round(drained_after, 1),
+        "produce_s": producer.seconds,
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,
         "action_tracked_distinct": counts.tracked_distinct, "dlq": counts.dlq,
+        **shutdown,
         "took_s": round(time.monotonic() - began, 1),
     })
 
@@ -649,8 +688,11 @@ def test_five_percent_poison_of_every_kind_is_dead_lettered_and_good_messages_al
     devices, users = seed_owners(database_url, 400, 100)
     per_kind = 40
     poison = poison_records(settings, rng, devices, users, per_kind)
-    records = [good_record(settings, rng, devices, users) for _ in range(20 * len(poison) - len(
-        poison))]
+    records = [
+        good_record(settings, rng, devices, users,
+                    headers=(("traceparent", GOOD_TRACEPARENT),) if i % 10 == 0 else ())
+        for i in range(19 * len(poison))
+    ]
     for record in poison:
         records.insert(rng.randrange(len(records) + 1), record)
     stream = Stream(records)
@@ -665,7 +707,7 @@ def test_five_percent_poison_of_every_kind_is_dead_lettered_and_good_messages_al
     job.wait_until(lambda: job.metric(DLQ_TOTAL) >= len(poison), 60, "every dead letter")
     dlq_total = job.metric(DLQ_TOTAL)
     retries = job.metric(RETRIES)
-    job.terminate()
+    shutdown = stop_job(job)
 
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.dlq == dlq_total == len(poison) == 5 * per_kind
@@ -674,6 +716,10 @@ def test_five_percent_poison_of_every_kind_is_dead_lettered_and_good_messages_al
     failed = [e for e in job.log_events() if e.get("event") == "record-failed"]
     assert len(failed) == per_kind
     assert {(e["sqlstate"], e["error"]) for e in failed} == {("22P05", "UntranslatableCharacter")}
+    data_errors = [c for c in counts.letters if c.header(HEADER_REASON) == b"data-error"]
+    assert len(data_errors) == per_kind
+    assert {c.header(HEADER_EXCEPTION_TYPE) for c in data_errors} == {b"UntranslatableCharacter"}
+    assert {c.header("traceparent") for c in data_errors} == {NUL_TRACEPARENT}
     headers_json = orjson.dumps({"traceparent": NUL_TRACEPARENT.decode()}).decode()
     with pytest.raises(psycopg.errors.UntranslatableCharacter) as refused:
         db.execute("SELECT %s::text::jsonb", (headers_json,))
@@ -686,7 +732,9 @@ def test_five_percent_poison_of_every_kind_is_dead_lettered_and_good_messages_al
         "poison_by_reason": dict(sorted(reasons.items())),
         "data_error_sqlstate": "22P05",
         "drained_s": round(drained_after, 1),
+        "produce_s": producer.seconds,
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,
         "action_tracked_distinct": counts.tracked_distinct, "dlq": counts.dlq,
+        **shutdown,
         "took_s": round(time.monotonic() - began, 1),
     })

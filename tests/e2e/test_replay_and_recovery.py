@@ -133,8 +133,10 @@ def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
              recovery_config=RecoveryConfig(str(recovery)))
 
     sink_lines = [r for r in caplog.records if r.name == "sinks.action_history"]
-    dedup_lines = [r for r in caplog.records
-                   if r.name == "dataflows.favorite_actions.wiring" and r.msg == "skipped-duplicate"]
+    dedup_lines = [
+        r for r in caplog.records
+        if r.name == "dataflows.favorite_actions.wiring" and r.msg == "skipped-duplicate"
+    ]
     # Offsets kept: only the two new records were read; the window (restored from the
     # snapshot) dropped the redelivery before it reached the database.
     assert [r.msg for r in sink_lines] == ["recorded"]

@@ -45,7 +45,7 @@ TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 def run(flow: Dataflow) -> None:
     """One bounded run of ``flow`` on one worker (settings ``tail=False``)."""
-    run_main(flow)  # type: ignore[no-untyped-call]
+    run_main(flow)
 
 
 def signed_in_envelope(
@@ -350,7 +350,7 @@ def test_two_workers_link_every_device_once(
     envelopes = [signed_in_envelope(user_id=u, anonymous_id=a) for a, u in devices]
     produce(settings, [sign_in(settings, e) for e in envelopes + envelopes[:10]])
 
-    cluster_main(  # type: ignore[no-untyped-call]
+    cluster_main(
         build_flow(settings), addresses=[], proc_id=0, worker_count_per_proc=2
     )
 

@@ -110,7 +110,9 @@ def test_stop_without_pid_file_still_stops_own_postmaster(server: PostgresServer
 
 
 def test_server_settings(tmp_path: Path) -> None:
-    settings = {"work_mem": "8MB", "log_min_duration_statement": 250, "jit": False}
+    settings: dict[str, str | int | float | bool] = {
+        "work_mem": "8MB", "log_min_duration_statement": 250, "jit": False,
+    }
     with PostgresServer(tmp_path / "pg", settings=settings) as srv, srv.connect() as conn:
 
         def show(name: str) -> str:

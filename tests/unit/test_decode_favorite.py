@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dataflows.envelopes import EMPTY_GUID
 from dataflows.favorite_actions.decode import (
-    EMPTY_GUID,
     FavoriteMessage,
     Skipped,
     SkipReason,
@@ -435,3 +435,28 @@ def test_structurally_valid_but_wrong_envelopes_never_raise(
         )
     else:
         assert decoded.reason is SkipReason.INVALID_OWNER
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("Payload", "OccurredAt"), 12345),
+        (("CreatedAt",), 1_764_403_200),
+        (("Version",), True),
+        (("Version",), "1"),
+        (("Payload", "FavoriteId"), 42),
+    ],
+)
+def test_json_values_of_the_wrong_type_are_not_coerced_but_dead_lettered(
+    path: tuple[str, ...], value: Any
+) -> None:
+    envelope = favorite_value()
+    target = envelope
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+
+    decoded = decode_favorite(record(encoded(envelope)), ACTION_TYPES)
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.SCHEMA_MISMATCH

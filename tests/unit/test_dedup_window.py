@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dataflows.favorite_actions.dedup import DedupWindow
+from dataflows.dedup import DedupWindow
 
 TTL = 60.0
 A = b"A" + bytes(16)

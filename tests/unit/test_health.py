@@ -15,9 +15,9 @@ from http.server import ThreadingHTTPServer
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from runtime.health import Health, _Handler, serve_http
-from runtime.metrics import PAUSED_SECONDS
 
 
 @pytest.fixture
@@ -49,7 +49,9 @@ def get(url: str) -> tuple[int, str, bytes]:
 
 
 def paused_gauge() -> float:
-    return float(PAUSED_SECONDS._value.get())
+    value = REGISTRY.get_sample_value("user_activity_paused_seconds")
+    assert value is not None
+    return value
 
 
 # ---- the state -------------------------------------------------------------------------------

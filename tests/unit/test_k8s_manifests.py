@@ -299,7 +299,7 @@ def test_bytewax_run_derives_each_pods_process_id_and_the_cluster_addresses(
         monkeypatch.setenv("BYTEWAX_STATEFULSET_NAME", stream_env["BYTEWAX_STATEFULSET_NAME"])
         monkeypatch.setenv("BYTEWAX_HOSTFILE_PATH", str(hostfile))
 
-        args = _parse_args()  # type: ignore[no-untyped-call]
+        args = _parse_args()
 
         assert args.process_id == ordinal
         assert args.addresses == ";".join(

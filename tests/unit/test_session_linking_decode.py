@@ -8,8 +8,8 @@ from uuid import UUID
 
 import pytest
 
+from dataflows.envelopes import EMPTY_GUID
 from dataflows.session_linking.decode import (
-    EMPTY_GUID,
     InvalidSignIn,
     SignInMessage,
     decode_sign_in,
