@@ -121,7 +121,7 @@ class FavoritesStore:
         found: dict[tuple[UUID | None, UUID | None], SessionSnapshot] = {}
         with conn.cursor(binary=True) as cur:
             cur.execute(query("resolve_owner_sessions"), params, binary=True)
-            for owner_index, session_id, anonymous_id, user_id in cur:
+            for owner_index, session_id, anonymous_id, user_id in cur.fetchall():
                 found[owners[owner_index - 1]] = SessionSnapshot(session_id, anonymous_id, user_id)
         return found
 
@@ -149,4 +149,4 @@ class FavoritesStore:
         }
         with conn.cursor(binary=True) as cur:
             cur.execute(query("record_actions"), params, binary=True)
-            return {row[0] for row in cur}
+            return {row[0] for row in cur.fetchall()}

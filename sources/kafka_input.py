@@ -153,6 +153,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 "enable.partition.eof": False,
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 50,
+                # One consumer per partition: librdkafka's default prefetch (64 MB each) would
+                # cost ~800 MB for 12 partitions; a few MB keep the pipeline full.
+                "queued.max.messages.kbytes": 4096,
+                "queued.min.messages": 5000,
             }
         )
         self._next_offset = (

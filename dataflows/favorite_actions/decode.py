@@ -7,7 +7,7 @@ Every record yields exactly one of: a :class:`FavoriteMessage` to process, a :cl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from uuid import UUID
 
@@ -39,11 +39,26 @@ SKIP_OUTCOMES: Mapping[SkipReason, str] = {
 
 @dataclass(frozen=True, slots=True)
 class FavoriteMessage:
-    """A decoded, valid favorites event, with the record it came from."""
+    """A decoded, valid favorites event, with the record it came from.
+
+    ``idempotency_key`` (``user-activity-favorites:{ActionType}:{MessageId}``) and ``dedup_id``
+    (its compact 17-byte form for the in-memory window) are computed once, on creation.
+    """
 
     record: SourceRecord
     action_type: ActionType
     envelope: FavoriteEnvelope
+    idempotency_key: str = field(init=False)
+    dedup_id: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        message_id = self.envelope.message_id
+        add = self.action_type is ActionType.ADD_TO_FAVORITES
+        object.__setattr__(
+            self, "idempotency_key",
+            f"{IDEMPOTENCY_PREFIX}:{_ACTION_NAMES[self.action_type]}:{message_id}",
+        )
+        object.__setattr__(self, "dedup_id", (b"A" if add else b"R") + message_id.bytes)
 
     @property
     def message_id(self) -> UUID:
@@ -59,20 +74,12 @@ class FavoriteMessage:
         return f"user:{payload.user_id}"
 
     @property
-    def idempotency_key(self) -> str:
-        """``user-activity-favorites:{ActionType}:{MessageId}``."""
-        return f"{IDEMPOTENCY_PREFIX}:{self.action_type.value}:{self.envelope.message_id}"
-
-    @property
-    def dedup_id(self) -> bytes:
-        """A compact form of the idempotency key for the in-memory window (17 bytes)."""
-        tag = b"A" if self.action_type is ActionType.ADD_TO_FAVORITES else b"R"
-        return tag + self.envelope.message_id.bytes
-
-    @property
     def version_mismatch(self) -> bool:
         """True when the envelope's Version is not the one we speak (warn and proceed)."""
         return self.envelope.version != CONTRACT_VERSION
+
+
+_ACTION_NAMES = {action: action.value for action in ActionType}
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from uuid import UUID
 import orjson
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from schemas.envelope import CONTRACT_VERSION, utc_iso
+from schemas.envelope import CONTRACT_VERSION
 from schemas.favorites import ACTION_EVENT_AGGREGATE_TYPE
 
 TRACEPARENT = "traceparent"
@@ -88,22 +88,24 @@ def build_recorded_action(
         favorite_id=payload.favorite_id,
         source_message_id=envelope.message_id,
     )
+    # orjson renders UUIDs and aware datetimes (offset kept, RFC 3339) natively: no str() or
+    # isoformat() per field on the hot path.
     value = orjson.dumps(
         {
-            "MessageId": str(outbox_message_id),
-            "CreatedAt": utc_iso(now),
+            "MessageId": outbox_message_id,
+            "CreatedAt": now,
             "Version": CONTRACT_VERSION,
-            "AggregateId": str(action_event_id),
+            "AggregateId": action_event_id,
             "AggregateType": ACTION_EVENT_AGGREGATE_TYPE,
             "CorrelationId": envelope.correlation_id,
             "Payload": {
                 "ActionType": event.action_type,
-                "SessionId": str(event.session_id),
-                "AnonymousId": str(event.anonymous_id),
-                "UserId": None if event.user_id is None else str(event.user_id),
-                "OccurredAt": utc_iso(event.occurred_at),
-                "PropertyObjectId": str(event.property_object_id),
-                "FavoriteId": str(event.favorite_id),
+                "SessionId": event.session_id,
+                "AnonymousId": event.anonymous_id,
+                "UserId": event.user_id,
+                "OccurredAt": event.occurred_at,
+                "PropertyObjectId": event.property_object_id,
+                "FavoriteId": event.favorite_id,
             },
         }
     )

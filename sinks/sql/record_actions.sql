@@ -5,12 +5,12 @@
 WITH input AS (
     SELECT *
       FROM unnest(
-               %(idempotency_keys)s::text[], %(ids)s::uuid[], %(action_types)s::text[],
-               %(session_ids)s::uuid[], %(anonymous_ids)s::uuid[], %(user_ids)s::uuid[],
-               %(occurred_ats)s::timestamptz[], %(property_object_ids)s::uuid[],
-               %(favorite_ids)s::uuid[], %(source_message_ids)s::uuid[],
-               %(outbox_ids)s::uuid[], %(outbox_topics)s::text[], %(outbox_keys)s::bytea[],
-               %(outbox_values)s::bytea[], %(outbox_headers)s::text[]
+               %(idempotency_keys)b::text[], %(ids)b::uuid[], %(action_types)b::text[],
+               %(session_ids)b::uuid[], %(anonymous_ids)b::uuid[], %(user_ids)b::uuid[],
+               %(occurred_ats)b::timestamptz[], %(property_object_ids)b::uuid[],
+               %(favorite_ids)b::uuid[], %(source_message_ids)b::uuid[],
+               %(outbox_ids)b::uuid[], %(outbox_topics)b::text[], %(outbox_keys)b::bytea[],
+               %(outbox_values)b::bytea[], %(outbox_headers)b::text[]
            ) AS t (idempotency_key, id, action_type, session_id, anonymous_id, user_id,
                    occurred_at, property_object_id, favorite_id, source_message_id,
                    outbox_id, outbox_topic, outbox_key, outbox_value, outbox_headers)

@@ -2,7 +2,7 @@
 -- session first, else the latest by last_activity_at (several Active sessions for one user:
 -- the latest). Never creates a session. Returns at most one row per owner index.
 SELECT o.owner_index, s.id, s.anonymous_id, s.user_id
-  FROM unnest(%(anonymous_ids)s::uuid[], %(user_ids)s::uuid[])
+  FROM unnest(%(anonymous_ids)b::uuid[], %(user_ids)b::uuid[])
        WITH ORDINALITY AS o (anonymous_id, user_id, owner_index)
  CROSS JOIN LATERAL (
         SELECT c.id, c.anonymous_id, c.user_id
@@ -13,7 +13,7 @@ SELECT o.owner_index, s.id, s.anonymous_id, s.user_id
        ) s
 UNION ALL
 SELECT o.owner_index, s.id, s.anonymous_id, s.user_id
-  FROM unnest(%(anonymous_ids)s::uuid[], %(user_ids)s::uuid[])
+  FROM unnest(%(anonymous_ids)b::uuid[], %(user_ids)b::uuid[])
        WITH ORDINALITY AS o (anonymous_id, user_id, owner_index)
  CROSS JOIN LATERAL (
         SELECT c.id, c.anonymous_id, c.user_id

@@ -6,6 +6,7 @@ import socket
 import urllib.request
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from bytewax.testing import run_main
@@ -122,11 +123,12 @@ def test_log_lines_are_json_with_ids_and_never_notes_ips_user_agents_or_secrets(
     for forbidden in (secret_note, "203.0.113.77", "SecretUA", "S3cret-Pw-0815", "Kafka-Pw-0815"):
         assert forbidden not in text
     assert secret_note not in repr(settings) and "S3cret-Pw-0815" not in repr(settings)
-    recorded = [r for r in caplog.records if r.getMessage() == "recorded"]
+    recorded = [orjson.loads(line) for line in lines if '"event":"recorded"' in line]
     assert len(recorded) == 1
-    record = recorded[0]
-    assert record.__dict__["outcome"] == "recorded"
-    assert record.__dict__["MessageId"] == envelope["MessageId"]
-    assert record.__dict__["SessionId"] == str(session)
-    assert record.__dict__["ActionType"] == "AddToFavorites"
-    assert "FavoriteId" in record.__dict__ and "PropertyObjectId" in record.__dict__
+    line = recorded[0]
+    assert line["outcome"] == "recorded"
+    assert line["MessageId"] == envelope["MessageId"]
+    assert line["SessionId"] == str(session)
+    assert line["ActionType"] == "AddToFavorites"
+    assert line["FavoriteId"] == envelope["Payload"]["FavoriteId"].lower()
+    assert line["PropertyObjectId"] == envelope["Payload"]["PropertyObjectId"]

@@ -140,5 +140,5 @@ def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
     # Offsets kept: only the two new records were read; the window (restored from the
     # snapshot) dropped the redelivery before it reached the database.
     assert [r.msg for r in sink_lines] == ["recorded"]
-    assert [getattr(r, "MessageId", None) for r in dedup_lines] == [envelopes[0]["MessageId"]]
+    assert [str(getattr(r, "MessageId", None)) for r in dedup_lines] == [envelopes[0]["MessageId"]]
     assert len(action_rows(db, _ids([*envelopes, again]))) == 11
