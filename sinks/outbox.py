@@ -82,6 +82,7 @@ class OutboxPublisher:
                           error=type(exc).__name__)
         self._producer.flush(5)
         self._db.close()
+        HEALTH.resumed("outbox")  # a stopped publisher waits for nothing
 
     def publish_pending(self) -> int:
         """One cycle: claim up to a batch of rows, publish them, mark them; return how many.
