@@ -37,6 +37,7 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
+        "delivery.report.only.error": True,
         "socket.connection.setup.timeout.ms": 5_000,
         "logger": LIBRDKAFKA_LOGGER,
     }
@@ -47,17 +48,20 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
 def produce_and_wait(
     producer: Producer, records: Sequence[OutgoingRecord], timeout: float = 35.0
 ) -> list[KafkaError | None]:
-    """Produce ``records`` and wait for every delivery report; the i-th result is i's error.
+    """Produce ``records`` and wait until all are settled; the i-th result is i's error.
 
-    ``None`` means acknowledged. A record without a report when ``timeout`` passes counts as
-    failed (``_TIMED_OUT``); the caller retries it (the idempotent producer and a stable
-    MessageId make a retry safe).
+    ``None`` means acknowledged. The producer reports failures only
+    (``delivery.report.only.error``), so the happy path runs no Python callback per record; if
+    anything is still in flight when ``timeout`` passes, every record of the call counts as
+    failed (``_TIMED_OUT``) and the caller retries them all (the idempotent producer and a
+    stable MessageId make a retry safe; a duplicate is allowed, a loss is not).
     """
-    results: list[KafkaError | None] = [KafkaError(KafkaError._TIMED_OUT)] * len(records)
+    results: list[KafkaError | None] = [None] * len(records)
 
     def report(index: int) -> Any:
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            results[index] = err
+            if err is not None:
+                results[index] = err
 
         return on_delivery
 
@@ -74,5 +78,7 @@ def produce_and_wait(
                 break
             except BufferError:
                 producer.poll(0.05)  # local queue full: serve delivery reports, then retry
-    producer.flush(timeout)
+    if producer.flush(timeout) > 0:
+        timed_out = KafkaError(KafkaError._TIMED_OUT)
+        return [err or timed_out for err in results]
     return results
