@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 def proc_cpu_seconds(pid: int) -> float | None:
-    """utime + stime of ``pid`` (all its threads), or None when it is gone."""
+    """The utime + stime of ``pid`` (all its threads), or None when it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -87,6 +87,15 @@ def children_cpu_seconds(parent: int) -> float:
     return total
 
 
+def cpu_pressure_us() -> int | None:
+    """Total microseconds some runnable task waited for a CPU (PSI), or None without PSI."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    return int(line.rsplit("total=", 1)[1])
+
+
 def machine_cpu() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine since boot."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -113,8 +122,9 @@ class JobProcess:
             "PYTHONUNBUFFERED": "1",
             **(extra_env or {}),
         }
-        cmd = [sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
-               "-w", str(workers)]
+        # bench.job_entry runs bytewax.run unchanged unless an experiment's env asks otherwise
+        entry = "bench.job_entry" if "BENCH_CONSUMER_OVERRIDES" in env else "bytewax.run"
+        cmd = [sys.executable, "-m", entry, "dataflows.favorite_actions:flow", "-w", str(workers)]
         if recovery_dir is not None:
             cmd += ["-r", str(recovery_dir), "-s", str(round(snapshot_interval)), "-b", "0"]
         setpriv = shutil.which("setpriv")
@@ -151,7 +161,7 @@ class JobProcess:
     def metrics(self, timeout: float = 2.0) -> dict[str, float] | None:
         """The scraped ``/metrics`` as ``{name{labels}: value}``, or None if unreachable."""
         try:
-            with urllib.request.urlopen(  # noqa: S310 - a local http URL we built
+            with urllib.request.urlopen(  # a local http URL we built
                 f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout
             ) as response:
                 text = response.read().decode()
@@ -277,7 +287,7 @@ class OutputCounter:
                 good += 1
                 if self._track:
                     with contextlib.suppress(Exception):
-                        favorite = orjson.loads(msg.value())["Payload"]["FavoriteId"]
+                        favorite = orjson.loads(msg.value() or b"")["Payload"]["FavoriteId"]
                         self.arrivals.setdefault(favorite.lower(), now_wall)
             if good:
                 if self.first_at is None:
@@ -313,7 +323,7 @@ def read_topic(bootstrap: str, topic: str, key: Callable[[Any], str], *,
                         eof.add(msg.partition() or 0)
                     continue
                 total += 1
-                seen.add(key(orjson.loads(msg.value())))
+                seen.add(key(orjson.loads(msg.value() or b"null")))
     finally:
         consumer.close()
     return total, len(seen)
@@ -346,6 +356,7 @@ class CpuSampler:
             "postgres": children_cpu_seconds(self._pg) if self._pg else 0.0,
             "kafka": (proc_cpu_seconds(self._kafka) or 0.0) if self._kafka else 0.0,
             "bench": proc_cpu_seconds(os.getpid()) or 0.0,
+            "pressure_us": float(cpu_pressure_us() or 0),
         }
 
     def _run(self) -> None:
@@ -368,7 +379,7 @@ class CpuSampler:
         wall = end["t"] - self._start["t"]
         result: dict[str, Any] = {"wall_s": round(wall, 2)}
         for part in ("job", "postgres", "kafka", "bench"):
-            if part in ("postgres",) and not self._pg or part == "kafka" and not self._kafka:
+            if (part == "postgres" and not self._pg) or (part == "kafka" and not self._kafka):
                 result[f"{part}_cpu_s"] = None
                 continue
             used = end[part] - self._start[part]
@@ -382,6 +393,9 @@ class CpuSampler:
                                                                    "bench"))
         # CPU used by processes outside this benchmark (other work sharing the machine).
         result["other_cores"] = round(max(0.0, busy - ours) / wall, 2) if wall > 0 else None
+        # Share of the wall time in which some runnable task waited for a CPU (PSI "some").
+        waited = end["pressure_us"] - self._start["pressure_us"]
+        result["cpu_pressure_some_pct"] = round(100 * waited / 1e6 / wall, 1) if wall else None
         if self._job is not None:
             result["job_peak_rss_mb"] = round(self.peak_rss_mb, 1)
         return result

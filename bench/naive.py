@@ -72,7 +72,7 @@ def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int
             record = SourceRecord(
                 topic=msg.topic() or "", partition=msg.partition() or 0,
                 offset=msg.offset() or 0, key=msg.key(), value=msg.value(),
-                headers=tuple((k, v or b"") for k, v in (msg.headers() or [])),
+                headers=_headers(msg.headers()),
                 received_at=time.monotonic(),
             )
             counts["processed"] += 1
@@ -91,7 +91,7 @@ def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int
                     counts["no_session"] += 1
                     continue
                 action = build_recorded_action(
-                    decoded, SessionSnapshot(row[1], row[2], row[3]),  # type: ignore[arg-type]
+                    decoded, SessionSnapshot(row[1], row[2], row[3]),
                     action_event_id=uuid_compat.uuid7(), outbox_message_id=uuid_compat.uuid7(),
                     topic=settings.topic_action_tracked, now=datetime.now(UTC),
                 )
@@ -134,3 +134,8 @@ def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int
         "extrapolated_backlog_seconds": round(backlog_size / rate, 1) if rate else None,
     }
 
+
+def _headers(raw: Any) -> tuple[tuple[str, bytes], ...]:
+    if not isinstance(raw, list):
+        return ()
+    return tuple((str(item[0]), item[1] or b"") for item in raw)

@@ -72,8 +72,11 @@ def job_backlog(
     name: str, workers: int, prefill_rows: int, timeout: float, log: Log,
     profile_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the bounded job (``tail=False``) on the backlog until every row is committed and
-    every action-tracked message is on the output topic; the rate over the wall time."""
+    """Run the bounded job (``tail=False``) on the backlog until it is all processed.
+
+    Done = every row committed and every action-tracked message on the output topic; the rate
+    is over the wall time from spawning the process.
+    """
     settings = services.settings(
         name, db_url,
         topic_favorite_added=input_settings.topic_favorite_added,
@@ -91,19 +94,25 @@ def job_backlog(
     last_metrics: dict[str, float] | None = None
     spies: list[subprocess.Popen[bytes]] = []
     failure: str | None = None
+    next_scrape = 0.0
     while True:
         now = time.monotonic()
-        metrics = job.metrics(timeout=1.0)
-        if metrics is not None:
-            last_metrics = metrics
-            if t_http is None:
-                t_http = now
-                if profile_dir is not None:
-                    spies = _start_py_spy(job.pid, profile_dir, name)
-        recorded = metric_sum(last_metrics, RECORDED)
-        if t_rows is None and recorded >= expected:
-            t_rows = now
-        if counter.count >= expected and (t_rows is not None or not job.alive()):
+        # /metrics costs the job CPU (rendering every series): scrape every 0.1 s only until it
+        # answers (start-up time), then every 2 s. Every output is published after its row's
+        # commit, so "all outputs arrived" implies "all rows committed" (verified below).
+        if now >= next_scrape:
+            metrics = job.metrics(timeout=1.0)
+            if metrics is not None:
+                last_metrics = metrics
+                if t_http is None:
+                    t_http = now
+                    if profile_dir is not None:
+                        spies = _start_py_spy(job.pid, profile_dir, name)
+            next_scrape = now + (2.0 if t_http is not None else 0.1)
+            recorded = metric_sum(last_metrics, RECORDED)
+            if t_rows is None and recorded >= expected:
+                t_rows = now
+        if counter.count >= expected:
             break
         if not job.alive() and job.exited_at is not None and now - job.exited_at > 15:
             failure = f"job exited ({job.proc.returncode}) with {counter.count}/{expected} out"
@@ -111,7 +120,7 @@ def job_backlog(
         if now - spawned > timeout:
             failure = f"timeout after {timeout:.0f}s: {counter.count}/{expected} out"
             break
-        time.sleep(0.2)
+        time.sleep(0.1)
     t_out = counter.last_at
     code = job.wait(60)
     if code is None:
@@ -130,7 +139,7 @@ def job_backlog(
     out_total, out_distinct = read_topic(
         services.bootstrap, settings.topic_action_tracked,
         lambda e: str(e["Payload"]["FavoriteId"]), expect=expected, timeout=30)
-    t_done = max(t for t in (t_out, t_rows) if t is not None) if t_out or t_rows else None
+    t_done = t_out if counter.count >= expected else None
     wall = (t_done - spawned) if t_done is not None else None
     first = counter.first_at
     result: dict[str, Any] = {
@@ -147,14 +156,14 @@ def job_backlog(
         "exit_code": code,
         "startup_s": round(t_http - spawned, 2) if t_http else None,
         "first_output_s": round(first - spawned, 2) if first else None,
-        "rows_done_s": round(t_rows - spawned, 2) if t_rows else None,
+        "rows_done_seen_s": round(t_rows - spawned, 2) if t_rows else None,  # 2 s resolution
         "outputs_done_s": round(t_out - spawned, 2) if t_out else None,
         "wall_s": round(wall, 2) if wall else None,
         "events_per_s": round(total / wall, 1) if wall else None,
         "events_per_s_after_first_output": (
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round(wal / rows) if rows > 0 else None,
-        "job_peak_rss_mb": round(job.hwm_mb() or 0.0, 1),
+        "job_maxrss_mb": round(job.hwm_mb() or 0.0, 1),  # ru_maxrss: incl. start/exit spikes
         "resources": cpu,
         "ok": failure is None and rows == expected and out_distinct == expected,
     }
@@ -316,23 +325,20 @@ def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def dedup_and_restart(
-    services: Services, sessions: Sequence[Session], db_url: str, *, ids: int, owners: int,
-    restart_backlog: int, rng: random.Random, log: Log, snapshot_interval: float = 5.0,
-    settle: bool = True,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """RSS of the job holding ``ids`` MessageIds in its dedup window, then restart after SIGKILL.
+def dedup_fill(
+    services: Services, sessions: Sequence[Session], db_url: str, *, prefix: str, ids: int,
+    owners: int, rng: random.Random, log: Log, snapshot_interval: float = 5.0,
+    settle: bool = True, extra_env: dict[str, str] | None = None, recovery: bool = True,
+) -> tuple[dict[str, Any], JobProcess | None, Settings, Path]:
+    """Fill a tailing job's dedup window with ``ids`` MessageIds; its RSS afterwards.
 
     The job runs with recovery (``-r DIR -s 5``). ``ids`` distinct valid messages over ``owners``
     devices that have no session: every one passes the dedup window (which keeps it) and the
     sink resolves no session for it, so no row is written (the window's content is the same as
-    with rows; the phase just does not add a million rows). Then SIGKILL, a backlog of
-    ``restart_backlog`` ordinary messages is produced while the job is down, and the job is
-    restarted on the same recovery store: time from the restart to the last expected
-    action-tracked message.
+    with rows; the phase just does not add a million rows). Returns the still running job.
     """
-    settings = services.settings("recovery", db_url)
-    recovery_dir = services.run_dir / "recovery"
+    settings = services.settings(prefix, db_url)
+    recovery_dir = services.run_dir / f"{prefix}-recovery"
     subprocess.run(
         [sys.executable, "-m", "runtime", "init-recovery", str(recovery_dir), "--partitions", "1"],
         cwd=ROOT, check=True, capture_output=True,
@@ -350,9 +356,10 @@ def dedup_and_restart(
     t0 = time.monotonic()
     produce_all(services.bootstrap, dedup_records())
     produce_s = time.monotonic() - t0
-    log(f"  dedup: produced {ids:,} messages over {owners:,} owners in {produce_s:.1f}s")
-    job = JobProcess(settings, services.run_dir / "recovery-1.log", tail=True,
-                     recovery_dir=recovery_dir, snapshot_interval=snapshot_interval)
+    log(f"  {prefix}: produced {ids:,} messages over {owners:,} owners in {produce_s:.1f}s")
+    job = JobProcess(settings, services.run_dir / f"{prefix}-1.log", tail=True,
+                     recovery_dir=recovery_dir if recovery else None,
+                     snapshot_interval=snapshot_interval, extra_env=extra_env)
     sampler = CpuSampler(job, services.postmaster_pid, services.kafka_pid)
     timeout = max(300.0, ids / 500)
     t_done: float | None = None
@@ -364,16 +371,16 @@ def dedup_and_restart(
         if metric_sum(last, SKIPPED, reason="no-session") >= ids:
             t_done = time.monotonic()
             break
-        time.sleep(0.5)
+        time.sleep(0.5 if last is None or ids < 100_000 else 2.0)  # scraping costs the job CPU
     cpu = sampler.stop()
     dedup: dict[str, Any] = {"ids": ids, "owners": owners, "produce_s": round(produce_s, 1),
-                             "resources": cpu}
+                             "resources": cpu, "extra_env": extra_env or {}}
     if t_done is None:
         dedup.update(ok=False, failure="not all ids processed",
                      processed=metric_sum(last, SKIPPED, reason="no-session"),
                      log_tail=job.log_tail())
         job.kill()
-        return dedup, {"ok": False, "failure": "dedup phase failed"}
+        return dedup, None, settings, recovery_dir
     rss_done = job.rss_mb()
     if settle:
         time.sleep(snapshot_interval + 1.5)  # one more snapshot of the full window
@@ -384,12 +391,65 @@ def dedup_and_restart(
         rss_mb_when_done=_round(rss_done),
         rss_mb=_round(job.rss_mb()),
         hwm_mb=_round(job.hwm_mb()),
+        rss_note=("VmRSS after processing a backlog burst: includes librdkafka prefetch queues and"
+                  " allocator retention, not only the dedup state; see restart"
+                  ".rss_mb_after_restore for the restored state with a small backlog"),
         recovery_store_mb=round(
             sum(p.stat().st_size for p in recovery_dir.rglob("*") if p.is_file()) / 2**20, 1),
     )
-    log(f"  dedup: {ids:,} ids in {dedup['process_s']}s, RSS {dedup['rss_mb']} MB "
+    log(f"  {prefix}: {ids:,} ids in {dedup['process_s']}s, RSS {dedup['rss_mb']} MB "
         f"(peak {dedup['hwm_mb']} MB), recovery store {dedup['recovery_store_mb']} MB")
+    return dedup, job, settings, recovery_dir
 
+
+RSS_VARIANTS: dict[str, dict[str, str]] = {
+    "production": {},
+    # without -r/-s: no snapshots of the dedup state at all
+    "no_recovery": {"_RECOVERY": "off"},
+    # librdkafka prefetches up to queued.max.messages.kbytes (default 65536 = 64 MB) per
+    # consumer, and the Kafka input opens one consumer per partition (12 for two 6-partition
+    # topics): up to 768 MB of prefetched records during a backlog.
+    "consumer_queue_4MB": {"BENCH_CONSUMER_OVERRIDES": '{"queued.max.messages.kbytes": 4096}'},
+    "malloc_arena_max_2": {"MALLOC_ARENA_MAX": "2"},
+}
+
+
+def rss_probe(services: Services, sessions: Sequence[Session], db_url: str, *, ids: int,
+              owners: int, rng: random.Random, log: Log,
+              variants: Sequence[str] = ()) -> dict[str, Any]:
+    """The dedup fill with ``ids`` ids under :data:`RSS_VARIANTS` (job RSS after it)."""
+    results: dict[str, Any] = {}
+    for name, variant_env in RSS_VARIANTS.items():
+        if variants and name not in variants:
+            continue
+        env = dict(variant_env)
+        recovery = env.pop("_RECOVERY", "on") == "on"
+        dedup, job, _settings, _dir = dedup_fill(
+            services, sessions, db_url, prefix=f"rss-{name.replace('_', '-').lower()}", ids=ids,
+            owners=owners, rng=rng, log=log, extra_env=env, recovery=recovery)
+        if job is not None:
+            job.stop()
+        results[name] = {k: dedup.get(k) for k in (
+            "ok", "rss_mb", "hwm_mb", "events_per_s", "extra_env", "failure")}
+    return results
+
+
+def dedup_and_restart(
+    services: Services, sessions: Sequence[Session], db_url: str, *, ids: int, owners: int,
+    restart_backlog: int, rng: random.Random, log: Log, snapshot_interval: float = 5.0,
+    settle: bool = True,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """RSS of the job holding ``ids`` MessageIds in its dedup window, then restart after SIGKILL.
+
+    See :func:`dedup_fill`. Then SIGKILL, a backlog of ``restart_backlog`` ordinary messages is
+    produced while the job is down, and the job is restarted on the same recovery store: time
+    from the restart to the last expected action-tracked message.
+    """
+    dedup, job, settings, recovery_dir = dedup_fill(
+        services, sessions, db_url, prefix="recovery", ids=ids, owners=owners, rng=rng, log=log,
+        snapshot_interval=snapshot_interval, settle=settle)
+    if job is None:
+        return dedup, {"ok": False, "failure": "dedup phase failed"}
     job.kill(signal.SIGKILL)
     restart_factory = EnvelopeFactory(sessions, rng, settings.topic_favorite_added,
                                       settings.topic_favorite_removed)

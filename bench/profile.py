@@ -16,23 +16,36 @@ from typing import Any
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
-BUCKETS: dict[str, tuple[str, ...]] = {
-    "decode (pydantic model_validate_json)": ("decode.py:decode_favorite",),
-    "dedup window (DedupLogic.on_batch)": ("flow.py:on_batch",),
-    "logging (log_event + JSON formatter)": ("logs.py:log_event",),
-    "metrics (prometheus)": ("prometheus_client/",),
-    "sink _report (metrics + logs per message)": ("action_history.py:_report",),
-    "store.record_batch (Python + SQL round trips)": ("favorites_store.py:record_batch",),
-    "  build_recorded_action (orjson, uuid7)": ("records.py:build_recorded_action",),
-    "  _resolve_sessions": ("favorites_store.py:_resolve_sessions",),
-    "  _insert": ("favorites_store.py:_insert",),
-    "outbox publish_pending": ("outbox.py:publish_pending",),
-    "  produce_and_wait": ("kafka_producer.py:produce_and_wait",),
-    "kafka source next_batch": ("kafka_input.py:next_batch",),
-    "snapshot (dedup state)": ("flow.py:snapshot", "dedup.py:snapshot"),
-    "message_fields (log field strings)": ("action_history.py:message_fields",),
-    "owner_key / dedup_id / idempotency_key": (
-        "decode.py:owner_key", "decode.py:dedup_id", "decode.py:idempotency_key"),
+BUCKETS: dict[str, str] = {
+    # name: a regex searched in the ';'-joined stack of "path:Class.function" frames
+    "decode: decode_favorite (pydantic)": r":decode_favorite",
+    "dedup: DedupLogic.on_batch": r":DedupLogic\.on_batch",
+    "sink: FavoritesStore.record_batch (all)": (
+        r"favorites_store\.py:FavoritesStore\.record_batch"),
+    "  record_batch: psycopg parameter dump (binary arrays)": (
+        r"favorites_store\.py:FavoritesStore\.record_batch.*_queries\.py:PostgresQuery\.dump"),
+    "  record_batch: waiting for PostgreSQL (Connection.wait)": (
+        r"favorites_store\.py:FavoritesStore\.record_batch.*connection\.py:Connection\.wait"),
+    "  record_batch: build_recorded_action (orjson, str(uuid), uuid7)": (
+        r":build_recorded_action|favorites_store\.py:FavoritesStore\.record_batch"
+        r".*compat/__init__\.py"),
+    "sink: _report (per-message logs + metrics)": (
+        r"action_history\.py:_ActionHistoryPartition\._report"),
+    "  logging (log_event, JSON formatter, stream write)": r"logs\.py:log_event",
+    "  metrics (prometheus_client)": r"prometheus_client/",
+    "  message_fields (str(uuid) for logs)": r"action_history\.py:message_fields",
+    "flow: other skip logs (_log_skip)": r":_log_skip",
+    "outbox publisher thread (all)": r"outbox\.py:OutboxPublisher\._run",
+    "  publisher: claim SELECT + row conversion": (
+        r"outbox\.py:OutboxPublisher\.publish_pending;[^;]*(cursor|connection)\.py"),
+    "  publisher: produce_and_wait (produce + delivery reports + flush)": (
+        r"kafka_producer\.py:produce_and_wait"),
+    "  publisher: waiting for NOTIFY": r"outbox\.py:OutboxPublisher\._wait_for_notify",
+    "kafka source: next_batch": r"kafka_input\.py:_KafkaPartition\.next_batch",
+    "snapshot (DedupLogic.snapshot)": (
+        r":DedupLogic\.snapshot|:DedupWindow\.snapshot"),
+    "http /metrics thread (benchmark scraping)": r"socketserver\.py|http/server\.py",
+    "bytewax/Rust (samples with no Python frame below run.py)": r"run\.py:<module>$",
 }
 
 
@@ -71,8 +84,8 @@ def summarize(raw: Path, top: int = 15) -> dict[str, Any]:
         for name in set(names):
             incl_counts[name] += count
         joined = ";".join(names)
-        for bucket, needles in BUCKETS.items():
-            if any(n in joined for n in needles):
+        for bucket, pattern in BUCKETS.items():
+            if re.search(pattern, joined):
                 buckets[bucket] += count
 
     def pct(n: int) -> float:
@@ -84,6 +97,7 @@ def summarize(raw: Path, top: int = 15) -> dict[str, Any]:
         "top_self_pct": {k: pct(v) for k, v in self_counts.most_common(top)},
         "top_inclusive_pct": {k: pct(v) for k, v in incl_counts.most_common(top * 2)},
         "buckets_inclusive_pct": {k: pct(buckets[k]) for k in BUCKETS if buckets[k]},
+        "note": "percent of all py-spy samples (all Python threads, --nonblocking, 100 Hz)",
     }
 
 

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import phases
-from bench.ceiling import run_ceiling
-from bench.jobproc import kill_all_jobs
+from bench.ceiling import decode_backlog, run_ceiling
+from bench.experiments import report_cost, store_variants
+from bench.jobproc import CpuSampler, kill_all_jobs
 from bench.naive import run_naive
 from bench.prefill import prefill
 from bench.profile import summarize
@@ -81,7 +82,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="use USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS / _DATABASE_URL")
     parser.add_argument("--profile", action="store_true",
                         help="one more job run under py-spy (svg + raw in --profile-dir)")
-    parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/bench-profile"))
+    parser.add_argument("--experiments", action="store_true",
+                        help="also measure candidate fixes of the write path (bench.experiments)")
+    parser.add_argument("--rss-variants", default="",
+                        help="comma list of RSS probe variants (default: all)")
+    parser.add_argument("--rss-probe", type=int, default=0, metavar="IDS",
+                        help="also fill the dedup window with IDS ids under RSS variants "
+                             "(production, smaller consumer queues, MALLOC_ARENA_MAX=2)")
+    parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/bench-profile"))  # noqa: S108
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
     args = parser.parse_args(argv)
@@ -102,6 +110,23 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _code_version() -> dict[str, Any]:
+    """The commit the job ran from and the production files changed on top of it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=Path(__file__).parent.parent, text=True,
+                                  capture_output=True, timeout=10, check=False).stdout
+        except OSError:
+            return ""
+
+    changed = [line[3:] for line in git("status", "--porcelain").splitlines()
+               if len(line) > 3 and not line[3:].startswith(("bench/", "tests/"))]
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
+            "uncommitted_production_changes": changed}
+
+
 def _terminate(_signum: int, _frame: Any) -> None:
     raise SystemExit(143)
 
@@ -119,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "load_avg_before": list(os.getloadavg())},
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "code": _code_version(),
         },
     }
     services = Services(args.external, run_id)
@@ -171,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         if "naive" in args.phases:
             log(f"phase naive ({args.naive_seconds:.0f}s bound)")
             db = services.create_database("naive", template="tpl")
+            sampler = CpuSampler(None, services.postmaster_pid, services.kafka_pid)
             results["naive"] = run_naive(input_settings, db, args.naive_seconds,
                                          len(backlog.records))
+            results["naive"]["resources"] = sampler.stop()
             log(f"  naive: {results['naive']['events_per_s']} ev/s over "
                 f"{results['naive']['processed']:,} messages")
             services.drop_database("naive")
@@ -180,15 +208,28 @@ def main(argv: list[str] | None = None) -> int:
         if "ceiling" in args.phases:
             log("phase ceiling")
             db = services.create_database("ceiling", template="tpl")
-            results["ceiling"] = run_ceiling(
+            messages, decode_rates = decode_backlog(
                 backlog, input_settings.topic_favorite_added,
-                input_settings.topic_favorite_removed, input_settings.topic_action_tracked, db)
+                input_settings.topic_favorite_removed)
+            results["ceiling"] = run_ceiling(
+                messages, input_settings.topic_action_tracked, db,
+                sampler=lambda: CpuSampler(None, services.postmaster_pid, services.kafka_pid))
+            results["ceiling"]["decode_outside_timing"] = decode_rates
             log(f"  ceiling: {results['ceiling']['events_per_s']} ev/s")
             results["outbox_publish_db_cost"] = phases.outbox_mark_cost(db)
             log(f"  outbox db cost: {results['outbox_publish_db_cost']}")
             services.drop_database("ceiling")
+            if args.experiments:
+                log("phase experiments (candidate fixes, measured on the same inputs)")
+                results["experiments"] = {
+                    "store_variants": store_variants(
+                        lambda name: services.create_database(name, template="tpl"),
+                        services.drop_database, messages, input_settings.topic_action_tracked),
+                    "sink_report": report_cost(messages),
+                }
+                log(f"  experiments: {results['experiments']}")
 
-        if main_db is None and ({"steady", "dedup"} & set(args.phases)):
+        if main_db is None and ({"steady", "dedup"} & set(args.phases) or args.rss_probe):
             main_db = services.create_database("main", template="tpl")
 
         if "steady" in args.phases and main_db is not None:
@@ -204,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
                 services, sessions, main_db, ids=args.dedup_ids, owners=args.dedup_owners,
                 restart_backlog=args.restart_backlog, rng=rng, log=log, settle=not args.small)
             failed |= not (results["dedup"]["ok"] and results["restart"]["ok"])
+
+        if args.rss_probe and main_db is not None:
+            log(f"phase rss-probe ({args.rss_probe:,} ids per variant)")
+            results["rss_probe"] = phases.rss_probe(
+                services, sessions, main_db, ids=args.rss_probe, owners=args.dedup_owners,
+                rng=rng, log=log, variants=[v for v in args.rss_variants.split(",") if v])
 
         if args.profile:
             log("phase profile (py-spy on a -w 1 job run; not a measured number)")

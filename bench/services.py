@@ -116,7 +116,7 @@ class Services:
     # ---- topics ---------------------------------------------------------------------------
 
     def settings(self, prefix: str, db_url: str, **overrides: Any) -> Settings:
-        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the flow's, created: 6 partitions)."""
+        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the flow's: 6 partitions)."""
         base = f"bench.{self.run_id}.{prefix}"
         values: dict[str, Any] = {
             "kafka_bootstrap_servers": self.bootstrap,

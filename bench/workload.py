@@ -197,9 +197,12 @@ def make_backlog(
     factory: EnvelopeFactory, count: int, rng: random.Random, *,
     duplicate_share: float = 0.01, invalid_share: float = 0.005, no_session_share: float = 0.005,
 ) -> Backlog:
-    """``count`` records: ``duplicate_share`` exact re-sends of earlier valid records (same key,
-    value, topic), ``invalid_share`` invalid owners, ``no_session_share`` owners without a session,
-    the rest valid. Duplicates come after their original, at a random later position."""
+    """A backlog of ``count`` records.
+
+    ``duplicate_share`` are exact re-sends of earlier valid records (same key, value, topic),
+    ``invalid_share`` invalid owners, ``no_session_share`` owners without a session, the rest
+    valid. Duplicates come after their original, at a random later position.
+    """
     duplicates = round(count * duplicate_share)
     invalid = round(count * invalid_share)
     no_session = round(count * no_session_share)
