@@ -35,7 +35,8 @@ from dataflows.favorite_actions.records import SessionSnapshot
 from schemas.envelope import CONTRACT_VERSION, utc_iso
 from schemas.favorites import ACTION_EVENT_AGGREGATE_TYPE
 from sinks import favorites_store as _store
-from sinks.favorites_store import OUTBOX_CHANNEL, BatchOutcome, FavoritesStore
+from sinks.favorites_store import BatchOutcome, FavoritesStore
+from sinks.outbox import OUTBOX_CHANNEL
 from sinks.sql import query
 
 # The production helper was renamed (_owner -> owner_of) while this was written; accept both.

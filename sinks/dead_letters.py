@@ -10,7 +10,9 @@ import logging
 import time
 from collections.abc import Sequence
 
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from prometheus_client import Counter
+from typing_extensions import override
 
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
@@ -90,3 +92,36 @@ class DeadLetterPublisher:
     def close(self) -> None:
         """Flush what is queued (bounded) and drop the producer."""
         self._producer.flush(10)
+
+
+class DeadLetterSink(DynamicSink[DeadLetter]):
+    """Publishes a flow's dead letters to its DLQ topic (``write_batch`` blocks until acked)."""
+
+    def __init__(
+        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter
+    ) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._dlq_counter = dlq_counter
+        self._retries_counter = retries_counter
+
+    @override
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _DeadLetterPartition:
+        return _DeadLetterPartition(
+            DeadLetterPublisher(
+                self._settings, self._topic, self._dlq_counter, self._retries_counter
+            )
+        )
+
+
+class _DeadLetterPartition(StatelessSinkPartition[DeadLetter]):
+    def __init__(self, publisher: DeadLetterPublisher) -> None:
+        self._publisher = publisher
+
+    @override
+    def write_batch(self, items: list[DeadLetter]) -> None:
+        self._publisher.publish(items)
+
+    @override
+    def close(self) -> None:
+        self._publisher.close()

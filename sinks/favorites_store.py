@@ -24,10 +24,8 @@ from dataflows.favorite_actions.records import (
     build_recorded_action,
 )
 from sinks.db import Connection
+from sinks.outbox import notify_publishers
 from sinks.sql import query
-
-OUTBOX_CHANNEL = "user_activity_outbox"
-"""The LISTEN/NOTIFY channel that wakes the outbox publisher after a commit."""
 
 
 @dataclass
@@ -106,7 +104,7 @@ class FavoritesStore:
                     else:
                         outcome.duplicates.append(action.message)
                 if outcome.recorded:
-                    conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
+                    notify_publishers(conn)
         return outcome
 
     def resolve_sessions(

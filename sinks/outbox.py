@@ -26,12 +26,23 @@ from runtime.health import HEALTH
 from runtime.logs import log_event
 from runtime.metrics import OUTBOX_PUBLISH_FAILURES, OUTBOX_PUBLISHED
 from runtime.settings import Settings
-from sinks.db import Database
+from sinks.db import Connection, Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error
-from sinks.favorites_store import OUTBOX_CHANNEL
 from sinks.kafka_producer import OutgoingRecord, build_producer, produce_and_wait
 
 logger = logging.getLogger(__name__)
+
+OUTBOX_CHANNEL = "user_activity_outbox"
+"""The LISTEN/NOTIFY channel that wakes the publishers."""
+
+
+def notify_publishers(conn: Connection) -> None:
+    """NOTIFY the publishers, inside the transaction that wrote outbox rows.
+
+    PostgreSQL delivers it at commit (and not at all on rollback).
+    """
+    conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
+
 
 _CLAIM = """
 SELECT id, topic, key, value, headers

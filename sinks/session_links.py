@@ -31,10 +31,9 @@ from uuid import UUID
 import orjson
 import psycopg
 import uuid_utils.compat as uuid_compat
-from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from bytewax.outputs import DynamicSink
 from typing_extensions import override
 
-from dataflows.favorite_actions.records import OutboxRow
 from dataflows.session_linking.decode import SignInMessage, sign_in_fields
 from dataflows.session_linking.linking import (
     LOG_EVENTS,
@@ -47,8 +46,6 @@ from dataflows.session_linking.linking import (
     build_session_event,
     decide,
 )
-from runtime.backoff import Backoff, retry_forever
-from runtime.health import HEALTH
 from runtime.logs import log_event
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
@@ -57,20 +54,15 @@ from runtime.metrics import (
     SESSION_LINKING_OUTCOMES,
     SESSION_LINKING_RETRIES,
 )
-from runtime.poison import Poisoned, write_isolating_poison
 from runtime.settings import Settings
-from schemas.dlq import DlqReason
-from schemas.dlq_letter import DeadLetter
-from sinks.db import Database
-from sinks.dead_letters import DeadLetterPublisher
-from sinks.errors import is_data_error, is_infrastructure_error
-from sinks.favorites_store import OUTBOX_CHANNEL
-from sinks.outbox import acquire_shared_publisher, release_shared_publisher
+from schemas.outbox import OutboxRow
+from sinks.db import Connection
+from sinks.outbox import notify_publishers
 from sinks.sql import query
+from sinks.transactional import TransactionalPartition
 
 logger = logging.getLogger(__name__)
 
-Connection = psycopg.Connection[tuple[object, ...]]
 
 DECISION_ROUNDS = 5
 """How often one sign-in re-reads the device's session after losing a race to another writer,
@@ -103,7 +95,7 @@ class SessionLinksStore:
             outbox = [row for result in results for row in result.outbox]
             if outbox:
                 _insert_outbox(conn, outbox)
-                conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
+                notify_publishers(conn)
         return results
 
     def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
@@ -218,80 +210,32 @@ class SessionLinkSink(DynamicSink[tuple[str, SignInMessage]]):
         return _SessionLinkPartition(self._settings, worker_index)
 
 
-class _SessionLinkPartition(StatelessSinkPartition[tuple[str, SignInMessage]]):
+class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResult]]):
     def __init__(self, settings: Settings, worker_index: int) -> None:
-        self._settings = settings
-        self._db = Database(settings, f"user-activity-session-linking-{worker_index}")
+        super().__init__(
+            settings,
+            name=f"user-activity-session-linking-{worker_index}",
+            dlq_topic=settings.topic_session_linking_dlq,
+            dlq_counter=SESSION_LINKING_DLQ,
+            retries_counter=SESSION_LINKING_RETRIES,
+            logger=logger,
+        )
         self._store = SessionLinksStore(SessionTopics(
             linked=settings.topic_session_linked,
             started=settings.topic_session_started,
             ended=settings.topic_session_ended,
         ))
-        self._dlq = DeadLetterPublisher(
-            settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
-            SESSION_LINKING_RETRIES,
-        )
-        self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
-        self._publisher = acquire_shared_publisher(settings)
 
-    @override
-    def write_batch(self, items: list[tuple[str, SignInMessage]]) -> None:
-        messages = [message for _device, message in items]
-        size = self._settings.sink_batch_max
-        for start in range(0, len(messages), size):
-            chunk = messages[start : start + size]
-            batches, poisoned = write_isolating_poison(
-                chunk, self._write_retrying, self._settings.poison_attempts
-            )
-            for results in batches:
-                self._report(results)
-            if poisoned:
-                self._dead_letter(poisoned)
-        HEALTH.beat()
+    def write(self, conn: Connection, batch: Sequence[SignInMessage]) -> list[LinkResult]:
+        """One transaction: marks, session changes, outbox rows (:class:`SessionLinksStore`)."""
+        return self._store.link_batch(conn, batch)
 
-    @override
-    def close(self) -> None:
-        self._dlq.close()
-        self._db.close()
-        if self._publisher is not None:
-            release_shared_publisher()
+    def fields(self, message: SignInMessage) -> dict[str, Any]:
+        """Ids of the sign-in and where it came from."""
+        return sign_in_fields(message.record, message.envelope)
 
-    def _write_retrying(self, batch: Sequence[SignInMessage]) -> list[LinkResult]:
-        return retry_forever(
-            lambda: self._write_once(batch),
-            is_transient=is_infrastructure_error,
-            backoff=self._backoff,
-            on_retry=self._on_retry,
-            on_recovered=self._on_recovered,
-            sleep=time.sleep,
-        )
-
-    def _write_once(self, batch: Sequence[SignInMessage]) -> list[LinkResult]:
-        try:
-            return self._store.link_batch(self._db.connection(), batch)
-        except psycopg.Error as exc:
-            if is_infrastructure_error(exc):
-                self._db.reset()
-            raise
-
-    def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
-        SESSION_LINKING_RETRIES.inc()
-        HEALTH.paused("postgres", attempt, type(exc).__name__)
-        log_event(
-            logger,
-            "postgres-retry",
-            logging.WARNING,
-            error=type(exc).__name__,
-            sqlstate=getattr(exc, "sqlstate", None),
-            attempt=attempt,
-            delay_s=round(delay, 2),
-        )
-
-    def _on_recovered(self, attempts: int) -> None:
-        HEALTH.resumed("postgres")
-        log_event(logger, "postgres-recovered", attempts=attempts)
-
-    def _report(self, results: list[LinkResult]) -> None:
+    def report(self, results: list[LinkResult]) -> None:
+        """Metrics and one log line per sign-in of a committed batch."""
         now_mono = time.monotonic()
         oldest = None
         for result in results:
@@ -314,25 +258,3 @@ class _SessionLinkPartition(StatelessSinkPartition[tuple[str, SignInMessage]]):
         if oldest is not None:
             lag = (datetime.now(UTC) - oldest).total_seconds()
             SESSION_LINKING_LAG_SECONDS.set(max(0.0, lag))
-
-    def _dead_letter(self, poisoned: list[Poisoned[SignInMessage]]) -> None:
-        letters = [
-            DeadLetter.now(
-                p.item.record,
-                DlqReason.DATA_ERROR if is_data_error(p.error) else DlqReason.PROCESSING_ERROR,
-                type(p.error).__name__,
-                p.attempts,
-            )
-            for p in poisoned
-        ]
-        for p in poisoned:
-            log_event(
-                logger,
-                "link-failed",
-                logging.ERROR,
-                outcome="failed",
-                error=type(p.error).__name__,
-                sqlstate=getattr(p.error, "sqlstate", None),
-                **sign_in_fields(p.item.record, p.item.envelope),
-            )
-        self._dlq.publish(letters)

@@ -16,8 +16,7 @@ import orjson
 from dataflows.favorite_actions.decode import FavoriteMessage
 from schemas.envelope import CONTRACT_VERSION
 from schemas.favorites import ACTION_EVENT_AGGREGATE_TYPE
-
-TRACEPARENT = "traceparent"
+from schemas.outbox import OutboxRow, propagated_headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +41,6 @@ class ActionEventRow:
     property_object_id: UUID
     favorite_id: UUID
     source_message_id: UUID
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    """One ``user_activity.outbox`` row: the event's MessageId, topic, key, value, headers."""
-
-    id: UUID
-    topic: str
-    key: bytes
-    value: bytes
-    headers: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +97,11 @@ def build_recorded_action(
             },
         }
     )
-    headers: dict[str, str] = {}
-    traceparent = message.record.header(TRACEPARENT)
-    if traceparent is not None:
-        headers[TRACEPARENT] = traceparent.decode("ascii", "replace")
     outbox = OutboxRow(
         id=outbox_message_id,
         topic=topic,
         key=str(action_event_id).encode(),
         value=value,
-        headers=headers,
+        headers=propagated_headers(message.record),
     )
     return RecordedAction(message, message.idempotency_key, event, outbox)

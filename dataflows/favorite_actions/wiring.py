@@ -46,7 +46,8 @@ from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.action_history import ActionHistorySink, DeadLetterSink, message_fields
+from sinks.action_history import ActionHistorySink, message_fields
+from sinks.dead_letters import DeadLetterSink
 from sinks.dry_run import DryRunActionSink, DryRunDeadLetterSink, Tally
 from sources.kafka_input import StartPosition
 

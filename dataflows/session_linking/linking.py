@@ -21,9 +21,9 @@ from uuid import UUID
 
 import orjson
 
-from dataflows.favorite_actions.records import TRACEPARENT, OutboxRow
 from dataflows.session_linking.decode import SignInMessage
 from schemas.envelope import CONTRACT_VERSION, utc_iso
+from schemas.outbox import OutboxRow, propagated_headers
 from schemas.sessions import SESSION_AGGREGATE_TYPE
 
 
@@ -170,14 +170,10 @@ def build_session_event(
             "Payload": session_payload(change),
         }
     )
-    headers: dict[str, str] = {}
-    traceparent = message.record.header(TRACEPARENT)
-    if traceparent is not None:
-        headers[TRACEPARENT] = traceparent.decode("ascii", "replace")
     return OutboxRow(
         id=message_id,
         topic=topics.of(change.kind),
         key=str(change.session_id).encode(),
         value=value,
-        headers=headers,
+        headers=propagated_headers(message.record),
     )

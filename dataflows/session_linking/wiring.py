@@ -43,7 +43,7 @@ from runtime.metrics import (
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
-from sinks.action_history import DeadLetterSink
+from sinks.dead_letters import DeadLetterSink
 from sinks.session_links import SessionLinkSink
 from sources.kafka_input import StartPosition
 

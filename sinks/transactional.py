@@ -1,0 +1,168 @@
+"""The shared Bytewax sink partition of the flows: batches -> one transaction each, or the DLQ.
+
+Guarantees every flow's sink inherits (SPEC §4-§5):
+- ``write_batch`` returns only after the batch's transaction(s) committed and its poison, if
+  any, was acknowledged by the DLQ topic. Bytewax snapshots input offsets only at the end of an
+  epoch whose batches all returned, so offsets advance only after the commit.
+- Infrastructure failures (classified by :mod:`sinks.errors`: PostgreSQL unreachable, timeouts,
+  admin shutdown, too many connections, serialization failure, deadlock, ...): retried forever
+  with back-off (1 s -> 60 s, jitter); the worker blocks, so no new input is consumed
+  (back-pressure), nothing is skipped and nothing goes to the DLQ. Health reports the pause.
+- A data error or an unexpected exception: the batch is bisected; a message failing alone
+  ``poison_attempts`` times is dead-lettered (``data-error`` for SQLSTATE class 22/23, else
+  ``processing-error``) and its batch-mates are written normally.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import psycopg
+from bytewax.outputs import StatelessSinkPartition
+from prometheus_client import Counter
+from typing_extensions import override
+
+from runtime.backoff import Backoff, retry_forever
+from runtime.health import HEALTH
+from runtime.logs import log_event
+from runtime.poison import Poisoned, write_isolating_poison
+from runtime.settings import Settings
+from schemas.dlq import DlqReason
+from schemas.dlq_letter import DeadLetter
+from schemas.kafka_record import SourceRecord
+from sinks.db import Connection, Database
+from sinks.dead_letters import DeadLetterPublisher
+from sinks.errors import is_data_error, is_infrastructure_error
+from sinks.outbox import acquire_shared_publisher, release_shared_publisher
+
+
+class FromRecord(Protocol):
+    """A message that knows the Kafka record it came from (what a dead letter re-sends)."""
+
+    @property
+    def record(self) -> SourceRecord:
+        """The consumed record."""
+        ...
+
+
+M = TypeVar("M", bound=FromRecord)
+R = TypeVar("R")
+
+
+class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic[M, R]):
+    """One worker's connection, DLQ producer and share of the outbox publisher.
+
+    Subclasses say how a batch is written in one transaction (``write``), how a committed
+    result is reported (``report``) and which log fields name a message (``fields``).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str,
+        dlq_topic: str,
+        dlq_counter: Counter,
+        retries_counter: Counter,
+        logger: logging.Logger,
+    ) -> None:
+        self._settings = settings
+        self._db = Database(settings, name)
+        self._dlq = DeadLetterPublisher(settings, dlq_topic, dlq_counter, retries_counter)
+        self._retries = retries_counter
+        self._logger = logger
+        self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
+        self._publisher = acquire_shared_publisher(settings)
+
+    @abstractmethod
+    def write(self, conn: Connection, batch: Sequence[M]) -> R:
+        """Write ``batch`` in one transaction (all or nothing)."""
+
+    @abstractmethod
+    def report(self, result: R) -> None:
+        """Count and log what a committed batch did."""
+
+    @abstractmethod
+    def fields(self, message: M) -> dict[str, Any]:
+        """The log fields that name ``message`` (ids only)."""
+
+    @override
+    def write_batch(self, items: list[tuple[str, M]]) -> None:
+        messages = [message for _key, message in items]
+        size = self._settings.sink_batch_max
+        for start in range(0, len(messages), size):
+            results, poisoned = write_isolating_poison(
+                messages[start : start + size],
+                self._write_retrying,
+                self._settings.poison_attempts,
+            )
+            for result in results:
+                self.report(result)
+            if poisoned:
+                self._dead_letter(poisoned)
+        HEALTH.beat()
+
+    @override
+    def close(self) -> None:
+        self._dlq.close()
+        self._db.close()
+        if self._publisher is not None:
+            release_shared_publisher()
+
+    def _write_retrying(self, batch: Sequence[M]) -> R:
+        return retry_forever(
+            lambda: self._write_once(batch),
+            is_transient=is_infrastructure_error,
+            backoff=self._backoff,
+            on_retry=self._on_retry,
+            on_recovered=self._on_recovered,
+            sleep=time.sleep,
+        )
+
+    def _write_once(self, batch: Sequence[M]) -> R:
+        try:
+            return self.write(self._db.connection(), batch)
+        except psycopg.Error as exc:
+            if is_infrastructure_error(exc):
+                self._db.reset()
+            raise
+
+    def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
+        self._retries.inc()
+        HEALTH.paused("postgres", attempt, type(exc).__name__)
+        log_event(
+            self._logger,
+            "postgres-retry",
+            logging.WARNING,
+            error=type(exc).__name__,
+            sqlstate=getattr(exc, "sqlstate", None),
+            attempt=attempt,
+            delay_s=round(delay, 2),
+        )
+
+    def _on_recovered(self, attempts: int) -> None:
+        HEALTH.resumed("postgres")
+        log_event(self._logger, "postgres-recovered", attempts=attempts)
+
+    def _dead_letter(self, poisoned: list[Poisoned[M]]) -> None:
+        letters = []
+        for p in poisoned:
+            reason = DlqReason.DATA_ERROR if is_data_error(p.error) else DlqReason.PROCESSING_ERROR
+            letters.append(
+                DeadLetter.now(p.item.record, reason, type(p.error).__name__, p.attempts)
+            )
+            log_event(
+                self._logger,
+                "record-failed",
+                logging.ERROR,
+                outcome="failed",
+                reason=reason.value,
+                error=type(p.error).__name__,
+                sqlstate=getattr(p.error, "sqlstate", None),
+                **self.fields(p.item),
+            )
+        self._dlq.publish(letters)
