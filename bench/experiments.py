@@ -36,7 +36,6 @@ from schemas.envelope import CONTRACT_VERSION, utc_iso
 from schemas.favorites import ACTION_EVENT_AGGREGATE_TYPE
 from sinks import favorites_store as _store
 from sinks.favorites_store import BatchOutcome, FavoritesStore
-from sinks.outbox import OUTBOX_CHANNEL
 from sinks.sql import query
 
 # The production helper was renamed (_owner -> owner_of) while this was written; accept both.
@@ -200,8 +199,6 @@ class LeanJsonStore(JsonParamsStore):
                         outcome.recorded.append(message)  # type: ignore[arg-type]
                     else:
                         outcome.duplicates.append(message)
-                if outcome.recorded:
-                    conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
         return outcome
 
 

@@ -212,7 +212,7 @@ def outbox_mark_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> di
             t0 = time.monotonic()
             while done < count:
                 with conn.transaction():
-                    rows = conn.execute(_CLAIM, (min(batch, count - done),)).fetchall()
+                    rows = conn.execute(_CLAIM, (0, min(batch, count - done))).fetchall()
                     if not rows:
                         break
                     conn.execute(statement, ([r[0] for r in rows],))

@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     outbox_batch_size: int = Field(default=1000, ge=1)
     outbox_idle_poll_seconds: float = Field(default=0.5, gt=0)
     outbox_retention_seconds: float = Field(default=3_600.0, ge=0)
+    outbox_sweep_grace_seconds: float = Field(default=5.0, ge=0)
 
     # HTTP (Prometheus /metrics, /livez, /readyz); 0 disables it.
     http_port: int = Field(default=9100, ge=0, le=65535)

@@ -28,6 +28,7 @@ from runtime.metrics import (
 )
 from runtime.settings import Settings
 from schemas.favorites import ActionType
+from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.favorites_store import BatchOutcome, FavoritesStore
 from sinks.transactional import TransactionalPartition
@@ -82,6 +83,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def fields(self, message: FavoriteMessage) -> dict[str, Any]:
         """SPEC §6 log fields."""
         return message_fields(message)
+
+    def outbox_rows(self, result: BatchOutcome) -> list[OutboxRow]:
+        """The action-tracked rows of the recorded actions."""
+        return [action.outbox for action in result.recorded]
 
     def report(self, outcome: BatchOutcome) -> None:
         """Metrics and one log line per message of a committed batch."""

@@ -1,7 +1,8 @@
 """The favorites write path: one transaction per batch (SPEC §4 steps 4-5).
 
 ``record_batch`` resolves every owner's session with one query, then inserts the idempotency
-marks, the action_events rows and the action-tracked outbox rows with one statement, and commits.
+marks, the action_events rows and the action-tracked outbox rows with one statement, and commits;
+the caller then offers the committed outbox rows to the publisher.
 Idempotent: a message already recorded (mark or source_message_id present) changes nothing, so
 redelivery, replay and two racing processes are harmless. Parameters are sent as binary arrays.
 On any exception the transaction is rolled back and nothing of the batch is written.
@@ -24,7 +25,6 @@ from dataflows.favorite_actions.records import (
     build_recorded_action,
 )
 from sinks.db import Connection
-from sinks.outbox import notify_publishers
 from sinks.sql import query
 
 
@@ -103,8 +103,6 @@ class FavoritesStore:
                         outcome.recorded.append(action)
                     else:
                         outcome.duplicates.append(action.message)
-                if outcome.recorded:
-                    notify_publishers(conn)
         return outcome
 
     def resolve_sessions(

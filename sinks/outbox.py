@@ -1,59 +1,59 @@
 """The outbox publisher: committed outbox rows -> Kafka, at least once, with stable MessageIds.
 
-Guarantees:
-- A row is marked published (or deleted, with retention 0) only after the broker acknowledged
-  it (idempotent producer, ``acks=all``, delivery reports checked), in the same transaction that
-  claimed it; a crash before that commit leaves the row unpublished, and it is sent after restart.
-- Rows are claimed with ``FOR UPDATE SKIP LOCKED``: two publishers (two processes, two flows)
-  never send the same row concurrently.
+Two paths, one guarantee:
+- Fast path: after a sink's transaction commits, it ``offer``s the rows it wrote; the publisher
+  produces them from memory (no read-back) and then marks them published (or deletes them, with
+  retention 0) by id. This is the normal case: a committed row is on the topic in milliseconds.
+- Sweep: rows left unpublished longer than ``outbox_sweep_grace_seconds`` (a crash between commit
+  and publish, a failed delivery, an offer dropped because the queue was full, another process's
+  rows) are claimed with ``FOR UPDATE SKIP LOCKED`` (two publishers never send the same claimed
+  row concurrently), produced, and marked in the claiming transaction.
+- A row is marked only after the broker acknowledged it (idempotent producer, ``acks=all``,
+  delivery reports checked); a crash before that leaves it unpublished, and the sweep sends it
+  after restart. A row can be sent twice (a slow fast path overtaken by the sweep), never lost.
 - Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped.
-- Latency: the writing transaction ``NOTIFY``s; the publisher ``LISTEN``s, so a committed row is
-  normally on the topic within milliseconds (and within ``outbox_idle_poll_seconds`` at worst).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.logs import log_event
 from runtime.metrics import OUTBOX_PUBLISH_FAILURES, OUTBOX_PUBLISHED
 from runtime.settings import Settings
-from sinks.db import Connection, Database
+from schemas.outbox import OutboxRow
+from sinks.db import Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error
 from sinks.kafka_producer import OutgoingRecord, build_producer, produce_and_wait
 
 logger = logging.getLogger(__name__)
-
-OUTBOX_CHANNEL = "user_activity_outbox"
-"""The LISTEN/NOTIFY channel that wakes the publishers."""
-
-
-def notify_publishers(conn: Connection) -> None:
-    """NOTIFY the publishers, inside the transaction that wrote outbox rows.
-
-    PostgreSQL delivers it at commit (and not at all on rollback).
-    """
-    conn.execute("SELECT pg_notify(%s, '')", (OUTBOX_CHANNEL,))
 
 
 _CLAIM = """
 SELECT id, topic, key, value, headers
   FROM user_activity.outbox
  WHERE published_at IS NULL
+   AND created_at <= now() - make_interval(secs => %s)
  ORDER BY created_at, id
  LIMIT %s
    FOR UPDATE SKIP LOCKED
 """
-_MARK_PUBLISHED = "UPDATE user_activity.outbox SET published_at = now() WHERE id = ANY(%s)"
+_MARK_PUBLISHED = (
+    "UPDATE user_activity.outbox SET published_at = now()"
+    " WHERE id = ANY(%s) AND published_at IS NULL"
+)
 _DELETE_PUBLISHED = "DELETE FROM user_activity.outbox WHERE id = ANY(%s)"
+_OFFER_QUEUE_BATCHES = 64
 _PURGE = (
     "DELETE FROM user_activity.outbox"
     " WHERE published_at < now() - make_interval(secs => %s)"
@@ -71,14 +71,26 @@ class OutboxPublisher:
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._listening = False
+        self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
         self._last_purge = 0.0
+        self._last_sweep = 0.0
+        self._carried: list[OutboxRow] = []
 
     def start(self) -> None:
         """Start the background thread (idempotent)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="outbox-publisher", daemon=True)
             self._thread.start()
+
+    def offer(self, rows: Sequence[OutboxRow]) -> None:
+        """Hand over committed rows for immediate publication (never blocks).
+
+        Dropped when the publisher is not running or its queue is full: the rows are in the
+        table, and the sweep publishes them after the grace period.
+        """
+        if rows and self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._offered.put_nowait(rows)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the thread after its current cycle, publish what is left (one try), close."""
@@ -95,8 +107,42 @@ class OutboxPublisher:
         self._db.close()
         HEALTH.resumed("outbox")  # a stopped publisher waits for nothing
 
-    def publish_pending(self) -> int:
-        """One cycle: claim up to a batch of rows, publish them, mark them; return how many.
+    def publish_offered(self) -> int:
+        """Publish the rows offered so far and mark them; return how many were published.
+
+        Rows the broker did not acknowledge stay unpublished for the sweep; raises on an
+        infrastructure failure while marking (the rows stay unmarked and are swept later).
+        """
+        rows, self._carried = self._carried, []
+        while len(rows) < self._settings.outbox_batch_size:
+            try:
+                rows.extend(self._offered.get_nowait())
+            except queue.Empty:
+                break
+        if not rows:
+            return 0
+        records = [
+            OutgoingRecord(
+                row.topic, row.key, row.value,
+                [(name, value.encode()) for name, value in row.headers.items()],
+            )
+            for row in rows
+        ]
+        errors = produce_and_wait(self._producer, records)
+        delivered = [row for row, err in zip(rows, errors, strict=True) if err is None]
+        if delivered:
+            self._db.connection().execute(self._mark_statement(), ([r.id for r in delivered],))
+            for row in delivered:
+                OUTBOX_PUBLISHED.labels(topic=row.topic).inc()
+        if len(delivered) < len(rows):
+            OUTBOX_PUBLISH_FAILURES.inc()
+        return len(delivered)
+
+    def publish_pending(self, grace_seconds: float = 0.0) -> int:
+        """One sweep: claim, publish and mark up to a batch of rows; return how many.
+
+        Only rows unpublished for at least ``grace_seconds`` are claimed (the fast path has
+        that long to mark its own).
 
         Raises on an infrastructure failure (the caller retries); rows of a failed cycle stay
         unpublished (rows the broker did acknowledge in it are still marked).
@@ -104,7 +150,7 @@ class OutboxPublisher:
         conn = self._db.connection()
         with conn.transaction():
             rows: list[tuple[Any, ...]] = conn.execute(
-                _CLAIM, (self._settings.outbox_batch_size,)
+                _CLAIM, (grace_seconds, self._settings.outbox_batch_size)
             ).fetchall()
             if not rows:
                 return 0
@@ -120,12 +166,7 @@ class OutboxPublisher:
             errors = produce_and_wait(self._producer, records)
             delivered = [row[0] for row, err in zip(rows, errors, strict=True) if err is None]
             if delivered:
-                statement = (
-                    _DELETE_PUBLISHED
-                    if self._settings.outbox_retention_seconds == 0
-                    else _MARK_PUBLISHED
-                )
-                conn.execute(statement, (delivered,))
+                conn.execute(self._mark_statement(), (delivered,))
                 for _id, topic, *_ in (r for r, e in zip(rows, errors, strict=True) if e is None):
                     OUTBOX_PUBLISHED.labels(topic=topic).inc()
         failed = next((err for err in errors if err is not None), None)
@@ -134,15 +175,22 @@ class OutboxPublisher:
         return len(rows)
 
     def drain(self) -> int:
-        """Publish until nothing is pending; return the number of rows published."""
+        """Publish everything offered or pending, with no grace; return how many rows."""
         total = 0
+        while (count := self.publish_offered()) > 0:
+            total += count
         while (count := self.publish_pending()) > 0:
             total += count
         return total
 
+    def _mark_statement(self) -> str:
+        if self._settings.outbox_retention_seconds == 0:
+            return _DELETE_PUBLISHED
+        return _MARK_PUBLISHED
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            published = retry_forever(
+            retry_forever(
                 self._cycle,
                 is_transient=is_infrastructure_error,
                 backoff=self._backoff,
@@ -150,8 +198,14 @@ class OutboxPublisher:
                 on_recovered=lambda _n: HEALTH.resumed("outbox"),
                 sleep=self._sleep,
             )
-            if published < self._settings.outbox_batch_size:
-                self._wait_for_notify()
+            if self._offered.empty():
+                self._wait_for_offer()
+
+    def _wait_for_offer(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            self._carried = list(
+                self._offered.get(timeout=self._settings.outbox_idle_poll_seconds)
+            )
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
@@ -160,13 +214,16 @@ class OutboxPublisher:
         if self._stop.is_set():
             return 0
         try:
-            count = self.publish_pending()
+            count = self.publish_offered()
+            now = time.monotonic()
+            if now - self._last_sweep >= self._settings.outbox_idle_poll_seconds:
+                count += self.publish_pending(self._settings.outbox_sweep_grace_seconds)
+                self._last_sweep = now
             self._purge_if_due()
             return count
         except psycopg.Error as exc:
             if is_infrastructure_error(exc):
                 self._db.reset()
-                self._listening = False
             raise
 
     def _purge_if_due(self) -> None:
@@ -175,20 +232,6 @@ class OutboxPublisher:
         if retention > 0 and now - self._last_purge >= _PURGE_EVERY_SECONDS:
             self._db.connection().execute(_PURGE, (retention,))
             self._last_purge = now
-
-    def _wait_for_notify(self) -> None:
-        timeout = self._settings.outbox_idle_poll_seconds
-        try:
-            conn = self._db.connection()
-            if not self._listening:
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(OUTBOX_CHANNEL)))
-                self._listening = True
-            for _ in conn.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.Error:
-            self._db.reset()
-            self._listening = False
-            self._stop.wait(timeout)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()

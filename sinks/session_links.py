@@ -2,7 +2,8 @@
 
 Guarantees (SPEC §5, §7):
 - One transaction per batch: the idempotency marks, every session change and the outbox rows
-  announcing them commit together or not at all, then the outbox channel is NOTIFYed.
+  announcing them commit together or not at all; the committed rows are then offered to the
+  outbox publisher.
   ``write_batch`` returns only after that commit (and after its poison, if any, was acknowledged
   by the DLQ topic), so input offsets advance only after the commit.
 - Race-free (INV-SES-002 LinkOnce): the device's Active session is row-locked before deciding,
@@ -57,7 +58,6 @@ from runtime.metrics import (
 from runtime.settings import Settings
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
-from sinks.outbox import notify_publishers
 from sinks.sql import query
 from sinks.transactional import TransactionalPartition
 
@@ -95,7 +95,6 @@ class SessionLinksStore:
             outbox = [row for result in results for row in result.outbox]
             if outbox:
                 _insert_outbox(conn, outbox)
-                notify_publishers(conn)
         return results
 
     def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
@@ -233,6 +232,10 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
     def fields(self, message: SignInMessage) -> dict[str, Any]:
         """Ids of the sign-in and where it came from."""
         return sign_in_fields(message.record, message.envelope)
+
+    def outbox_rows(self, result: list[LinkResult]) -> list[OutboxRow]:
+        """The session events of the batch."""
+        return [row for link in result for row in link.outbox]
 
     def report(self, results: list[LinkResult]) -> None:
         """Metrics and one log line per sign-in of a committed batch."""

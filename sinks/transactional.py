@@ -34,6 +34,7 @@ from runtime.settings import Settings
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
+from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
@@ -90,6 +91,10 @@ class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic
     def fields(self, message: M) -> dict[str, Any]:
         """The log fields that name ``message`` (ids only)."""
 
+    @abstractmethod
+    def outbox_rows(self, result: R) -> list[OutboxRow]:
+        """The outbox rows a committed batch wrote (offered to the publisher at once)."""
+
     @override
     def write_batch(self, items: list[tuple[str, M]]) -> None:
         messages = [message for _key, message in items]
@@ -101,6 +106,8 @@ class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic
                 self._settings.poison_attempts,
             )
             for result in results:
+                if self._publisher is not None:
+                    self._publisher.offer(self.outbox_rows(result))
                 self.report(result)
             if poisoned:
                 self._dead_letter(poisoned)
