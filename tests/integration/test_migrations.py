@@ -1,0 +1,186 @@
+"""All migrations on an empty database, then every constraint proven by trying to break it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from runtime.migrate import MIGRATIONS_DIR, apply_migrations
+
+pytestmark = pytest.mark.integration
+
+
+def _with_database(url: str, name: str) -> str:
+    """The same server URL with another database (yoyo needs the URL form)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="module")
+def empty_database(database_url: str) -> Iterator[str]:
+    """A brand-new database on the suite's server, dropped afterwards."""
+    name = f"migrations_{uuid.uuid4().hex[:12]}"
+    admin = _with_database(database_url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = _with_database(database_url, name)
+    try:
+        yield dsn
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def migrated(empty_database: str) -> str:
+    applied = apply_migrations(empty_database)
+    assert applied == sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql"))
+    return empty_database
+
+
+@pytest.fixture
+def conn(migrated: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(migrated, autocommit=True) as connection:
+        yield connection
+
+
+def _session(conn: psycopg.Connection[Any], **overrides: Any) -> uuid.UUID:
+    now = datetime.now(UTC)
+    row: dict[str, Any] = {
+        "id": uuid.uuid4(), "anonymous_id": uuid.uuid4(), "user_id": None, "linked_at": None,
+        "status": "Active", "started_at": now, "last_activity_at": now, "ended_at": None,
+    }
+    row.update(overrides)
+    conn.execute(
+        """INSERT INTO user_activity.sessions
+             (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at, ended_at)
+           VALUES (%(id)s, %(anonymous_id)s, %(user_id)s, %(linked_at)s, %(status)s,
+                   %(started_at)s, %(last_activity_at)s, %(ended_at)s)""",
+        row,
+    )
+    return uuid.UUID(str(row["id"]))
+
+
+def _action(conn: psycopg.Connection[Any], session: uuid.UUID, source: uuid.UUID) -> uuid.UUID:
+    action_id = uuid.uuid4()
+    conn.execute(
+        """INSERT INTO user_activity.action_events
+             (id, action_type, session_id, anonymous_id, user_id, occurred_at,
+              property_object_id, favorite_id, source_message_id)
+           VALUES (%s, 'AddToFavorites', %s, %s, NULL, now(), %s, %s, %s)""",
+        (action_id, session, uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), source),
+    )
+    return action_id
+
+
+def test_applying_the_migrations_again_changes_nothing(migrated: str) -> None:
+    assert apply_migrations(migrated) == []
+
+
+def test_the_schema_has_every_table_the_spec_names(conn: psycopg.Connection[Any]) -> None:
+    rows = conn.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'user_activity'"
+    ).fetchall()
+
+    assert {r[0] for r in rows} >= {
+        "sessions", "action_events", "consumer_idempotency_marks", "outbox",
+        "user_action_history",
+    }
+
+
+def test_a_user_without_linked_at_is_rejected(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match="chk_sessions_link_pair"):
+        _session(conn, user_id=uuid.uuid4(), linked_at=None)
+
+
+def test_linked_at_without_a_user_is_rejected(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation, match="chk_sessions_link_pair"):
+        _session(conn, user_id=None, linked_at=datetime.now(UTC))
+
+
+def test_a_second_active_session_for_one_device_is_rejected(
+    conn: psycopg.Connection[Any],
+) -> None:
+    device = uuid.uuid4()
+    _session(conn, anonymous_id=device)
+    _session(conn, anonymous_id=device, status="Ended", ended_at=datetime.now(UTC))
+
+    with pytest.raises(psycopg.errors.UniqueViolation, match="ux_sessions_active_anonymous"):
+        _session(conn, anonymous_id=device)
+
+
+def test_update_and_delete_of_action_events_are_refused_by_the_database(
+    conn: psycopg.Connection[Any],
+) -> None:
+    action = _action(conn, _session(conn), uuid.uuid4())
+
+    with pytest.raises(psycopg.errors.RestrictViolation, match="immutable"):
+        conn.execute(
+            "UPDATE user_activity.action_events SET user_id = %s WHERE id = %s",
+            (uuid.uuid4(), action),
+        )
+    with pytest.raises(psycopg.errors.RestrictViolation, match="immutable"):
+        conn.execute("DELETE FROM user_activity.action_events WHERE id = %s", (action,))
+    with pytest.raises(psycopg.errors.RestrictViolation, match="immutable"):
+        conn.execute("TRUNCATE user_activity.action_events CASCADE")
+    assert conn.execute(
+        "SELECT count(*) FROM user_activity.action_events WHERE id = %s", (action,)
+    ).fetchone() == (1,)
+
+
+def test_a_duplicate_source_message_id_is_rejected(conn: psycopg.Connection[Any]) -> None:
+    session, source = _session(conn), uuid.uuid4()
+    _action(conn, session, source)
+
+    with pytest.raises(psycopg.errors.UniqueViolation, match="ux_action_events_source_message"):
+        _action(conn, session, source)
+
+
+def test_a_duplicate_idempotency_key_is_rejected(conn: psycopg.Connection[Any]) -> None:
+    key = f"user-activity-favorites:AddToFavorites:{uuid.uuid4()}"
+    conn.execute("INSERT INTO user_activity.consumer_idempotency_marks (key) VALUES (%s)", (key,))
+
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(
+            "INSERT INTO user_activity.consumer_idempotency_marks (key) VALUES (%s)", (key,)
+        )
+
+
+def test_an_action_must_reference_an_existing_session(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        _action(conn, uuid.uuid4(), uuid.uuid4())
+
+
+def test_user_history_shows_actions_of_sessions_linked_later(
+    conn: psycopg.Connection[Any],
+) -> None:
+    user = uuid.uuid4()
+    session = _session(conn)
+    action = _action(conn, session, uuid.uuid4())
+    before = conn.execute(
+        "SELECT id FROM user_activity.user_action_history WHERE history_user_id = %s", (user,)
+    ).fetchall()
+
+    conn.execute(
+        "UPDATE user_activity.sessions SET user_id = %s, linked_at = now() WHERE id = %s",
+        (user, session),
+    )
+
+    assert before == []
+    assert conn.execute(
+        "SELECT id FROM user_activity.user_action_history WHERE history_user_id = %s", (user,)
+    ).fetchall() == [(action,)]
+
+
+def test_the_dsn_helper_keeps_the_server_and_changes_only_the_database(
+    empty_database: str, database_url: str
+) -> None:
+    assert conninfo_to_dict(empty_database)["port"] == conninfo_to_dict(database_url)["port"]
