@@ -42,7 +42,6 @@ class Settings(BaseSettings):
 
     # PostgreSQL.
     database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/user_activity")
-    db_pool_max_size: int = Field(default=4, ge=1)
     db_statement_timeout_ms: int = Field(default=30_000, ge=100)
 
     # Topics (defaults: SPEC §2).
