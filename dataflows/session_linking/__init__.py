@@ -9,20 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataflows.entry import flow_attribute
+
 __all__ = ["build_flow", "flow"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "build_flow":
-        from dataflows.session_linking.wiring import build_flow
-
-        return build_flow
-    if name == "flow":
-        from dataflows.session_linking.wiring import build_flow
-        from runtime.logs import configure_logging
-        from runtime.settings import Settings
-
-        settings = Settings()
-        configure_logging(settings.log_level)
-        return build_flow(settings)
-    raise AttributeError(name)
+    if name not in __all__:
+        raise AttributeError(name)
+    return flow_attribute("dataflows.session_linking.wiring", name)

@@ -1,0 +1,25 @@
+"""The lazy module attributes every flow package exposes to ``python -m bytewax.run``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def flow_attribute(wiring_module: str, name: str) -> Any:
+    """``build_flow`` from ``wiring_module``, or ``flow`` built from the environment.
+
+    Called from a package's ``__getattr__``: importing the package (or its pure step modules)
+    has no side effects; the flow, its settings and JSON logging exist only once asked for.
+    """
+    wiring = importlib.import_module(wiring_module)
+    if name == "build_flow":
+        return wiring.build_flow
+    if name == "flow":
+        from runtime.logs import configure_logging
+        from runtime.settings import Settings
+
+        settings = Settings()
+        configure_logging(settings.log_level)
+        return wiring.build_flow(settings)
+    raise AttributeError(name)
