@@ -13,7 +13,11 @@ TRACEPARENT = "traceparent"
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
-    """One ``user_activity.outbox`` row: the event's MessageId, topic, key, value, headers."""
+    """One ``user_activity.outbox`` row: the event's MessageId, topic, key, value, headers.
+
+    The publisher produces a row as it is (``sinks.kafka_producer.Producible``: ``topic``,
+    ``key``, ``value``, ``headers``; the headers dict is sent with its str values UTF-8 encoded).
+    """
 
     id: UUID
     topic: str

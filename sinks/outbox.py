@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
@@ -121,19 +122,19 @@ class OutboxPublisher:
                 break
         if not rows:
             return 0
-        records = [
-            OutgoingRecord(
-                row.topic, row.key, row.value,
-                [(name, value.encode()) for name, value in row.headers.items()],
-            )
-            for row in rows
-        ]
-        errors = produce_and_wait(self._producer, records)
-        delivered = [row for row, err in zip(rows, errors, strict=True) if err is None]
+        # Rows are produced as they are: no record object per row; the headers dict goes to
+        # confluent-kafka unchanged (it sends str values UTF-8 encoded, like ``str.encode()``).
+        errors = produce_and_wait(self._producer, rows)
+        delivered: list[UUID] = []
+        per_topic: dict[str, int] = {}
+        for row, err in zip(rows, errors, strict=True):
+            if err is None:
+                delivered.append(row.id)
+                per_topic[row.topic] = per_topic.get(row.topic, 0) + 1
         if delivered:
-            self._db.connection().execute(self._mark_statement(), ([r.id for r in delivered],))
-            for row in delivered:
-                OUTBOX_PUBLISHED.labels(topic=row.topic).inc()
+            self._db.connection().execute(self._mark_statement(), (delivered,))
+            for topic, count in per_topic.items():
+                OUTBOX_PUBLISHED.labels(topic=topic).inc(count)
         if len(delivered) < len(rows):
             OUTBOX_PUBLISH_FAILURES.inc()
         return len(delivered)

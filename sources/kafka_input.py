@@ -323,9 +323,18 @@ def _retrying(
 
 
 def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
-    if not isinstance(raw, list):
+    """``msg.headers()`` as ``SourceRecord.headers``: None -> (), a null value -> ``b""``.
+
+    Hot (once per consumed record): confluent-kafka already gives a list of ``(str, bytes)``
+    tuples (``None`` for a null value), so the usual case is one copy of that list into a tuple
+    (immutable, hashable), without rebuilding a pair per header.
+    """
+    if not raw or not isinstance(raw, list):
         return ()
-    return tuple((str(name), value or b"") for name, value in raw)
+    for _name, value in raw:
+        if value is None:
+            return tuple([(name, value or b"") for name, value in raw])
+    return tuple(raw)
 
 
 __all__ = ["OFFSET_END", "InputItem", "KafkaInput", "StartPosition"]

@@ -1,0 +1,103 @@
+"""produce_and_wait against a real Kafka broker: failures land on exactly their records."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from runtime.settings import Settings
+from schemas.outbox import OutboxRow
+from sinks.kafka_producer import OutgoingRecord, build_producer, produce_and_wait
+
+pytestmark = pytest.mark.integration
+
+
+def _create(bootstrap: str, topic: str, partitions: int, **config: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
+        future.result(30)
+
+
+def _consume(bootstrap: str, topic: str, expected: int, timeout: float = 30.0) -> list[Any]:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:10]}",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+    })
+    consumer.subscribe([topic])
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg)
+        # anything beyond the expected count would be a duplicate: give it a moment to show up
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.append(msg)
+    finally:
+        consumer.close()
+    return got
+
+
+def test_a_failed_delivery_is_reported_for_exactly_that_record(kafka_bootstrap: str) -> None:
+    tag = uuid.uuid4().hex[:8]
+    good, small, missing = f"pw-good-{tag}", f"pw-small-{tag}", f"pw-missing-{tag}"
+    _create(kafka_bootstrap, good, 6)
+    _create(kafka_bootstrap, small, 1, **{"max.message.bytes": "1000"})
+    producer = build_producer(
+        Settings(kafka_bootstrap_servers=kafka_bootstrap), "test",
+        **{"message.timeout.ms": 3000, "allow.auto.create.topics": False},
+    )
+    records = [
+        OutgoingRecord(good, f"k{i}".encode(), f'{{"MessageId":"{uuid.uuid4()}"}}'.encode(),
+                       [("traceparent", f"tp-{i}".encode())])
+        for i in range(10)
+    ]
+    # Rejected by the broker: over the topic's max.message.bytes (random bytes: lz4 can't
+    # shrink them under the limit), well under the producer's own message.max.bytes.
+    records[3] = OutgoingRecord(small, b"big", os.urandom(3000))
+    records[7] = OutgoingRecord(missing, b"k7", b"nowhere")  # unknown topic: times out
+
+    errors = produce_and_wait(producer, records, timeout=20.0)
+
+    assert [i for i, err in enumerate(errors) if err is not None] == [3, 7]
+    assert errors[3] is not None and errors[3].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert errors[7] is not None and errors[7].code() in (
+        KafkaError._MSG_TIMED_OUT, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+    )
+    consumed = _consume(kafka_bootstrap, good, 8)
+    expected = {r.value or b"": r.headers for i, r in enumerate(records) if i not in (3, 7)}
+    assert sorted(m.value() or b"" for m in consumed) == sorted(expected)
+    assert all(m.headers() == expected[m.value() or b""] for m in consumed)
+
+
+def test_outbox_rows_are_produced_with_their_headers_utf8_encoded(kafka_bootstrap: str) -> None:
+    topic = f"pw-outbox-{uuid.uuid4().hex[:8]}"
+    _create(kafka_bootstrap, topic, 3)
+    producer = build_producer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test")
+    rows = [
+        OutboxRow(uuid.uuid4(), topic, b"key-1", b'{"n":1}',
+                  {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                   "x-note": "caf\u00e9"}),
+        OutboxRow(uuid.uuid4(), topic, b"key-2", b'{"n":2}', {}),
+    ]
+
+    assert produce_and_wait(producer, rows, timeout=20.0) == [None, None]
+
+    consumed = {m.key(): m for m in _consume(kafka_bootstrap, topic, 2)}
+    assert set(consumed) == {b"key-1", b"key-2"}
+    assert consumed[b"key-1"].value() == b'{"n":1}'
+    assert consumed[b"key-1"].headers() == [
+        (name, value.encode()) for name, value in rows[0].headers.items()
+    ]
+    assert consumed[b"key-2"].headers() is None
