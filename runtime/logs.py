@@ -2,16 +2,21 @@
 
 Callers pass fields, not formatted strings: ``log_event(logger, "recorded", MessageId=...)``.
 Only the fields given are written; payload notes, IPs, user agents and secrets are never passed.
+A batch of lines of one event goes through ``log_events(logger, "recorded", rows)``: the same
+lines, rendered without a LogRecord each and written to the JSON handler with one ``write``.
 """
 
 from __future__ import annotations
 
 import atexit
+import codecs
+import io
 import logging
 import re
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -83,13 +88,15 @@ class BufferedStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     A per-message log line flushed one syscall at a time cost ~9 % of the job's CPU. Lines at
     WARNING and above flush at once; the rest reach stderr within ``interval`` (and at exit). A
-    SIGKILL loses at most that last interval of INFO lines.
+    SIGKILL loses at most that last interval of INFO lines. The text layer writes through to the
+    byte buffer, so :func:`log_events` can hand it a batch of encoded lines directly.
     """
 
     def __init__(self, interval: float = 0.5) -> None:
         stream = open(  # noqa: SIM115 - lives as long as the process
             sys.stderr.fileno(), "w", buffering=1 << 16, encoding="utf-8", closefd=False
         )
+        stream.reconfigure(write_through=True)
         super().__init__(stream)
         self._interval = interval
         self._stop = threading.Event()
@@ -141,3 +148,131 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
     """Log ``event`` with ``fields`` as top-level JSON keys (None values are left out)."""
     if logger.isEnabledFor(level):
         logger.log(level, event, extra={k: v for k, v in fields.items() if v is not None})
+
+
+def log_events(
+    logger: logging.Logger, event: str, rows: Iterable[dict[str, Any]], level: int = logging.INFO
+) -> None:
+    """``log_event(logger, event, level, **row)`` for each row, written in one go.
+
+    When the only handler a record of ``logger`` would reach is a plain JSON stream handler (the
+    one :func:`configure_logging` installs), the lines are rendered here, byte for byte what
+    :class:`JsonFormatter` writes for ``log_event`` (all lines share one timestamp), and handed
+    to the stream with a single ``write`` under the handler's lock (as bytes, when the stream
+    is a UTF-8 text layer that writes through to its buffer). Anything else - logger
+    filters, several handlers, another formatter, pytest's ``caplog`` - gets one ``log_event``
+    per row, so every handler and filter still sees its records.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    handler = _batch_handler(logger, level)
+    if handler is None:
+        for row in rows:
+            log_event(logger, event, level, **row)
+        return
+    formatter = handler.formatter
+    assert isinstance(formatter, JsonFormatter)  # checked by _batch_handler
+    header = logger.makeRecord(logger.name, level, "(unknown file)", 0, event, (), None)
+    # '{"ts":...,"event":...}' -> '{"ts":...,"event":...,': each row's own JSON object follows.
+    head = formatter.format(header).encode()[:-1] + b","
+    dumps = orjson.dumps
+    newline = orjson.OPT_APPEND_NEWLINE
+    shapes: dict[tuple[str, ...], bool] = {}
+    lines: list[bytes] = []
+    for row in rows:
+        keys = tuple(row)
+        plain = shapes.get(keys)
+        if plain is None:
+            plain = shapes[keys] = _plain_keys(keys)
+        if plain:
+            for value in row.values():
+                if value is None:
+                    break
+            else:
+                lines.append(head + dumps(row, default=str, option=newline)[1:])
+                continue
+        lines.append(_format_row(logger, formatter, header, row))
+    if not lines:
+        return
+    data = b"".join(lines)
+    handler.acquire()
+    try:
+        stream = handler.stream
+        if _bytes_through(stream):
+            stream.buffer.write(data)
+        else:
+            stream.write(data.decode())
+        handler.flush()
+        if isinstance(handler, BufferedStderrHandler) and level >= logging.WARNING:
+            handler._flush_now()  # what its emit does for WARNING and above
+    except RecursionError:
+        raise
+    except Exception:  # noqa: BLE001 - as StreamHandler.emit: report, never raise
+        handler.handleError(header)
+    finally:
+        handler.release()
+
+
+_HEADER_KEYS = frozenset({"ts", "level", "logger", "event"})
+_LOG_EVENT_PARAMS = frozenset({"logger", "event", "level"})
+_BATCH_HANDLER_TYPES = (BufferedStderrHandler, logging.StreamHandler)
+
+
+def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[Any] | None:
+    """The one JSON stream handler a record of ``logger`` at ``level`` reaches, else None."""
+    if logger.filters or logger.disabled:
+        return None
+    found: logging.Handler | None = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if level >= handler.level:
+                if found is not None:
+                    return None
+                found = handler
+        current = current.parent if current.propagate else None
+    if (
+        found is None
+        or type(found) not in _BATCH_HANDLER_TYPES
+        or getattr(found, "terminator", None) != "\n"
+        or type(found.formatter) is not JsonFormatter
+        or found.filters
+    ):
+        return None
+    return found  # type: ignore[return-value]
+
+
+def _plain_keys(keys: tuple[str, ...]) -> bool:
+    """True when a row with ``keys`` renders as its own JSON object after the header's keys."""
+    return bool(keys) and all(
+        isinstance(key, str)
+        and not key.startswith("_")
+        and key not in _STANDARD_ATTRS
+        and key not in _HEADER_KEYS
+        for key in keys
+    )
+
+
+def _format_row(
+    logger: logging.Logger, formatter: JsonFormatter, header: logging.LogRecord,
+    row: dict[str, Any],
+) -> bytes:
+    """One line the slow way (a LogRecord through the formatter), at the batch's timestamp."""
+    for name in _LOG_EVENT_PARAMS.intersection(row):
+        raise TypeError(f"log_event() got multiple values for argument {name!r}")
+    fields = {k: v for k, v in row.items() if v is not None}
+    record = logger.makeRecord(  # raises on a reserved key, as log_event does
+        logger.name, header.levelno, header.pathname, header.lineno, header.msg, (), None,
+        extra=fields,
+    )
+    record.created, record.msecs = header.created, header.msecs
+    return formatter.format(record).encode() + b"\n"
+
+
+def _bytes_through(stream: Any) -> bool:
+    """True for a UTF-8 text layer that passes each write on to its byte buffer at once."""
+    return (
+        isinstance(stream, io.TextIOWrapper)
+        and stream.write_through
+        and codecs.lookup(stream.encoding).name == "utf-8"
+    )

@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from bytewax.outputs import DynamicSink
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
-from runtime.logs import log_event
+from runtime.logs import log_events
 from runtime.metrics import (
     FAVORITES_CONSUME_DURATION_MS,
     FAVORITES_DLQ,
@@ -31,7 +30,7 @@ from schemas.favorites import ActionType
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.favorites_store import BatchOutcome, FavoritesStore
-from sinks.transactional import TransactionalPartition
+from sinks.transactional import PartitionedSink, TransactionalPartition
 
 logger = logging.getLogger(__name__)
 
@@ -51,24 +50,19 @@ def message_fields(message: FavoriteMessage) -> dict[str, Any]:
     }
 
 
-class ActionHistorySink(DynamicSink[tuple[str, FavoriteMessage]]):
-    """Records ``(owner_key, FavoriteMessage)`` items; one partition (connection) per worker."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+class ActionHistorySink(PartitionedSink[FavoriteMessage]):
+    """Records ``(owner_key, FavoriteMessage)`` items: one owner's messages go to one partition."""
 
     @override
-    def build(
-        self, step_id: str, worker_index: int, worker_count: int
-    ) -> _ActionHistoryPartition:
-        return _ActionHistoryPartition(self._settings, worker_index)
+    def build_partition(self, part: str) -> _ActionHistoryPartition:
+        return _ActionHistoryPartition(self._settings, part)
 
 
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
-    def __init__(self, settings: Settings, worker_index: int) -> None:
+    def __init__(self, settings: Settings, part: str) -> None:
         super().__init__(
             settings,
-            name=f"user-activity-favorites-{worker_index}",
+            name=f"user-activity-favorites-{part}",
             dlq_topic=settings.topic_favorites_dlq,
             dlq_counter=FAVORITES_DLQ,
             retries_counter=FAVORITES_RETRIES,
@@ -89,36 +83,39 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         return [action.outbox for action in result.recorded]
 
     def report(self, outcome: BatchOutcome) -> None:
-        """Metrics and one log line per message of a committed batch."""
+        """Metrics and one log line per message of a committed batch.
+
+        Counters move once per batch (``inc(n)``), the histogram observes each message, and each
+        outcome's lines are written together (:func:`runtime.logs.log_events`).
+        """
         now_mono = time.monotonic()
         now = datetime.now(UTC)
-        oldest = None
-        for action in outcome.recorded:
-            message = action.message
-            _RECORDED[message.action_type].inc()
-            FAVORITES_CONSUME_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)
-            created = message.envelope.created_at
-            oldest = created if oldest is None or created < oldest else oldest
-            log_event(
-                logger,
-                "recorded",
-                outcome="recorded",
-                SessionId=action.event.session_id,
-                **message_fields(message),
-            )
-        for reason, messages in (
+        observe = FAVORITES_CONSUME_DURATION_MS.observe
+        recorded = outcome.recorded
+        if recorded:
+            messages = [action.message for action in recorded]
+            for message in messages:
+                observe((now_mono - message.record.received_at) * 1000)
+            action_types = [message.action_type for message in messages]
+            for action_type, counter in _RECORDED.items():
+                if count := action_types.count(action_type):
+                    counter.inc(count)
+            rows = [
+                {"outcome": "recorded", "SessionId": action.event.session_id,
+                 **message_fields(action.message)}
+                for action in recorded
+            ]
+            log_events(logger, "recorded", rows)
+            oldest = min([message.envelope.created_at for message in messages])
+            FAVORITES_LAG_SECONDS.set(max(0.0, (now - oldest).total_seconds()))
+        for reason, skipped in (
             (SkipReason.DUPLICATE, outcome.duplicates),
             (SkipReason.NO_SESSION, outcome.no_session),
         ):
-            skipped = _SKIPPED[reason]
-            for message in messages:
-                skipped.inc()
-                FAVORITES_CONSUME_DURATION_MS.observe(
-                    (now_mono - message.record.received_at) * 1000
-                )
-                log_event(
-                    logger, SKIP_OUTCOMES[reason], outcome=SKIP_OUTCOMES[reason],
-                    **message_fields(message),
-                )
-        if oldest is not None:
-            FAVORITES_LAG_SECONDS.set(max(0.0, (now - oldest).total_seconds()))
+            if not skipped:
+                continue
+            for message in skipped:
+                observe((now_mono - message.record.received_at) * 1000)
+            _SKIPPED[reason].inc(len(skipped))
+            event = SKIP_OUTCOMES[reason]
+            log_events(logger, event, [{"outcome": event, **message_fields(m)} for m in skipped])

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from confluent_kafka import Producer
 from prometheus_client import Counter
 from typing_extensions import override
 
@@ -32,7 +33,8 @@ class DeadLetterPublisher:
         self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter
     ) -> None:
         self._topic = topic
-        self._producer = build_producer(settings, "dlq")
+        self._settings = settings
+        self._producer: Producer | None = None  # built on the first letter: poison is rare
         self._dlq_counter = dlq_counter
         self._retries_counter = retries_counter
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
@@ -48,6 +50,8 @@ class DeadLetterPublisher:
                 OutgoingRecord(self._topic, ltr.record.key, ltr.record.value, ltr.headers())
                 for ltr in pending
             ]
+            if self._producer is None:
+                self._producer = build_producer(self._settings, "dlq")
             errors = produce_and_wait(self._producer, records)
             failed = [ltr for ltr, err in zip(pending, errors, strict=True) if err is not None]
             first = next((err for err in errors if err is not None), None)
@@ -91,7 +95,9 @@ class DeadLetterPublisher:
 
     def close(self) -> None:
         """Flush what is queued (bounded) and drop the producer."""
-        self._producer.flush(10)
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
 
 
 class DeadLetterSink(DynamicSink[DeadLetter]):

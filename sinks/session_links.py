@@ -32,7 +32,6 @@ from uuid import UUID
 import orjson
 import psycopg
 import uuid_utils.compat as uuid_compat
-from bytewax.outputs import DynamicSink
 from typing_extensions import override
 
 from dataflows.session_linking.decode import SignInMessage, sign_in_fields
@@ -59,7 +58,7 @@ from runtime.settings import Settings
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.sql import query
-from sinks.transactional import TransactionalPartition
+from sinks.transactional import PartitionedSink, TransactionalPartition
 
 logger = logging.getLogger(__name__)
 
@@ -196,24 +195,19 @@ def _opt_uuid(value: object) -> UUID | None:
     return None if value is None else cast(UUID, value)
 
 
-class SessionLinkSink(DynamicSink[tuple[str, SignInMessage]]):
-    """Links ``(AnonymousId, SignInMessage)`` items; one partition (connection) per worker."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+class SessionLinkSink(PartitionedSink[SignInMessage]):
+    """Links ``(AnonymousId, SignInMessage)`` items: one device's sign-ins go to one partition."""
 
     @override
-    def build(
-        self, step_id: str, worker_index: int, worker_count: int
-    ) -> _SessionLinkPartition:
-        return _SessionLinkPartition(self._settings, worker_index)
+    def build_partition(self, part: str) -> _SessionLinkPartition:
+        return _SessionLinkPartition(self._settings, part)
 
 
 class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResult]]):
-    def __init__(self, settings: Settings, worker_index: int) -> None:
+    def __init__(self, settings: Settings, part: str) -> None:
         super().__init__(
             settings,
-            name=f"user-activity-session-linking-{worker_index}",
+            name=f"user-activity-session-linking-{part}",
             dlq_topic=settings.topic_session_linking_dlq,
             dlq_counter=SESSION_LINKING_DLQ,
             retries_counter=SESSION_LINKING_RETRIES,

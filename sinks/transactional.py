@@ -1,9 +1,17 @@
 """The shared Bytewax sink partition of the flows: batches -> one transaction each, or the DLQ.
 
 Guarantees every flow's sink inherits (SPEC §4-§5):
-- ``write_batch`` returns only after the batch's transaction(s) committed and its poison, if
-  any, was acknowledged by the DLQ topic. Bytewax snapshots input offsets only at the end of an
-  epoch whose batches all returned, so offsets advance only after the commit.
+- Writes are pipelined: ``write_batch`` hands the batch to the partition's background writer
+  (:mod:`sinks.pipelined_writer`) and returns, so the worker polls and decodes the next records
+  while PostgreSQL commits this batch. ``snapshot()``, which Bytewax calls at the end of every
+  epoch in which the partition was written, returns only once every batch handed over so far
+  is committed and its poison, if any, acknowledged by the DLQ topic. An epoch, and with it the
+  input offsets in the recovery snapshot, therefore closes only after its rows are committed.
+  A crash loses nothing: uncommitted batches belong to an epoch that never closed.
+- Partitions: items are routed by their key (the owner, the AnonymousId) to one of
+  ``sink_partitions`` fixed partitions, each with its own connection and writer thread; one
+  key's messages are written in order by one partition. Bytewax spreads the partitions
+  evenly over the workers.
 - Infrastructure failures (classified by :mod:`sinks.errors`: PostgreSQL unreachable, timeouts,
   admin shutdown, too many connections, serialization failure, deadlock, ...): retried forever
   with back-off (1 s -> 60 s, jitter); the worker blocks, so no new input is consumed
@@ -22,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
-from bytewax.outputs import StatelessSinkPartition
+from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 from prometheus_client import Counter
 from typing_extensions import override
 
@@ -39,6 +47,7 @@ from sinks.db import Connection, Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
 from sinks.outbox import acquire_shared_publisher, release_shared_publisher
+from sinks.pipelined_writer import PipelinedWriter
 
 
 class FromRecord(Protocol):
@@ -54,8 +63,29 @@ M = TypeVar("M", bound=FromRecord)
 R = TypeVar("R")
 
 
-class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic[M, R]):
-    """One worker's connection, DLQ producer and share of the outbox publisher.
+class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
+    """``sink_partitions`` fixed partitions; the snapshot state is ``None`` (only a barrier)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    @override
+    def list_parts(self) -> list[str]:
+        return [str(i) for i in range(self._settings.sink_partitions)]
+
+    @override
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: None
+    ) -> TransactionalPartition[M, Any]:
+        return self.build_partition(for_part)
+
+    @abstractmethod
+    def build_partition(self, part: str) -> TransactionalPartition[M, Any]:
+        """The partition named ``part``."""
+
+
+class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
+    """One partition's connection, writer thread, DLQ producer and share of the publisher.
 
     Subclasses say how a batch is written in one transaction (``write``), how a committed
     result is reported (``report``) and which log fields name a message (``fields``).
@@ -78,6 +108,12 @@ class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic
         self._logger = logger
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._publisher = acquire_shared_publisher(settings)
+        self._writer: PipelinedWriter[M] = PipelinedWriter(
+            self._write_now,
+            max_pending=settings.sink_max_pending,
+            max_batch=settings.sink_batch_max,
+            name=f"{name}-writer",
+        )
 
     @abstractmethod
     def write(self, conn: Connection, batch: Sequence[M]) -> R:
@@ -96,8 +132,18 @@ class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic
         """The outbox rows a committed batch wrote (offered to the publisher at once)."""
 
     @override
-    def write_batch(self, items: list[tuple[str, M]]) -> None:
-        messages = [message for _key, message in items]
+    def write_batch(self, values: list[M]) -> None:
+        """Hand ``values`` to the writer thread (blocks while it is too far behind)."""
+        self._writer.submit(values)
+        HEALTH.beat()
+
+    @override
+    def snapshot(self) -> None:
+        """The epoch barrier: return once everything handed over so far is committed."""
+        self._writer.wait_idle()
+
+    def _write_now(self, messages: list[M]) -> None:
+        """On the writer thread: transactions, DLQ, outbox offer, report (in this order)."""
         size = self._settings.sink_batch_max
         for start in range(0, len(messages), size):
             results, poisoned = write_isolating_poison(
@@ -115,10 +161,13 @@ class TransactionalPartition(StatelessSinkPartition[tuple[str, M]], ABC, Generic
 
     @override
     def close(self) -> None:
-        self._dlq.close()
-        self._db.close()
-        if self._publisher is not None:
-            release_shared_publisher()
+        try:
+            self._writer.close()
+        finally:
+            self._dlq.close()
+            self._db.close()
+            if self._publisher is not None:
+                release_shared_publisher()
 
     def _write_retrying(self, batch: Sequence[M]) -> R:
         return retry_forever(

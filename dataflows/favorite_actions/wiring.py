@@ -19,7 +19,7 @@ from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow
-from bytewax.outputs import DynamicSink
+from bytewax.outputs import DynamicSink, Sink
 
 from dataflows.common import (
     configured_start,
@@ -131,7 +131,7 @@ def build_flow(
     fresh = deduplicated(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
     )
-    history: DynamicSink[tuple[str, FavoriteMessage]] = (
+    history: Sink[tuple[str, FavoriteMessage]] = (
         ActionHistorySink(settings) if dry_run is None else DryRunActionSink(settings, dry_run)
     )
     op.output("record_action_history", fresh, history)

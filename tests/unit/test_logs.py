@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from runtime.logs import JsonFormatter, RepeatThrottle
+from runtime.logs import BufferedStderrHandler, JsonFormatter, RepeatThrottle, log_event, log_events
+from schemas.favorites import ActionType
 
 
 def _record(message: str) -> logging.LogRecord:
@@ -62,3 +70,182 @@ def test_json_formatter_writes_the_event_and_extra_fields_as_top_level_keys() ->
     assert line["MessageId"] == "m-1"
     assert line["outcome"] == "recorded"
     assert line["level"] == "INFO"
+
+
+class _CountingStream(io.StringIO):
+    """A text stream that counts its ``write`` calls."""
+
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+JsonLogger = Callable[[], tuple[logging.Logger, _CountingStream]]
+
+
+@pytest.fixture
+def json_logger(request: pytest.FixtureRequest) -> Iterator[JsonLogger]:
+    """Call it in the test: a logger whose only handler is a JSON stream handler, and its stream.
+
+    Called in the test itself: pytest attaches its capture handlers to non-propagating loggers
+    when a test phase starts; this takes them off again (log_events would fall back for them).
+    """
+    stream = _CountingStream()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(f"test.logs.{request.node.name}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+
+    def only_json() -> tuple[logging.Logger, _CountingStream]:
+        logger.handlers[:] = [handler]
+        return logger, stream
+
+    yield only_json
+    logger.handlers.clear()
+
+
+_TS = re.compile(r'^\{"ts":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",')
+
+
+def _without_ts(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert all(_TS.match(line) for line in lines), lines
+    return [_TS.sub("{", line) for line in lines]
+
+
+_ROWS: list[dict[str, Any]] = [
+    {"outcome": "recorded", "SessionId": uuid.uuid4(), "MessageId": uuid.uuid4(),
+     "FavoriteId": uuid.uuid4(), "PropertyObjectId": uuid.uuid4(),
+     "ActionType": ActionType.ADD_TO_FAVORITES, "source": "favorite-added[3]@17"},
+    {"outcome": "recorded", "SessionId": None, "MessageId": uuid.uuid4(), "n": 3, "ok": True},
+    {"unicode": "Grüße \u2603", "quote": 'a "b" \\ c\nd', "nested": {"_k": [1, None]}},
+    {"_private": "dropped", "ts": "2001-02-03T04:05:06.007Z", "kept": 1},
+    {},
+    {"odd": object.__new__(type("Odd", (), {"__str__": lambda self: "odd!"}))},
+]
+
+
+def test_log_events_writes_the_lines_log_event_writes_in_one_write(
+    json_logger: JsonLogger,
+) -> None:
+    logger, stream = json_logger()
+    for row in _ROWS:
+        log_event(logger, "recorded", **row)
+    one_by_one = stream.getvalue()
+    stream.seek(0)
+    stream.truncate()
+    stream.writes = 0
+
+    log_events(logger, "recorded", _ROWS)
+
+    assert stream.writes == 1
+    assert _without_ts(stream.getvalue()) == _without_ts(one_by_one)
+    assert len(stream.getvalue().splitlines()) == len(_ROWS)
+
+
+def test_log_events_respects_the_level_and_writes_nothing_for_no_rows(
+    json_logger: JsonLogger,
+) -> None:
+    logger, stream = json_logger()
+
+    log_events(logger, "debug-only", _ROWS, logging.DEBUG)
+    log_events(logger, "nothing", [])
+
+    assert stream.getvalue() == ""
+    assert stream.writes == 0
+
+
+def test_a_reserved_field_name_is_refused_as_log_event_refuses_it(
+    json_logger: JsonLogger,
+) -> None:
+    logger, stream = json_logger()
+
+    with pytest.raises(KeyError):
+        log_event(logger, "x", msg="clash")
+    with pytest.raises(KeyError):
+        log_events(logger, "x", [{"msg": "clash"}])
+    for name in ("event", "level", "logger"):
+        clash: dict[str, Any] = {name: "clash"}
+        with pytest.raises(TypeError):
+            log_event(logger, "x", **clash)
+        with pytest.raises(TypeError):
+            log_events(logger, "x", [{name: "clash"}])
+    assert stream.getvalue() == ""
+
+
+def test_filters_and_other_handlers_still_get_one_record_per_row(
+    json_logger: JsonLogger,
+) -> None:
+    logger, stream = json_logger()
+    seen: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        seen.append(record)
+        return True
+
+    logger.addFilter(keep)
+    log_events(logger, "filtered", _ROWS[:2])
+    logger.removeFilter(keep)
+    assert len(seen) == 2
+    assert stream.writes == 2
+    assert seen[0].__dict__["MessageId"] == _ROWS[0]["MessageId"]
+    assert "SessionId" not in seen[1].__dict__  # None left out, as log_event does
+
+    logger.addHandler(_ListHandler(seen))
+    log_events(logger, "two-handlers", _ROWS[:3])
+    assert [r.getMessage() for r in seen[2:]] == ["two-handlers"] * 3
+    assert stream.writes == 5
+
+
+def test_pytest_caplog_sees_every_record(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("test.logs.caplog")
+
+    with caplog.at_level(logging.INFO):
+        log_events(logger, "captured", _ROWS[:3])
+
+    captured = [r for r in caplog.records if r.name == logger.name]
+    assert [r.getMessage() for r in captured] == ["captured"] * 3
+    assert captured[0].__dict__["outcome"] == "recorded"
+
+
+def test_through_the_production_handler_lines_reach_the_file_and_warnings_flush_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "stderr.log"
+    fake_stderr = path.open("w")
+    monkeypatch.setattr(sys, "stderr", fake_stderr)
+    handler = BufferedStderrHandler(interval=3600)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("test.logs.production")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        log_event(logger, "single", n=0)  # through the text layer, then bytes: order kept
+        log_events(logger, "recorded", _ROWS[:2])
+        log_event(logger, "single", n=1)
+        assert path.read_bytes() == b""  # INFO lines wait in the buffer
+        log_events(logger, "warned", [{"n": 1}], logging.WARNING)
+        lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    finally:
+        logger.handlers.clear()
+        handler.close()
+        fake_stderr.close()
+    events = [line["event"] for line in lines]
+    assert events == ["single", "recorded", "recorded", "single", "warned"]
+    assert lines[1]["MessageId"] == str(_ROWS[0]["MessageId"])
+    assert lines[1]["ActionType"] == "AddToFavorites"
+    assert lines[4]["level"] == "WARNING"
+    assert list(lines[2]) == ["ts", "level", "logger", "event", "outcome", "MessageId", "n", "ok"]
