@@ -16,7 +16,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
 from prometheus_client import Counter
 
-from dataflows.dedup import DedupWindow
+from dataflows.dedup import DedupState, DedupWindow, LegacyDedupState
 from runtime.backoff import Backoff
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS
@@ -95,17 +95,22 @@ class Deduplicable(Protocol):
 M = TypeVar("M", bound=Deduplicable)
 
 
-class DedupLogic(StatefulBatchLogic[M, M, dict[bytes, float]], Generic[M]):
+class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     """Per-key dedup: passes a message on once per ``dedup_id`` within the TTL.
 
     An optimisation only (the database's idempotency marks decide). Duplicates are dropped and
     reported to ``on_duplicate``, not passed on as ``None``. Expired ids are evicted by a timer;
-    a key whose window empties is discarded. The snapshot is the key's small dict, so snapshot
-    cost follows the keys touched in an epoch, not the total number of ids remembered.
+    a key whose window empties is discarded. The snapshot is the key's packed window (two
+    ``bytes``, ``len(dedup_id) + 4`` bytes per id), so snapshot cost follows the keys touched in
+    an epoch, not the total number of ids remembered. A recovery store written by the previous
+    ``dict[bytes, float]`` window is still restored.
     """
 
     def __init__(
-        self, ttl: float, state: dict[bytes, float] | None, on_duplicate: Callable[[M], None]
+        self,
+        ttl: float,
+        state: DedupState | LegacyDedupState | None,
+        on_duplicate: Callable[[M], None],
     ) -> None:
         self._window = DedupWindow(ttl, state)
         self._on_duplicate = on_duplicate
@@ -131,8 +136,8 @@ class DedupLogic(StatefulBatchLogic[M, M, dict[bytes, float]], Generic[M]):
         expiry = self._window.next_expiry()
         return None if expiry is None else datetime.fromtimestamp(expiry, UTC)
 
-    def snapshot(self) -> dict[bytes, float]:
-        """A copy of the key's window."""
+    def snapshot(self) -> DedupState:
+        """An immutable copy of the key's window."""
         return self._window.snapshot()
 
 

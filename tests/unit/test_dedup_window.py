@@ -3,17 +3,46 @@
 from __future__ import annotations
 
 import itertools
+import math
+import pickle
+import struct
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
+import bytewax.operators as op
+import pytest
+from bytewax.dataflow import Dataflow
+from bytewax.recovery import RecoveryConfig, init_db_dir
+from bytewax.testing import TestingSink, TestingSource, run_main
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dataflows.dedup import DedupWindow
+from dataflows.common import DedupLogic, deduplicated
+from dataflows.dedup import DedupState, DedupWindow
 
 TTL = 60.0
 A = b"A" + bytes(16)
 B = b"A" + bytes(15) + b"\x01"
 C = b"R" + bytes(16)
+# X + Y contains STRADDLE at byte 9: its bytes are in the window, but not as one record.
+X = b"A" * 17
+Y = b"B" * 17
+STRADDLE = b"A" * 8 + b"B" * 9
+
+
+def entries(window: DedupWindow) -> dict[bytes, float]:
+    """The window's ids and expiries in expiry order, decoded from its snapshot."""
+    return decode(window.snapshot())
+
+
+def decode(state: DedupState) -> dict[bytes, float]:
+    ids, expiries = state
+    count = len(expiries) // 4
+    width = len(ids) // count if count else 0
+    times = struct.unpack(f"<{count}I", expiries)
+    return {ids[i * width : (i + 1) * width]: float(times[i]) for i in range(count)}
 
 
 def test_first_sighting_is_admitted_and_a_redelivery_within_the_ttl_is_not() -> None:
@@ -42,7 +71,28 @@ def test_id_is_admitted_again_once_its_ttl_has_passed() -> None:
     readmitted = window.admit(A, now=100.0 + TTL)
 
     assert readmitted is True
-    assert window.snapshot() == {A: 100.0 + 2 * TTL}
+    assert entries(window) == {A: 100.0 + 2 * TTL}
+
+
+def test_expired_id_is_readmitted_even_before_any_evict() -> None:
+    window = DedupWindow(TTL)
+    window.admit(A, now=100.0)
+    window.admit(B, now=100.0)
+
+    verdicts = [window.admit(A, now=200.0), window.admit(A, now=201.0), window.admit(B, now=202.0)]
+
+    assert verdicts == [True, False, True]
+    assert entries(window) == {A: 260.0, B: 262.0}
+
+
+def test_expiry_is_rounded_up_to_a_whole_second_so_an_id_is_never_forgotten_early() -> None:
+    window = DedupWindow(TTL)
+    window.admit(A, now=100.25)
+
+    verdicts = [window.admit(A, now=160.25), window.admit(A, now=160.999), window.admit(A, 161.0)]
+
+    assert verdicts == [False, False, True]
+    assert entries(window) == {A: 221.0}
 
 
 def test_duplicate_does_not_extend_the_expiry() -> None:
@@ -51,7 +101,7 @@ def test_duplicate_does_not_extend_the_expiry() -> None:
 
     window.admit(A, now=130.0)
 
-    assert window.snapshot() == {A: 100.0 + TTL}
+    assert entries(window) == {A: 100.0 + TTL}
 
 
 def test_readmitted_id_moves_behind_younger_ids_in_expiry_order() -> None:
@@ -61,8 +111,18 @@ def test_readmitted_id_moves_behind_younger_ids_in_expiry_order() -> None:
 
     window.admit(A, now=TTL)
 
-    assert list(window.snapshot()) == [B, A]
+    assert list(entries(window)) == [B, A]
     assert window.next_expiry() == 30.0 + TTL
+
+
+def test_a_clock_going_back_never_shortens_the_memory_of_an_id() -> None:
+    window = DedupWindow(TTL)
+    window.admit(A, now=100.0)
+
+    window.admit(B, now=90.0)
+
+    assert entries(window) == {A: 160.0, B: 160.0}
+    assert window.admit(B, now=155.0) is False
 
 
 def test_empty_window_has_no_next_expiry() -> None:
@@ -88,8 +148,9 @@ def test_evict_forgets_exactly_the_ids_whose_expiry_has_passed() -> None:
 
     window.evict(now=20.0 + TTL)
 
-    assert window.snapshot() == {C: 30.0 + TTL}
+    assert entries(window) == {C: 30.0 + TTL}
     assert window.next_expiry() == 30.0 + TTL
+    assert len(window) == 1
 
 
 def test_evict_before_any_expiry_keeps_everything() -> None:
@@ -98,7 +159,7 @@ def test_evict_before_any_expiry_keeps_everything() -> None:
 
     window.evict(now=10.0 + TTL - 0.001)
 
-    assert window.snapshot() == {A: 10.0 + TTL}
+    assert entries(window) == {A: 10.0 + TTL}
 
 
 def test_evict_of_everything_empties_the_window() -> None:
@@ -110,9 +171,66 @@ def test_evict_of_everything_empties_the_window() -> None:
 
     assert len(window) == 0
     assert window.next_expiry() is None
+    assert window.snapshot() == (b"", b"")
 
 
-def test_snapshot_is_a_copy_that_later_admissions_do_not_change() -> None:
+def test_evictions_in_small_steps_forget_in_insertion_order() -> None:
+    window = DedupWindow(1_000.0)
+    ids = [b"A" + i.to_bytes(16, "big") for i in range(100)]
+    for i, dedup_id in enumerate(ids):
+        window.admit(dedup_id, now=float(i))
+
+    remembered = []
+    for i in range(100):
+        window.evict(now=i + 1_000.0)
+        remembered.append(list(entries(window)))
+
+    assert remembered == [ids[i + 1 :] for i in range(100)]
+    assert [window.admit(dedup_id, now=1_100.0) for dedup_id in ids] == [True] * 100
+
+
+def test_an_id_straddling_two_records_is_not_seen() -> None:
+    window = DedupWindow(TTL)
+    window.admit(X, now=10.0)
+    window.admit(Y, now=10.0)
+    assert STRADDLE in window.snapshot()[0]
+
+    first = window.admit(STRADDLE, now=11.0)
+    again = window.admit(STRADDLE, now=12.0)
+
+    assert (first, again) == (True, False)
+    assert list(entries(window)) == [X, Y, STRADDLE]
+
+
+def test_a_straddling_match_before_the_real_record_does_not_hide_it() -> None:
+    window = DedupWindow(TTL)
+    for dedup_id in (X, Y, STRADDLE):
+        window.admit(dedup_id, now=10.0)
+
+    assert [window.admit(dedup_id, now=11.0) for dedup_id in (X, Y, STRADDLE)] == [False] * 3
+
+
+def test_window_of_16_byte_ids_works_the_same() -> None:
+    window = DedupWindow(TTL)
+    ids = [bytes([i]) * 16 for i in range(3)]
+
+    verdicts = [window.admit(dedup_id, now=1.0) for dedup_id in [*ids, *ids]]
+
+    assert verdicts == [True] * 3 + [False] * 3
+    assert DedupWindow(TTL, window.snapshot()).admit(ids[0], now=2.0) is False
+
+
+def test_an_id_of_another_length_is_refused() -> None:
+    window = DedupWindow(TTL)
+    window.admit(A, now=1.0)
+
+    with pytest.raises(ValueError, match="16 bytes in a window of 17-byte ids"):
+        window.admit(A[1:], now=1.0)
+    with pytest.raises(ValueError, match="empty dedup id"):
+        DedupWindow(TTL).admit(b"", now=1.0)
+
+
+def test_snapshot_is_immutable_bytes_that_later_admissions_do_not_change() -> None:
     window = DedupWindow(TTL)
     window.admit(A, now=10.0)
 
@@ -120,17 +238,23 @@ def test_snapshot_is_a_copy_that_later_admissions_do_not_change() -> None:
     window.admit(B, now=20.0)
     window.evict(now=10.0 + TTL)
 
-    assert snapshot == {A: 10.0 + TTL}
+    assert snapshot == (A, struct.pack("<I", 70))
+    assert all(type(part) is bytes for part in snapshot)
+    assert isinstance(snapshot, tuple)
 
 
-def test_mutating_a_snapshot_does_not_change_the_window() -> None:
+def test_snapshot_survives_pickle_and_costs_about_21_bytes_per_id() -> None:
     window = DedupWindow(TTL)
-    window.admit(A, now=10.0)
+    ids = [b"R" + i.to_bytes(16, "little") for i in range(1000)]
+    for i, dedup_id in enumerate(ids):
+        window.admit(dedup_id, now=1_000.0 + i / 100)
 
-    snapshot = window.snapshot()
-    snapshot.clear()
+    pickled = pickle.dumps(window.snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
+    restored = DedupWindow(TTL, pickle.loads(pickled))
 
-    assert window.snapshot() == {A: 10.0 + TTL}
+    assert entries(restored) == entries(window)
+    assert [restored.admit(dedup_id, now=1_050.0) for dedup_id in ids[:5]] == [False] * 5
+    assert len(pickled) <= 21 * 1000 + 64
 
 
 def test_window_restored_from_a_snapshot_remembers_its_ids_and_owns_its_state() -> None:
@@ -145,31 +269,154 @@ def test_window_restored_from_a_snapshot_remembers_its_ids_and_owns_its_state() 
 
     assert duplicate is False
     assert restored.next_expiry() == 10.0 + TTL
-    assert state == {A: 10.0 + TTL, B: 20.0 + TTL}, "restoring must copy the snapshot"
+    assert decode(state) == {A: 10.0 + TTL, B: 20.0 + TTL}, "restoring must copy the snapshot"
+
+
+def test_window_restores_the_old_dict_snapshot_format() -> None:
+    legacy = {A: 70.0, B: 80.5, C: 75.0}  # the old window's dict (ids to float expiries)
+
+    restored = DedupWindow(TTL, legacy)
+
+    assert entries(restored) == {A: 70.0, C: 75.0, B: 81.0}
+    assert restored.next_expiry() == 70.0
+    assert [restored.admit(dedup_id, now=69.0) for dedup_id in (A, B, C)] == [False] * 3
+    restored.evict(now=75.0)
+    assert entries(restored) == {B: 81.0}
+    assert restored.admit(A, now=76.0) is True
+    assert legacy == {A: 70.0, B: 80.5, C: 75.0}
+
+
+def test_empty_states_restore_an_empty_window() -> None:
+    states: list[DedupState | dict[bytes, float]] = [{}, (b"", b""), DedupWindow(TTL).snapshot()]
+    for state in states:
+        window = DedupWindow(TTL, state)
+
+        assert (len(window), window.next_expiry()) == (0, None)
+        assert window.admit(A[1:], now=1.0) is True  # the width is not fixed yet
+
+
+def test_inconsistent_snapshots_are_refused() -> None:
+    for state in ((A, b"\x00\x00\x00"), (A, b""), (A[:5], struct.pack("<2I", 1, 2))):
+        with pytest.raises(ValueError, match="dedup snapshot"):
+            DedupWindow(TTL, state)
+    with pytest.raises(ValueError, match="different lengths"):
+        DedupWindow(TTL, {A: 1.0, A[1:]: 2.0})
+
+
+def test_a_large_window_uses_its_index_and_stays_exact() -> None:
+    window = DedupWindow(TTL, index_above=64)
+    ids = [b"A" + i.to_bytes(16, "big") for i in range(1_000)]
+
+    first = [window.admit(dedup_id, now=float(i // 100)) for i, dedup_id in enumerate(ids)]
+    again = [window.admit(dedup_id, now=20.0) for dedup_id in ids]
+    window.evict(now=TTL + 4)  # the ids of seconds 0..4 are forgotten, the rest compacted
+    after = [window.admit(dedup_id, now=TTL + 4) for dedup_id in ids]
+
+    assert first == [True] * 1_000
+    assert again == [False] * 1_000
+    assert after == [True] * 500 + [False] * 500
+    assert len(window) == 1_000
+
+
+def test_a_large_restored_window_uses_its_index() -> None:
+    small = DedupWindow(TTL)
+    for i in range(300):
+        small.admit(b"A" + i.to_bytes(16, "big"), now=0.0)
+
+    large = DedupWindow(TTL, small.snapshot(), index_above=100)
+
+    assert large.admit(b"A" + (7).to_bytes(16, "big"), now=1.0) is False
+    assert large.admit(b"A" + (300).to_bytes(16, "big"), now=1.0) is True
+
+
+@dataclass(frozen=True)
+class _Message:
+    dedup_id: bytes
+
+
+def test_dedup_logic_resumes_from_an_old_recovery_snapshot_and_snapshots_packed() -> None:
+    duplicates: list[_Message] = []
+    logic: DedupLogic[_Message] = DedupLogic(
+        TTL, {A: 4_000_000_000.0}, duplicates.append
+    )
+
+    fresh, discard = logic.on_batch([_Message(A), _Message(B), _Message(B)])
+
+    assert (fresh, discard) == ([_Message(B)], False)
+    assert duplicates == [_Message(A), _Message(B)]
+    assert logic.notify_at() is not None
+    snapshot = pickle.loads(pickle.dumps(logic.snapshot()))
+    assert list(decode(snapshot)) == [A, B]
+    assert DedupLogic(TTL, snapshot, duplicates.append).on_batch([_Message(A)]) == ([], False)
+
+
+class _LegacyDedupLogic(DedupLogic[_Message]):
+    """The logic as it snapshotted before the packed window: a ``dict`` of id -> expiry."""
+
+    def snapshot(self) -> dict[bytes, float]:  # type: ignore[override]
+        return entries(self._window)
+
+
+def _dedup_flow(
+    inputs: list[object], out: list[tuple[str, _Message]], duplicates: list[_Message],
+    legacy: bool = False,
+) -> Dataflow:
+    flow = Dataflow("dedup_resume")
+    keyed = op.key_on("key", op.input("in", flow, TestingSource(inputs)), lambda m: "owner")
+    if legacy:
+        fresh = op.stateful_batch(
+            "dedup_by_message_id", keyed,
+            lambda state: _LegacyDedupLogic(TTL, state, duplicates.append),
+        )
+    else:
+        fresh = deduplicated("dedup_by_message_id", keyed, TTL, duplicates.append)
+    op.output("out", fresh, TestingSink(out))
+    return flow
+
+
+def test_a_recovery_store_written_with_the_old_dict_snapshots_resumes(tmp_path: Path) -> None:
+    init_db_dir(tmp_path, 1)
+    recovery = RecoveryConfig(str(tmp_path))
+    inputs = [_Message(A), _Message(B), TestingSource.ABORT(), _Message(A), _Message(C)]
+    first_out: list[tuple[str, _Message]] = []
+    run_main(_dedup_flow(inputs, first_out, [], legacy=True),  # stops at the ABORT
+             epoch_interval=timedelta(0), recovery_config=recovery)
+    out: list[tuple[str, _Message]] = []
+    duplicates: list[_Message] = []
+
+    run_main(_dedup_flow(inputs, out, duplicates), epoch_interval=timedelta(0),
+             recovery_config=recovery)
+
+    assert [m.dedup_id for _, m in first_out] == [A, B]
+    assert [m.dedup_id for _, m in out] == [C]
+    assert _Message(A) in duplicates
+
+
+IDS = [A, B, C, b"R" + bytes(15) + b"\x02", X, Y, STRADDLE]
 
 
 class DedupWindowMachine(RuleBasedStateMachine):
     """The window against a plain model: id -> expiry, with a clock that never goes back."""
 
+    index_above = 1024
+
     def __init__(self) -> None:
         super().__init__()
         self.ttl = 5.0
         self.now = 0.0
-        self.window = DedupWindow(self.ttl)
+        self.window = DedupWindow(self.ttl, index_above=self.index_above)
         self.model: dict[bytes, float] = {}
-
-    ids = st.sampled_from([A, B, C, b"R" + bytes(15) + b"\x02"])
 
     @rule(step=st.floats(min_value=0.0, max_value=4.0, allow_nan=False))
     def advance_clock(self, step: float) -> None:
         self.now += step
 
-    @rule(dedup_id=ids)
+    @rule(dedup_id=st.sampled_from(IDS))
     def admit(self, dedup_id: bytes) -> None:
-        expiry = self.model.get(dedup_id)
-        expected = expiry is None or expiry <= self.now
+        self.model = {k: v for k, v in self.model.items() if v > self.now}
+        expected = dedup_id not in self.model
         if expected:
-            self.model[dedup_id] = self.now + self.ttl
+            self.model[dedup_id] = math.ceil(self.now + self.ttl)
 
         admitted = self.window.admit(dedup_id, self.now)
 
@@ -181,30 +428,79 @@ class DedupWindowMachine(RuleBasedStateMachine):
 
         self.window.evict(self.now)
 
-        assert set(self.window.snapshot()) == set(self.model)
+        assert entries(self.window) == self.model
 
     @precondition(lambda self: len(self.window) > 0)
     @rule()
     def snapshot_and_restore(self) -> None:
-        self.window = DedupWindow(self.ttl, self.window.snapshot())
+        state = pickle.loads(pickle.dumps(self.window.snapshot()))
+        self.window = DedupWindow(self.ttl, state, index_above=self.index_above)
+
+    @precondition(lambda self: len(self.window) > 0)
+    @rule()
+    def restore_from_the_old_format(self) -> None:
+        self.window = DedupWindow(self.ttl, entries(self.window), index_above=self.index_above)
 
     @invariant()
-    def state_matches_the_model(self) -> None:
-        assert self.window.snapshot() == self.model
-        assert len(self.window) == len(self.model)
+    def live_state_matches_the_model(self) -> None:
+        live = {k: v for k, v in entries(self.window).items() if v > self.now}
+        assert live == {k: v for k, v in self.model.items() if v > self.now}
 
     @invariant()
     def next_expiry_is_the_earliest_expiry(self) -> None:
-        expected = min(self.model.values()) if self.model else None
+        remembered = entries(self.window)
+        expected = min(remembered.values()) if remembered else None
         assert self.window.next_expiry() == expected
+        assert len(self.window) == len(remembered)
 
     @invariant()
     def snapshot_is_in_expiry_order(self) -> None:
-        expiries = list(self.window.snapshot().values())
+        expiries = list(entries(self.window).values())
         assert expiries == sorted(expiries)
 
 
+class IndexedDedupWindowMachine(DedupWindowMachine):
+    """The same, with the hash index from the second id on (as a window above the threshold)."""
+
+    index_above = 1
+
+
 TestDedupWindowAgainstModel = DedupWindowMachine.TestCase
+TestIndexedDedupWindowAgainstModel = IndexedDedupWindowMachine.TestCase
+
+
+@given(
+    operations=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "evict"]),
+            st.integers(min_value=0, max_value=40),
+            st.floats(min_value=0.0, max_value=3.0),
+        ),
+        max_size=300,
+    ),
+    index_above=st.sampled_from([0, 4, 1024]),
+)
+def test_random_admits_and_evicts_agree_with_a_dict_model(
+    operations: list[tuple[str, int, float]], index_above: int
+) -> None:
+    ttl = 10.0
+    window = DedupWindow(ttl, index_above=index_above)
+    model: dict[bytes, float] = {}
+    now = 0.0
+
+    for operation, n, step in operations:
+        now += step
+        # ids that share bytes, so that concatenations contain misaligned copies of others
+        dedup_id = bytes([n % 3]) * (n % 17) + bytes([n % 5]) * (17 - n % 17)
+        if operation == "admit":
+            expected = model.get(dedup_id, -1.0) <= now
+            if expected:
+                model[dedup_id] = math.ceil(now + ttl)
+            assert window.admit(dedup_id, now) is expected
+        else:
+            window.evict(now)
+            model = {k: v for k, v in model.items() if v > now}
+            assert entries(window) == dict(sorted(model.items(), key=lambda kv: kv[1]))
 
 
 @given(
