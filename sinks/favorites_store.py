@@ -4,26 +4,35 @@
 marks, the action_events rows and the action-tracked outbox rows with one statement, and commits;
 the caller then offers the committed outbox rows to the publisher.
 Idempotent: a message already recorded (mark or source_message_id present) changes nothing, so
-redelivery, replay and two racing processes are harmless. Parameters are sent as binary arrays.
+redelivery, replay and two racing processes are harmless. Parameters are sent as binary arrays,
+encoded here column by column (the bytes psycopg's list dumper would send, without its per-element
+Python calls).
 On any exception the transaction is rolled back and nothing of the batch is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import struct
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
+from typing import Any, ClassVar, cast
 from uuid import UUID
 
 import orjson
-import uuid_utils.compat as uuid_compat
+from psycopg.abc import Buffer
+from psycopg.adapt import AdaptersMap, Dumper, PyFormat, Transformer
+from psycopg.pq import Format
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.records import (
+    ActionRowBuilder,
     RecordedAction,
     SessionSnapshot,
-    build_recorded_action,
+    uuid7,
 )
+from schemas.favorites import ActionType
 from sinks.db import Connection
 from sinks.sql import query
 
@@ -51,16 +60,96 @@ def owner_of(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
     return (None, payload.user_id)
 
 
+# ---- binary array parameters -----------------------------------------------------------------
+# PostgreSQL's binary array format (array_recv): ndim, has-null flag, element type oid, then per
+# dimension its length and lower bound, then per element its byte length (-1: NULL) and bytes.
+
+
+class _Array:
+    """A one-dimensional array parameter already in PostgreSQL's binary format."""
+
+    __slots__ = ("data",)
+    element_oid: ClassVar[int]
+    array_oid: ClassVar[int]
+
+    def __init__(self, parts: Iterable[Buffer], count: int, has_null: bool = False) -> None:
+        """``parts``: the ``count`` elements, each framed (length, then bytes; or ``_NULL``)."""
+        head = (_HEAD.pack(1, has_null, self.element_oid, count, 1) if count
+                else _EMPTY_HEAD.pack(0, 0, self.element_oid))
+        self.data = b"".join(chain((head,), parts))
+
+
+class _UuidArray(_Array):
+    __slots__ = ()
+    element_oid, array_oid = 2950, 2951
+
+
+class _TextArray(_Array):
+    __slots__ = ()
+    element_oid, array_oid = 25, 1009
+
+
+class _ByteaArray(_Array):
+    __slots__ = ()
+    element_oid, array_oid = 17, 1001
+
+
+class _TimestamptzArray(_Array):
+    __slots__ = ()
+    element_oid, array_oid = 1184, 1185
+
+
+class _ArrayDumper(Dumper):
+    format = Format.BINARY
+
+    def dump(self, obj: _Array) -> Buffer:
+        return obj.data
+
+
+_DUMPERS = [
+    (cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
+    for cls in (_UuidArray, _TextArray, _ByteaArray, _TimestamptzArray)
+]
+_HEAD = struct.Struct("!iiIii")
+_EMPTY_HEAD = struct.Struct("!iiI")
+_NULL = b"\xff\xff\xff\xff"
+_LENGTH_8 = b"\x00\x00\x00\x08"
+_UUID_FRAME = 16 << 128  # OR-ed with UUID.int: the 4-byte length 16, then the 16 bytes
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def _uuid(value: UUID | None) -> bytes:
+    return _NULL if value is None else (_UUID_FRAME | value.int).to_bytes(20, "big")
+
+
+_ACTION_TYPES = {action: _frame(action.value.encode()) for action in ActionType}
+_NO_HEADERS = _frame(b"{}")
+_timestamptz = cast(  # psycopg's own (C) dumper of an aware datetime as timestamptz
+    "Callable[[datetime], Buffer]",
+    Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump,
+)
+
+
+def register_binary_arrays(adapters: AdaptersMap) -> None:
+    """Let ``adapters`` (a cursor's, a connection's) send the pre-encoded array parameters."""
+    for array, dumper in _DUMPERS:
+        adapters.register_dumper(array, dumper)
+
+
 class FavoritesStore:
     """Writes batches of favorites messages to PostgreSQL, one transaction each."""
 
     def __init__(
         self,
         action_tracked_topic: str,
-        new_id: Callable[[], UUID] = uuid_compat.uuid7,
+        new_id: Callable[[], UUID] = uuid7,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._topic = action_tracked_topic
+        self._topic_element = _frame(action_tracked_topic.encode())
         self._new_id = new_id
         self._clock = clock
 
@@ -78,71 +167,156 @@ class FavoritesStore:
         if not unique:
             return outcome
         with conn.transaction():
-            sessions = self.resolve_sessions(conn, list(unique.values()))
-            now = self._clock()
-            actions: list[RecordedAction] = []
-            for message in unique.values():
-                session = sessions.get(owner_of(message))
-                if session is None:
-                    outcome.no_session.append(message)
-                    continue
-                actions.append(
-                    build_recorded_action(
-                        message,
-                        session,
-                        action_event_id=self._new_id(),
-                        outbox_message_id=self._new_id(),
-                        topic=self._topic,
-                        now=now,
-                    )
-                )
+            batch = list(unique.values())
+            sessions = self._sessions_by_owner_key(conn, batch)
+            actions, params = self.action_rows(batch, sessions, outcome.no_session)
             if actions:
-                inserted = self._insert(conn, actions)
-                for action in actions:
-                    if action.event.id in inserted:
-                        outcome.recorded.append(action)
-                    else:
-                        outcome.duplicates.append(action.message)
+                inserted = self._execute(conn, query("record_actions"), params)
+                if len(inserted) == len(actions):  # the usual case: every action is new
+                    outcome.recorded = actions
+                else:
+                    ids = {row[0] for row in inserted}
+                    for action in actions:
+                        if action.event.id in ids:
+                            outcome.recorded.append(action)
+                        else:
+                            outcome.duplicates.append(action.message)
         return outcome
+
+    def action_rows(
+        self, messages: Sequence[FavoriteMessage], sessions: dict[str, SessionSnapshot],
+        no_session: list[FavoriteMessage],
+    ) -> tuple[list[RecordedAction], dict[str, Any]]:
+        """The rows of the messages whose owner has a session, and the parameters inserting them.
+
+        ``sessions`` is keyed by ``owner_key``; messages without a session go to ``no_session``.
+        Pure (no database): the ``record_actions`` parameters are encoded here.
+        """
+        build = ActionRowBuilder(self._topic, self._clock()).build
+        new_id = self._new_id
+        topic = self._topic_element
+        actions: list[RecordedAction] = []
+        keys: list[bytes] = []
+        ids: list[bytes] = []
+        action_types: list[bytes] = []
+        session_ids: list[bytes] = []
+        anonymous_ids: list[bytes] = []
+        user_ids: list[bytes] = []
+        occurred_ats: list[Buffer] = []
+        property_object_ids: list[bytes] = []
+        favorite_ids: list[bytes] = []
+        source_message_ids: list[bytes] = []
+        outbox_ids: list[bytes] = []
+        outbox_keys: list[bytes] = []
+        outbox_values: list[bytes] = []
+        outbox_headers: list[bytes] = []
+        users_null = False
+        for message in messages:
+            session = sessions.get(message.owner_key)
+            if session is None:
+                no_session.append(message)
+                continue
+            action = build(message, session, new_id(), new_id())
+            actions.append(action)
+            (event_id, _, session_id, anonymous_id, user_id, occurred_at, property_object_id,
+             favorite_id, source_message_id) = action.event
+            outbox = action.outbox
+            key = message.idempotency_key.encode()
+            keys.append(len(key).to_bytes(4, "big"))
+            keys.append(key)
+            ids.append((_UUID_FRAME | event_id.int).to_bytes(20, "big"))
+            action_types.append(_ACTION_TYPES[message.action_type])
+            session_ids.append((_UUID_FRAME | session_id.int).to_bytes(20, "big"))
+            anonymous_ids.append((_UUID_FRAME | anonymous_id.int).to_bytes(20, "big"))
+            if user_id is None:
+                user_ids.append(_NULL)
+                users_null = True
+            else:
+                user_ids.append((_UUID_FRAME | user_id.int).to_bytes(20, "big"))
+            occurred_ats.append(_LENGTH_8)
+            occurred_ats.append(_timestamptz(occurred_at))
+            property_object_ids.append((_UUID_FRAME | property_object_id.int).to_bytes(20, "big"))
+            favorite_ids.append((_UUID_FRAME | favorite_id.int).to_bytes(20, "big"))
+            source_message_ids.append((_UUID_FRAME | source_message_id.int).to_bytes(20, "big"))
+            outbox_ids.append((_UUID_FRAME | outbox.id.int).to_bytes(20, "big"))
+            key = outbox.key
+            outbox_keys.append(len(key).to_bytes(4, "big"))
+            outbox_keys.append(key)
+            value = outbox.value
+            outbox_values.append(len(value).to_bytes(4, "big"))
+            outbox_values.append(value)
+            if outbox.headers:
+                headers = orjson.dumps(outbox.headers)
+                outbox_headers.append(len(headers).to_bytes(4, "big"))
+                outbox_headers.append(headers)
+            else:
+                outbox_headers.append(_NO_HEADERS)
+        count = len(actions)
+        params = {
+            "idempotency_keys": _TextArray(keys, count),
+            "ids": _UuidArray(ids, count),
+            "action_types": _TextArray(action_types, count),
+            "session_ids": _UuidArray(session_ids, count),
+            "anonymous_ids": _UuidArray(anonymous_ids, count),
+            "user_ids": _UuidArray(user_ids, count, users_null),
+            "occurred_ats": _TimestamptzArray(occurred_ats, count),
+            "property_object_ids": _UuidArray(property_object_ids, count),
+            "favorite_ids": _UuidArray(favorite_ids, count),
+            "source_message_ids": _UuidArray(source_message_ids, count),
+            "outbox_ids": _UuidArray(outbox_ids, count),
+            "outbox_topics": _TextArray([topic] * count, count),
+            "outbox_keys": _ByteaArray(outbox_keys, count),
+            "outbox_values": _ByteaArray(outbox_values, count),
+            "outbox_headers": _TextArray(outbox_headers, count),
+        }
+        return actions, params
 
     def resolve_sessions(
         self, conn: Connection, messages: list[FavoriteMessage]
     ) -> dict[tuple[UUID | None, UUID | None], SessionSnapshot]:
-        """Each distinct owner's session (INV-ACT-003), by one query; owners without one absent."""
-        owners = list(dict.fromkeys(owner_of(m) for m in messages))
-        params = {
-            "anonymous_ids": [anonymous for anonymous, _ in owners],
-            "user_ids": [user for _, user in owners],
-        }
-        found: dict[tuple[UUID | None, UUID | None], SessionSnapshot] = {}
-        with conn.cursor(binary=True) as cur:
-            cur.execute(query("resolve_owner_sessions"), params, binary=True)
-            for owner_index, session_id, anonymous_id, user_id in cur.fetchall():
-                found[owners[owner_index - 1]] = SessionSnapshot(session_id, anonymous_id, user_id)
-        return found
+        """Each distinct owner's session (INV-ACT-003), by one query; owners without one absent.
 
-    def _insert(
-        self, conn: Connection, actions: list[RecordedAction]
-    ) -> set[UUID]:
-        events = [a.event for a in actions]
-        outbox = [a.outbox for a in actions]
-        params = {
-            "idempotency_keys": [a.idempotency_key for a in actions],
-            "ids": [e.id for e in events],
-            "action_types": [e.action_type for e in events],
-            "session_ids": [e.session_id for e in events],
-            "anonymous_ids": [e.anonymous_id for e in events],
-            "user_ids": [e.user_id for e in events],
-            "occurred_ats": [e.occurred_at for e in events],
-            "property_object_ids": [e.property_object_id for e in events],
-            "favorite_ids": [e.favorite_id for e in events],
-            "source_message_ids": [e.source_message_id for e in events],
-            "outbox_ids": [o.id for o in outbox],
-            "outbox_topics": [o.topic for o in outbox],
-            "outbox_keys": [o.key for o in outbox],
-            "outbox_values": [o.value for o in outbox],
-            "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
+        Keyed by :func:`owner_of`; ``record_batch`` uses the same query keyed by ``owner_key``.
+        """
+        by_key = self._sessions_by_owner_key(conn, messages)
+        return {
+            owner_of(m): by_key[m.owner_key] for m in messages if m.owner_key in by_key
         }
+
+    def _sessions_by_owner_key(
+        self, conn: Connection, messages: Sequence[FavoriteMessage]
+    ) -> dict[str, SessionSnapshot]:
+        """Each distinct owner's session keyed by ``FavoriteMessage.owner_key``."""
+        keys, params = self.owner_params(messages)
+        return {
+            keys[row[0] - 1]: _new_snapshot(SessionSnapshot, row[1:])
+            for row in self._execute(conn, query("resolve_owner_sessions"), params)
+        }
+
+    @staticmethod
+    def owner_params(messages: Sequence[FavoriteMessage]) -> tuple[list[str], dict[str, Any]]:
+        """The distinct owner keys of ``messages`` and the ``resolve_owner_sessions`` parameters.
+
+        The owner of index ``i`` in the query's result is ``keys[i - 1]``.
+        """
+        owners: dict[str, tuple[UUID | None, UUID | None]] = {}
+        for message in messages:
+            if message.owner_key not in owners:
+                owners[message.owner_key] = owner_of(message)
+        anonymous_ids = [_uuid(anonymous) for anonymous, _ in owners.values()]
+        user_ids = [_uuid(user) for _, user in owners.values()]
+        count = len(owners)
+        return list(owners), {
+            "anonymous_ids": _UuidArray(anonymous_ids, count, _NULL in anonymous_ids),
+            "user_ids": _UuidArray(user_ids, count, _NULL in user_ids),
+        }
+
+    @staticmethod
+    def _execute(conn: Connection, statement: str, params: dict[str, Any]) -> list[Any]:
         with conn.cursor(binary=True) as cur:
-            cur.execute(query("record_actions"), params, binary=True)
-            return {row[0] for row in cur.fetchall()}
+            register_binary_arrays(cur.adapters)
+            cur.execute(statement, params, binary=True)
+            return cur.fetchall()
+
+
+_new_snapshot = tuple.__new__

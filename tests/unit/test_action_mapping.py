@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 import orjson
 import pytest
@@ -14,12 +15,16 @@ from hypothesis import strategies as st
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.records import (
+    ActionEventRow,
+    ActionRowBuilder,
     RecordedAction,
     SessionSnapshot,
     build_recorded_action,
+    uuid7,
 )
 from schemas.favorites import ActionTrackedEnvelope, ActionType
 from schemas.kafka_record import SourceRecord
+from schemas.outbox import OutboxRow
 
 ADDED_TOPIC = "pin.favorites.favorite-added.v1"
 REMOVED_TOPIC = "pin.favorites.favorite-removed.v1"
@@ -282,3 +287,129 @@ def test_outbox_payload_mirrors_the_event_row_for_any_session_and_time(
     assert payload.user_id == event.user_id == session_user_id
     assert payload.occurred_at == event.occurred_at == occurred_at
     assert payload.occurred_at.utcoffset() == occurred_at.utcoffset()
+
+
+# --- byte compatibility with the previous mapping ---------------------------------------------
+
+
+def reference_value(
+    message: FavoriteMessage, session: SessionSnapshot, *, action_event_id: UUID,
+    outbox_message_id: UUID, now: datetime,
+) -> bytes:
+    """The action-tracked value as the previous implementation rendered it (orjson of objects)."""
+    payload = message.envelope.payload
+    return orjson.dumps({
+        "MessageId": outbox_message_id,
+        "CreatedAt": now,
+        "Version": 1,
+        "AggregateId": action_event_id,
+        "AggregateType": "ActionEvent",
+        "CorrelationId": message.envelope.correlation_id,
+        "Payload": {
+            "ActionType": message.action_type.value,
+            "SessionId": session.session_id,
+            "AnonymousId": session.anonymous_id,
+            "UserId": session.user_id,
+            "OccurredAt": payload.occurred_at,
+            "PropertyObjectId": payload.property_object_id,
+            "FavoriteId": payload.favorite_id,
+        },
+    })
+
+
+def test_outbox_value_is_byte_for_byte_the_documented_rendering() -> None:
+    recorded = record_action()
+
+    assert recorded.outbox.value == (
+        b'{"MessageId":"01938a4f-0000-7000-8000-000000000002",'
+        b'"CreatedAt":"2027-01-01T00:00:00+00:00","Version":1,'
+        b'"AggregateId":"01938a4f-0000-7000-8000-000000000001","AggregateType":"ActionEvent",'
+        b'"CorrelationId":"corr-7","Payload":{"ActionType":"AddToFavorites",'
+        b'"SessionId":"11111111-2222-4333-8444-555555555555",'
+        b'"AnonymousId":"99999999-8888-4777-8666-555555555555",'
+        b'"UserId":"7c9e6679-7425-40de-944b-e07fc1f90ae7",'
+        b'"OccurredAt":"2026-11-29T11:00:00.123456+03:00",'
+        b'"PropertyObjectId":"a1b2c3d4-e5f6-4789-abcd-ef0123456789",'
+        b'"FavoriteId":"5d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c4d"}}'
+    )
+
+
+@given(
+    now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
+                     timezones=st.just(UTC)),
+    occurred_at=st.datetimes(
+        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=offsets
+    ),
+    correlation_id=st.none() | st.text(st.characters(codec="utf-8")),
+    session_user_id=st.none() | st.uuids(),
+    ids=st.tuples(st.uuids(), st.uuids(), st.uuids(), st.uuids()),
+)
+def test_outbox_value_and_key_match_the_previous_rendering_for_any_input(
+    now: datetime,
+    occurred_at: datetime,
+    correlation_id: str | None,
+    session_user_id: UUID | None,
+    ids: tuple[UUID, UUID, UUID, UUID],
+) -> None:
+    action_event_id, outbox_message_id, session_id, session_anonymous_id = ids
+    message = favorite_message(occurred_at=occurred_at, correlation_id=correlation_id)
+    session = SessionSnapshot(session_id, session_anonymous_id, session_user_id)
+
+    recorded = build_recorded_action(
+        message, session, action_event_id=action_event_id,
+        outbox_message_id=outbox_message_id, topic=ACTION_TRACKED_TOPIC, now=now,
+    )
+
+    assert recorded.outbox.value == reference_value(
+        message, session, action_event_id=action_event_id,
+        outbox_message_id=outbox_message_id, now=now,
+    )
+    assert recorded.outbox.key == str(action_event_id).encode()
+
+
+def test_several_actions_built_at_one_moment_share_created_at_and_nothing_else() -> None:
+    builder = ActionRowBuilder(ACTION_TRACKED_TOPIC, NOW)
+    message = favorite_message()
+
+    first = builder.build(message, LINKED_SESSION, uuid7(), uuid7())
+    second = builder.build(message, GUEST_SESSION, uuid7(), uuid7())
+
+    assert orjson.loads(first.outbox.value)["CreatedAt"] == "2027-01-01T00:00:00+00:00"
+    assert orjson.loads(second.outbox.value)["CreatedAt"] == "2027-01-01T00:00:00+00:00"
+    assert first.event.id != second.event.id
+    assert first.outbox.id != second.outbox.id
+    assert orjson.loads(second.outbox.value)["Payload"]["UserId"] is None
+
+
+# --- the shapes the sink relies on -------------------------------------------------------------
+
+
+def test_recorded_action_exposes_what_the_sink_reads() -> None:
+    message = favorite_message()
+    recorded = record_action(message)
+
+    assert recorded.message is message
+    assert recorded.event.session_id == SESSION_ID
+    assert isinstance(recorded.outbox, OutboxRow)
+    assert recorded.idempotency_key == message.idempotency_key
+
+
+def test_event_row_fields_are_in_the_order_record_actions_sql_reads_them() -> None:
+    assert ActionEventRow._fields == (
+        "id", "action_type", "session_id", "anonymous_id", "user_id", "occurred_at",
+        "property_object_id", "favorite_id", "source_message_id",
+    )
+
+
+def test_new_ids_are_distinct_time_ordered_uuid7s_that_behave_like_any_uuid() -> None:
+    ids = [uuid7() for _ in range(1000)]
+
+    assert len(set(ids)) == 1000
+    assert ids == sorted(ids)
+    for new_id in ids[:10]:
+        assert new_id.version == 7
+        assert new_id.is_safe is SafeUUID.unknown
+        assert UUID(str(new_id)) == new_id
+        assert hash(UUID(bytes=new_id.bytes)) == hash(new_id)
+        assert pickle.loads(pickle.dumps(new_id)) == new_id
+        assert orjson.dumps(new_id) == f'"{new_id}"'.encode()

@@ -16,6 +16,7 @@ from dataflows.favorite_actions.decode import (
     Skipped,
     SkipReason,
     decode_favorite,
+    uuid_text,
 )
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
@@ -159,6 +160,40 @@ def test_added_and_removed_with_the_same_message_id_have_distinct_dedup_ids() ->
     assert isinstance(removed, FavoriteMessage)
     assert added.dedup_id != removed.dedup_id
     assert len(added.dedup_id) == 17
+
+
+@given(
+    message_id=st.uuids(),
+    owner=st.uuids(),
+    by_user=st.booleans(),
+    upper=st.booleans(),
+    topic=st.sampled_from([ADDED_TOPIC, REMOVED_TOPIC]),
+)
+def test_keys_use_the_canonical_text_of_any_uuid_however_it_was_written(
+    message_id: UUID, owner: UUID, by_user: bool, upper: bool, topic: str
+) -> None:
+    def written(value: UUID) -> str:
+        return str(value).upper() if upper else str(value)
+
+    value = favorite_value(
+        MessageId=written(message_id),
+        Payload__UserId=written(owner) if by_user else None,
+        Payload__AnonymousId=None if by_user else written(owner),
+    )
+
+    decoded = decode_favorite(record(encoded(value), topic), ACTION_TYPES)
+
+    assert isinstance(decoded, FavoriteMessage)
+    action_type = ACTION_TYPES[topic].value
+    assert decoded.idempotency_key == f"user-activity-favorites:{action_type}:{message_id}"
+    assert decoded.owner_key == (f"user:{owner}" if by_user else f"anonymous:{owner}")
+    prefix = b"A" if topic == ADDED_TOPIC else b"R"
+    assert decoded.dedup_id == prefix + message_id.bytes
+
+
+@given(value=st.uuids())
+def test_uuid_text_is_str_of_the_uuid(value: UUID) -> None:
+    assert uuid_text(value) == str(value)
 
 
 def test_unknown_fields_and_a_payload_note_are_dropped() -> None:
