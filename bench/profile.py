@@ -29,9 +29,11 @@ BUCKETS: dict[str, str] = {
     "  record_batch: build_recorded_action (orjson, str(uuid), uuid7)": (
         r":build_recorded_action|favorites_store\.py:FavoritesStore\.record_batch"
         r".*compat/__init__\.py"),
-    "sink: _report (per-message logs + metrics)": (
-        r"action_history\.py:_ActionHistoryPartition\._report"),
-    "  logging (log_event, JSON formatter, stream write)": r"logs\.py:log_event",
+    "sink writer threads (all: transactions, report, outbox offer)": (
+        r"pipelined_writer\.py:PipelinedWriter\._run"),
+    "sink: report (log lines + metrics per batch)": (
+        r"action_history\.py:_ActionHistoryPartition\.report"),
+    "  logging (log_event(s), JSON formatter, stream write)": r"logs\.py:log_event",
     "  metrics (prometheus_client)": r"prometheus_client/",
     "  message_fields (str(uuid) for logs)": r"action_history\.py:message_fields",
     "flow: other skip logs (_log_skip)": r":_log_skip",
@@ -41,6 +43,10 @@ BUCKETS: dict[str, str] = {
     "  publisher: produce_and_wait (produce + delivery reports + flush)": (
         r"kafka_producer\.py:produce_and_wait"),
     "  publisher: waiting for NOTIFY": r"outbox\.py:OutboxPublisher\._wait_for_notify",
+    "sink: write_batch on the worker (hand-over, back-pressure wait)": (
+        r"transactional\.py:TransactionalPartition\.write_batch"),
+    "sink: snapshot barrier (waiting for commits)": (
+        r"transactional\.py:TransactionalPartition\.snapshot"),
     "kafka source: next_batch": r"kafka_input\.py:_KafkaPartition\.next_batch",
     "snapshot (DedupLogic.snapshot)": (
         r":DedupLogic\.snapshot|:DedupWindow\.snapshot"),

@@ -9,6 +9,7 @@ import struct
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import bytewax.operators as op
 import pytest
@@ -362,7 +363,7 @@ def _dedup_flow(
     legacy: bool = False,
 ) -> Dataflow:
     flow = Dataflow("dedup_resume")
-    keyed = op.key_on("key", op.input("in", flow, TestingSource(inputs)), lambda m: "owner")
+    keyed: Any = op.key_on("key", op.input("in", flow, TestingSource(inputs)), lambda m: "owner")
     if legacy:
         fresh = op.stateful_batch(
             "dedup_by_message_id", keyed,

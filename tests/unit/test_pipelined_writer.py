@@ -93,7 +93,11 @@ def test_wait_idle_blocks_until_the_running_write_returned() -> None:
     writer.submit([1])
     assert rec.entered.wait(5)
     done = threading.Event()
-    t = threading.Thread(target=lambda: (writer.wait_idle(), done.set()))
+    def wait_then_signal() -> None:
+        writer.wait_idle()
+        done.set()
+
+    t = threading.Thread(target=wait_then_signal)
     t.start()
     assert not done.wait(0.3)
     assert rec.calls == []
