@@ -65,8 +65,8 @@ class Settings(BaseSettings):
     # Favorites flow.
     dedup_ttl_seconds: float = Field(default=86_400.0, gt=0)
     sink_batch_max: int = Field(default=2000, ge=1)
-    sink_partitions: int = Field(default=4, ge=1)
-    sink_max_pending: int = Field(default=4000, ge=1)
+    sink_partitions: int = Field(default=2, ge=1)
+    sink_max_pending: int = Field(default=8000, ge=0)
     poison_attempts: int = Field(default=3, ge=1)
 
     # Back-off for infrastructure failures: retried forever.

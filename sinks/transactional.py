@@ -108,11 +108,16 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         self._logger = logger
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._publisher = acquire_shared_publisher(settings)
-        self._writer: PipelinedWriter[M] = PipelinedWriter(
-            self._write_now,
-            max_pending=settings.sink_max_pending,
-            max_batch=settings.sink_batch_max,
-            name=f"{name}-writer",
+        # sink_max_pending = 0: no writer thread; write_batch commits before it returns.
+        self._writer: PipelinedWriter[M] | None = (
+            PipelinedWriter(
+                self._write_now,
+                max_pending=settings.sink_max_pending,
+                max_batch=settings.sink_batch_max,
+                name=f"{name}-writer",
+            )
+            if settings.sink_max_pending > 0
+            else None
         )
 
     @abstractmethod
@@ -134,13 +139,17 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     @override
     def write_batch(self, values: list[M]) -> None:
         """Hand ``values`` to the writer thread (blocks while it is too far behind)."""
-        self._writer.submit(values)
+        if self._writer is None:
+            self._write_now(values)
+        else:
+            self._writer.submit(values)
         HEALTH.beat()
 
     @override
     def snapshot(self) -> None:
         """The epoch barrier: return once everything handed over so far is committed."""
-        self._writer.wait_idle()
+        if self._writer is not None:
+            self._writer.wait_idle()
 
     def _write_now(self, messages: list[M]) -> None:
         """On the writer thread: transactions, DLQ, outbox offer, report (in this order)."""
@@ -162,7 +171,8 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     @override
     def close(self) -> None:
         try:
-            self._writer.close()
+            if self._writer is not None:
+                self._writer.close()
         finally:
             self._dlq.close()
             self._db.close()

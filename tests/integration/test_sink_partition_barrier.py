@@ -1,0 +1,137 @@
+"""The sink partition's commit guarantees against a real PostgreSQL, pipelined and synchronous.
+
+Pipelined (``sink_max_pending > 0``): ``write_batch`` may return before the commit, but
+``snapshot()`` (Bytewax's end-of-epoch call) returns only once every handed-over batch is
+committed. Synchronous (``sink_max_pending = 0``): ``write_batch`` returns after the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from runtime.settings import Settings
+from schemas.kafka_record import SourceRecord
+from schemas.outbox import OutboxRow
+from sinks.db import Connection
+from sinks.transactional import TransactionalPartition
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class Item:
+    n: int
+
+    @property
+    def record(self) -> SourceRecord:
+        return SourceRecord("t", 0, self.n, None, b"{}")
+
+
+class TablePartition(TransactionalPartition[Item, list[int]]):
+    """Inserts each batch into a scratch table; ``hold`` keeps a write waiting before commit."""
+
+    def __init__(self, settings: Settings, table: str) -> None:
+        registry = CollectorRegistry()
+        super().__init__(
+            settings,
+            name="barrier-test",
+            dlq_topic="unused",
+            dlq_counter=Counter("dlq", "d", registry=registry),
+            retries_counter=Counter("retries", "r", registry=registry),
+            logger=logging.getLogger("barrier-test"),
+        )
+        self.table = table
+        self.hold = threading.Event()
+        self.hold.set()
+
+    def write(self, conn: Connection, batch: Sequence[Item]) -> list[int]:
+        with conn.transaction():
+            conn.execute(
+                f"INSERT INTO {self.table} (n) SELECT unnest(%s::int[])",
+                ([i.n for i in batch],),
+            )
+            assert self.hold.wait(10)
+        return [i.n for i in batch]
+
+    def report(self, result: list[int]) -> None:
+        pass
+
+    def fields(self, message: Item) -> dict[str, Any]:
+        return {"n": message.n}
+
+    def outbox_rows(self, result: list[int]) -> list[OutboxRow]:
+        return []
+
+
+@pytest.fixture
+def table(database_url: str) -> Iterator[str]:
+    name = f"barrier_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {name} (n int PRIMARY KEY)")
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {name}")
+
+
+def _count(database_url: str, table: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return int(row[0]) if row else -1
+
+
+def _settings(database_url: str, max_pending: int) -> Settings:
+    return Settings(
+        database_url=database_url,
+        kafka_bootstrap_servers="127.0.0.1:1",  # never used: no poison, no outbox
+        outbox_enabled=False,
+        http_port=0,
+        sink_max_pending=max_pending,
+    )
+
+
+def test_pipelined_snapshot_returns_only_after_the_commit(database_url: str, table: str) -> None:
+    part = TablePartition(_settings(database_url, 1000), table)
+    try:
+        part.hold.clear()
+        part.write_batch([Item(i) for i in range(10)])  # returns before the commit
+        assert _count(database_url, table) == 0
+        snapped = threading.Event()
+        t = threading.Thread(target=lambda: (part.snapshot(), snapped.set()))  # type: ignore[func-returns-value]
+        t.start()
+        assert not snapped.wait(0.5)  # the epoch cannot close while the batch is uncommitted
+        part.hold.set()
+        assert snapped.wait(10)
+        t.join()
+        assert _count(database_url, table) == 10
+    finally:
+        part.hold.set()
+        part.close()
+
+
+def test_synchronous_mode_commits_before_write_batch_returns(
+    database_url: str, table: str
+) -> None:
+    part = TablePartition(_settings(database_url, 0), table)
+    try:
+        part.write_batch([Item(i) for i in range(7)])
+        assert _count(database_url, table) == 7
+        part.snapshot()
+    finally:
+        part.close()
+
+
+def test_close_commits_what_was_handed_over(database_url: str, table: str) -> None:
+    part = TablePartition(_settings(database_url, 1000), table)
+    for start in range(0, 50, 10):
+        part.write_batch([Item(i) for i in range(start, start + 10)])
+    part.close()
+    assert _count(database_url, table) == 50
