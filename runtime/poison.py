@@ -30,26 +30,34 @@ def write_isolating_poison(
     """Write ``items``; return the results of the successful writes and the poisoned items."""
     results: list[R] = []
     poisoned: list[Poisoned[T]] = []
+    if items:
+        # A plain recursive function, not a self-referencing closure: a closure cycle would keep
+        # every written batch alive until the next full garbage collection.
+        _write_halving(items, write, attempts, results, poisoned)
+    return results, poisoned
 
-    def go(batch: Sequence[T]) -> None:
+
+def _write_halving(
+    batch: Sequence[T],
+    write: Callable[[Sequence[T]], R],
+    attempts: int,
+    results: list[R],
+    poisoned: list[Poisoned[T]],
+) -> None:
+    try:
+        results.append(write(batch))
+        return
+    except Exception as exc:  # noqa: BLE001 - any failure of a lone item is poison
+        if len(batch) > 1:
+            middle = len(batch) // 2
+            _write_halving(batch[:middle], write, attempts, results, poisoned)
+            _write_halving(batch[middle:], write, attempts, results, poisoned)
+            return
+        last: BaseException = exc
+    for _ in range(attempts - 1):
         try:
             results.append(write(batch))
             return
-        except Exception as exc:  # noqa: BLE001 - any failure of a lone item is poison
-            if len(batch) > 1:
-                middle = len(batch) // 2
-                go(batch[:middle])
-                go(batch[middle:])
-                return
-            last: BaseException = exc
-        for _ in range(attempts - 1):
-            try:
-                results.append(write(batch))
-                return
-            except Exception as exc:  # noqa: BLE001
-                last = exc
-        poisoned.append(Poisoned(batch[0], last, attempts))
-
-    if items:
-        go(items)
-    return results, poisoned
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+    poisoned.append(Poisoned(batch[0], last, attempts))

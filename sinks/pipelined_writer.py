@@ -118,6 +118,7 @@ class PipelinedWriter(Generic[T]):
 
     def _run(self) -> None:
         while (batch := self._take()) is not None:
+            size = len(batch)
             try:
                 self._write(batch)
             except BaseException as exc:  # noqa: BLE001 - handed to the worker thread
@@ -125,6 +126,9 @@ class PipelinedWriter(Generic[T]):
                     self._failure = exc
                     self._cond.notify_all()
                 return
+            # Drop the written batch before waiting for the next: an idle writer must not keep
+            # thousands of decoded messages alive (RSS after a burst).
+            del batch
             with self._cond:
-                self._pending -= len(batch)
+                self._pending -= size
                 self._cond.notify_all()
