@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     sink_batch_max: int = Field(default=2000, ge=1)
     sink_partitions: int = Field(default=2, ge=1)
     sink_max_pending: int = Field(default=8000, ge=0)
+
+    # Memory: glibc malloc_trim(0) every N seconds gives the heap freed after a burst back to
+    # the OS (runtime/memory.py); 0 disables.
+    malloc_trim_interval_seconds: float = Field(default=10.0, ge=0)
     poison_attempts: int = Field(default=3, ge=1)
 
     # Back-off for infrastructure failures: retried forever.

@@ -37,6 +37,7 @@ from dataflows.favorite_actions.decode import (
 )
 from runtime.health import serve_http
 from runtime.logs import log_event
+from runtime.memory import start_trimmer
 from runtime.metrics import (
     FAVORITES_DLQ,
     FAVORITES_RETRIES,
@@ -92,6 +93,7 @@ def build_flow(
     that tally would-be outcomes into the given :class:`~sinks.dry_run.Tally`.
     """
     serve_http(settings.http_host, settings.http_port)
+    start_trimmer(settings.malloc_trim_interval_seconds)
     flow = Dataflow("favorite_actions")
     inputs = [
         (step_id, topic)

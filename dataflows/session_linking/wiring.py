@@ -35,6 +35,7 @@ from dataflows.session_linking.decode import (
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
 from runtime.health import serve_http
 from runtime.logs import log_event
+from runtime.memory import start_trimmer
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
     SESSION_LINKING_OUTCOMES,
@@ -76,6 +77,7 @@ def _log_duplicate(message: SignInMessage) -> None:
 def build_flow(settings: Settings, start: StartPosition | None = None) -> Dataflow:
     """The session-linking dataflow for ``settings`` (``start`` overrides the start position)."""
     serve_http(settings.http_host, settings.http_port)
+    start_trimmer(settings.malloc_trim_interval_seconds)
     flow = Dataflow("session_linking")
     records = kafka_records(
         flow,

@@ -1,0 +1,116 @@
+"""Give freed heap memory back to the OS: glibc ``malloc_trim(0)``, once or periodically.
+
+Why: after a backlog burst the job's Python objects, librdkafka's fetched records and Bytewax's
+in-flight batches are freed, but glibc keeps the freed chunks inside its arenas (the main
+``brk`` heap and one 64 MB-reserved heap per arena used by the job's many threads). Only the
+free space at the very top of a heap is returned automatically; free chunks below a live one
+stay resident until ``malloc_trim(0)``, which ``madvise(MADV_DONTNEED)``-s every free page of
+every arena. Nothing live is moved or touched: it only lowers RSS (the pages come back, zeroed,
+when reused; a later burst pays the page faults again).
+
+:func:`start_trimmer` runs it every ``interval`` seconds in a daemon thread. Each call walks
+every arena's free lists holding that arena's lock (measured ~1-20 ms for a ~300 MB heap), so
+an interval of tens of seconds costs nothing measurable. On a libc without ``malloc_trim``
+(musl, macOS) both functions do nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from runtime.logs import log_event
+
+logger = logging.getLogger(__name__)
+
+_TRIM: Callable[[int], int] | bool | None = False  # False: not looked up yet
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    global _TRIM  # noqa: PLW0603 - looked up once
+    if _TRIM is False:
+        found: Callable[[int], int] | None = None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            function = libc.malloc_trim
+        except (OSError, AttributeError):
+            pass
+        else:
+            function.argtypes = [ctypes.c_size_t]
+            function.restype = ctypes.c_int
+            found = function
+        _TRIM = found
+    return _TRIM  # type: ignore[return-value]
+
+
+def trim_heap() -> bool | None:
+    """``malloc_trim(0)``: True if memory was released, False if none, None if unsupported."""
+    trim = _malloc_trim()
+    if trim is None:
+        return None
+    return bool(trim(0))
+
+
+class Trimmer:
+    """The periodic trim (see :func:`start_trimmer`); ``stop()`` ends it (tests)."""
+
+    def __init__(self, interval: float, trim: Callable[[], bool | None] = trim_heap) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0, got {interval}")
+        self.interval = interval
+        self.calls = 0
+        self.released = 0
+        self.last_ms = 0.0
+        self._trim = trim
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="malloc-trim", daemon=True)
+
+    def start(self) -> Trimmer:
+        """Start the thread; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop trimming and join the thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            started = time.perf_counter()
+            try:
+                released = self._trim()
+            except Exception:  # a failed trim must never stop the job
+                logger.exception("malloc_trim failed; periodic trimming stops")
+                return
+            self.last_ms = (time.perf_counter() - started) * 1000
+            self.calls += 1
+            self.released += bool(released)
+            if released is None:
+                return  # unsupported libc: nothing to do, ever
+
+
+_STARTED: Trimmer | None = None
+_LOCK = threading.Lock()
+
+
+def start_trimmer(interval: float) -> Trimmer | None:
+    """Start trimming every ``interval`` seconds (once per process); None if unsupported.
+
+    ``interval <= 0`` disables it (returns None).
+    """
+    global _STARTED  # noqa: PLW0603 - one trimmer per process
+    if interval <= 0 or _malloc_trim() is None:
+        return None
+    with _LOCK:
+        if _STARTED is None:
+            _STARTED = Trimmer(interval).start()
+            log_event(logger, "malloc-trim-started", interval_s=interval)
+        return _STARTED
+
+
+__all__ = ["Trimmer", "start_trimmer", "trim_heap"]
