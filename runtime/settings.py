@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     dedup_ttl_seconds: float = Field(default=86_400.0, gt=0)
     sink_batch_max: int = Field(default=2000, ge=1)
     sink_partitions: int = Field(default=2, ge=1)
-    sink_max_pending: int = Field(default=8000, ge=0)
+    sink_max_pending: int = Field(default=0, ge=0)
 
     # Memory: glibc malloc_trim(0) every N seconds gives the heap freed after a burst back to
     # the OS (runtime/memory.py); 0 disables.

@@ -1,13 +1,16 @@
 """The shared Bytewax sink partition of the flows: batches -> one transaction each, or the DLQ.
 
 Guarantees every flow's sink inherits (SPEC §4-§5):
-- Writes are pipelined: ``write_batch`` hands the batch to the partition's background writer
-  (:mod:`sinks.pipelined_writer`) and returns, so the worker polls and decodes the next records
-  while PostgreSQL commits this batch. ``snapshot()``, which Bytewax calls at the end of every
-  epoch in which the partition was written, returns only once every batch handed over so far
-  is committed and its poison, if any, acknowledged by the DLQ topic. An epoch, and with it the
-  input offsets in the recovery snapshot, therefore closes only after its rows are committed.
-  A crash loses nothing: uncommitted batches belong to an epoch that never closed.
+- By default (``sink_max_pending = 0``) ``write_batch`` returns only after the batch's
+  transaction(s) committed and its poison, if any, was acknowledged by the DLQ topic; Bytewax
+  snapshots input offsets only at the end of an epoch whose batches all returned.
+- Pipelined (``sink_max_pending > 0``, opt-in): ``write_batch`` hands the batch to the
+  partition's writer thread (:mod:`sinks.pipelined_writer`) and returns; ``snapshot()``, which
+  Bytewax calls at the end of every epoch in which the partition was written, returns only once
+  every batch handed over so far is committed. Either way an epoch, and with it the input
+  offsets of its recovery snapshot, closes only after its rows are committed; a crash loses
+  nothing. (Off by default: under Bytewax 0.21 the writer thread gets the GIL late while the
+  worker is idle, which measured seconds of latency at a steady rate.)
 - Partitions: items are routed by their key (the owner, the AnonymousId) to one of
   ``sink_partitions`` fixed partitions, each with its own connection and writer thread; one
   key's messages are written in order by one partition. Bytewax spreads the partitions
