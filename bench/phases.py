@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
 import signal
@@ -183,6 +185,8 @@ def _start_py_spy(pid: int, profile_dir: Path, name: str) -> list[subprocess.Pop
     for fmt, suffix in (("flamegraph", "svg"), ("raw", "txt")):
         spies.append(subprocess.Popen(
             [py_spy, "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
+             # BENCH_PYSPY_IDLE=1: also sample waiting threads (where the worker blocks)
+             *(["--idle"] if os.environ.get("BENCH_PYSPY_IDLE") else []),
              "--threads", "--format", fmt, "-o", str(profile_dir / f"{name}.{suffix}")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
@@ -402,6 +406,9 @@ def dedup_fill(
     return dedup, job, settings, recovery_dir
 
 
+_JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+_JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+
 RSS_VARIANTS: dict[str, dict[str, str]] = {
     "production": {},
     # without -r/-s: no snapshots of the dedup state at all
@@ -411,6 +418,73 @@ RSS_VARIANTS: dict[str, dict[str, str]] = {
     # topics): up to 768 MB of prefetched records during a backlog.
     "consumer_queue_4MB": {"BENCH_CONSUMER_OVERRIDES": '{"queued.max.messages.kbytes": 4096}'},
     "malloc_arena_max_2": {"MALLOC_ARENA_MAX": "2"},
+    # Controls and allocator/queue variants of the RSS investigation (bench/rss_attrib.py).
+    # A window that forgets every id after 1 s: the RSS that is not the dedup state.
+    "ttl_1s": {"USER_ACTIVITY_DEDUP_TTL_SECONDS": "1"},
+    # Fixed glibc thresholds: frees of >= 128 KiB blocks go back to the OS (mmap'd), the top
+    # of every heap is trimmed above 128 KiB (the dynamic threshold otherwise climbs to 32 MB).
+    "malloc_fixed_thresholds": {"MALLOC_MMAP_THRESHOLD_": "131072",
+                                "MALLOC_TRIM_THRESHOLD_": "131072"},
+    "malloc_arena_max_2_fixed_thresholds": {"MALLOC_ARENA_MAX": "2",
+                                            "MALLOC_MMAP_THRESHOLD_": "131072",
+                                            "MALLOC_TRIM_THRESHOLD_": "131072"},
+    # Every Python allocation through glibc malloc (no pymalloc arenas).
+    "pythonmalloc_malloc": {"PYTHONMALLOC": "malloc"},
+    # Smaller librdkafka prefetch per consumer (12 consumers) and smaller fetch responses.
+    "consumer_queue_small": {"BENCH_CONSUMER_OVERRIDES": json.dumps(
+        {"queued.min.messages": 1000, "queued.max.messages.kbytes": 1024})},
+    "consumer_fetch_small": {"BENCH_CONSUMER_OVERRIDES": json.dumps(
+        {"queued.min.messages": 1000, "queued.max.messages.kbytes": 1024,
+         "max.partition.fetch.bytes": 262144, "fetch.max.bytes": 1048576})},
+    # runtime.memory.start_trimmer(5): malloc_trim(0) every 5 s (loaded by bench/memprobe).
+    "malloc_trim_5s": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                       "MEMPROBE_TRIM_INTERVAL": "5"},
+    "malloc_trim_5s_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                   "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
+    # + the sink writer threads not keeping their last batch (~4k decoded messages) alive.
+    "writer_release_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                        "MEMPROBE_WRITER_RELEASE": "1",
+                                        "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
+    # + write_isolating_poison without its reference cycle (batches freed at once, not by the
+    # next full GC): no decoded message outlives its write.
+    "no_retention_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                 "MEMPROBE_WRITER_RELEASE": "1", "MEMPROBE_POISON_NOCYCLE": "1",
+                                 "MALLOC_ARENA_MAX": "2"},
+    "no_retention_trim": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                          "MEMPROBE_WRITER_RELEASE": "1", "MEMPROBE_POISON_NOCYCLE": "1",
+                          "MEMPROBE_TRIM_INTERVAL": "5"},
+    # + fewer decoded messages in flight: input batches of 250 (x 12 partitions) and 1000
+    # pending per sink writer (x 4), instead of 1000 and 4000.
+    "small_batches_no_retention_trim": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                        "USER_ACTIVITY_SOURCE_BATCH_SIZE": "250",
+                                        "USER_ACTIVITY_SINK_MAX_PENDING": "1000",
+                                        "MEMPROBE_WRITER_RELEASE": "1",
+                                        "MEMPROBE_POISON_NOCYCLE": "1",
+                                        "MEMPROBE_TRIM_INTERVAL": "5"},
+    "no_retention_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                      "MEMPROBE_WRITER_RELEASE": "1",
+                                      "MEMPROBE_POISON_NOCYCLE": "1",
+                                      "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
+    # jemalloc (Debian libjemalloc2) instead of glibc malloc: purges freed pages by itself
+    # (background thread, decay 1 s); with PYTHONMALLOC=malloc, Python objects too.
+    "jemalloc_no_retention": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF,
+                              "PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                              "MEMPROBE_WRITER_RELEASE": "1", "MEMPROBE_POISON_NOCYCLE": "1"},
+    "jemalloc_pythonmalloc_no_retention": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF,
+                                           "PYTHONMALLOC": "malloc",
+                                           "PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                           "MEMPROBE_WRITER_RELEASE": "1",
+                                           "MEMPROBE_POISON_NOCYCLE": "1"},
+    "pythonmalloc_malloc_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                             "PYTHONMALLOC": "malloc",
+                                             "MEMPROBE_TRIM_INTERVAL": "5",
+                                             "MALLOC_ARENA_MAX": "2"},
+    # + fewer decoded messages in flight to the sink writers (4 x 2000 instead of 4 x 4000).
+    "sink_pending_2000_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
+                                           "USER_ACTIVITY_SINK_MAX_PENDING": "2000",
+                                           "MEMPROBE_WRITER_RELEASE": "1",
+                                           "MEMPROBE_TRIM_INTERVAL": "5",
+                                           "MALLOC_ARENA_MAX": "2"},
 }
 
 

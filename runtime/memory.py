@@ -6,12 +6,17 @@ in-flight batches are freed, but glibc keeps the freed chunks inside its arenas 
 free space at the very top of a heap is returned automatically; free chunks below a live one
 stay resident until ``malloc_trim(0)``, which ``madvise(MADV_DONTNEED)``-s every free page of
 every arena. Nothing live is moved or touched: it only lowers RSS (the pages come back, zeroed,
-when reused; a later burst pays the page faults again).
+when reused; a later burst pays the page faults again). Measured after a 1M-message burst
+(``python -m bench.rss_attrib``): 345 -> 223 MB, in 16 ms.
 
-:func:`start_trimmer` runs it every ``interval`` seconds in a daemon thread. Each call walks
-every arena's free lists holding that arena's lock (measured ~1-20 ms for a ~300 MB heap), so
-an interval of tens of seconds costs nothing measurable. On a libc without ``malloc_trim``
-(musl, macOS) both functions do nothing.
+It does not reach pymalloc's arenas (Python objects up to 512 bytes live in 1 MiB arenas that
+Python maps itself and returns only once entirely empty).
+
+:func:`start_trimmer` runs it every ``interval`` seconds in a daemon thread (ctypes releases
+the GIL for the call). Each call walks every arena's free lists holding that arena's lock:
+2-4 ms when little is free, 12-28 ms right after a burst; every 5 s no throughput cost was
+measurable. On a libc without ``malloc_trim`` (musl, macOS) both functions do nothing; under
+jemalloc (``LD_PRELOAD``) glibc's ``malloc_trim`` finds nothing to release (harmless).
 """
 
 from __future__ import annotations
