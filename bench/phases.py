@@ -442,6 +442,9 @@ RSS_VARIANTS: dict[str, dict[str, str]] = {
     "malloc_trim_5s_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
                                    "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
     # + the sink writer threads not keeping their last batch (~4k decoded messages) alive.
+    # (MEMPROBE_WRITER_RELEASE / MEMPROBE_POISON_NOCYCLE patch what 6a8a210 fixed in the code:
+    # no-ops since. Since 03b16fd sinks are synchronous by default, so a variant that sets
+    # USER_ACTIVITY_SINK_MAX_PENDING > 0 switches them back to the pipelined writer.)
     "writer_release_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
                                         "MEMPROBE_WRITER_RELEASE": "1",
                                         "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
@@ -461,6 +464,8 @@ RSS_VARIANTS: dict[str, dict[str, str]] = {
                                         "MEMPROBE_WRITER_RELEASE": "1",
                                         "MEMPROBE_POISON_NOCYCLE": "1",
                                         "MEMPROBE_TRIM_INTERVAL": "5"},
+    # Input batches of 250 records per partition per poll (default 1000; 12 partitions).
+    "source_batch_250": {"USER_ACTIVITY_SOURCE_BATCH_SIZE": "250"},
     "no_retention_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
                                       "MEMPROBE_WRITER_RELEASE": "1",
                                       "MEMPROBE_POISON_NOCYCLE": "1",
