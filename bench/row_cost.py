@@ -59,6 +59,7 @@ from bench.services import database_url
 from bench.workload import EnvelopeFactory, Session, make_backlog, make_sessions, seed_sessions
 from dataflows.favorite_actions.decode import IDEMPOTENCY_PREFIX, FavoriteMessage
 from dataflows.favorite_actions.records import ActionRowBuilder, RecordedAction, SessionSnapshot
+from dataflows.favorite_actions.wire import FavoriteWire
 from schemas.envelope import CONTRACT_VERSION
 from schemas.favorites import ACTION_EVENT_AGGREGATE_TYPE, ActionType, FavoriteEnvelope
 from schemas.kafka_record import SourceRecord
@@ -152,7 +153,7 @@ class LegacyMessage:
 
     record: SourceRecord
     action_type: ActionType
-    envelope: FavoriteEnvelope
+    envelope: FavoriteEnvelope | FavoriteWire
     idempotency_key: str = field(init=False)
     dedup_id: bytes = field(init=False)
 

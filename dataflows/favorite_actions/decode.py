@@ -14,6 +14,7 @@ from uuid import UUID
 import orjson
 
 from dataflows.envelopes import EMPTY_GUID, parse_envelope
+from dataflows.favorite_actions.wire import FavoriteWire, decode_fast, from_model
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.envelope import CONTRACT_VERSION
@@ -58,7 +59,7 @@ class FavoriteMessage:
 
     record: SourceRecord
     action_type: ActionType
-    envelope: FavoriteEnvelope
+    envelope: FavoriteWire
     idempotency_key: str = field(init=False)
     dedup_id: bytes = field(init=False)
     owner_key: str = field(init=False)
@@ -110,11 +111,30 @@ class Skipped:
 
     record: SourceRecord
     reason: SkipReason
-    message: FavoriteEnvelope | None = None
+    message: FavoriteWire | None = None
     action_type: ActionType | None = None
 
 
 Decoded = FavoriteMessage | Skipped | DeadLetter
+
+
+def _decode(record: SourceRecord) -> FavoriteWire | DeadLetter:
+    """The envelope: decoded by msgspec when it can prove it valid, else by pydantic."""
+    value = record.value
+    if value is not None and (value.isascii() or _is_utf8(value)):
+        fast = decode_fast(value)
+        if fast is not None:
+            return fast
+    envelope = parse_envelope(record, FavoriteEnvelope)
+    return envelope if isinstance(envelope, DeadLetter) else from_model(envelope)
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]) -> Decoded:
@@ -126,7 +146,7 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
     """
     try:
         action_type = action_types[record.topic]
-        envelope = parse_envelope(record, FavoriteEnvelope)
+        envelope = _decode(record)
         if isinstance(envelope, DeadLetter):
             return envelope
         payload = envelope.payload

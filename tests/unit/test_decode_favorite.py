@@ -6,6 +6,7 @@ import json
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -202,7 +203,7 @@ def test_unknown_fields_and_a_payload_note_are_dropped() -> None:
     decoded = decode_favorite(record(encoded(value)), ACTION_TYPES)
 
     assert isinstance(decoded, FavoriteMessage)
-    assert "private note" not in decoded.envelope.model_dump_json()
+    assert b"private note" not in msgspec.json.encode(decoded.envelope)
 
 
 @pytest.mark.parametrize("version", [0, 2, 99])

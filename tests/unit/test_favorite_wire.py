@@ -1,0 +1,210 @@
+"""The msgspec fast path accepts only what the pydantic contract accepts, with the same values."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+import orjson
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from dataflows.favorite_actions.wire import FavoriteWire, decode_fast, from_model
+from schemas.favorites import FavoriteEnvelope
+
+FIELDS = ("message_id", "created_at", "version", "aggregate_id", "aggregate_type",
+          "correlation_id")
+PAYLOAD_FIELDS = ("favorite_id", "property_object_id", "occurred_at", "user_id", "anonymous_id")
+
+
+def _valid() -> dict[str, Any]:
+    return {
+        "MessageId": "0b6d4b6e-8f0a-4c55-9a39-3c1f0f6a7e11",
+        "CreatedAt": "2024-05-01T12:00:00.1234567+03:00",
+        "Version": 1,
+        "AggregateId": "e3b0c442-98fc-1c14-9afb-f4c8996fb924",
+        "AggregateType": "Favorite",
+        "CorrelationId": "corr-1",
+        "Payload": {
+            "FavoriteId": "e3b0c442-98fc-1c14-9afb-f4c8996fb924",
+            "PropertyObjectId": "9a0e1d4c-2b3f-4e5a-8c6d-7e8f9a0b1c2d",
+            "UserId": None,
+            "AnonymousId": "5f1e2d3c-4b5a-4968-8776-655443322110",
+            "OccurredAt": "2024-05-01T11:59:59.9999999Z",
+        },
+    }
+
+
+digits = st.integers
+timestamps = st.one_of(
+    st.builds(
+        lambda y, mo, d, sep, h, mi, s, frac, tz: (
+            f"{y:04d}-{mo:02d}-{d:02d}{sep}{h:02d}:{mi:02d}:{s:02d}{frac}{tz}"
+        ),
+        digits(0, 9999), digits(0, 13), digits(0, 32), st.sampled_from(["T", "t", " ", "_"]),
+        digits(0, 25), digits(0, 60), digits(0, 61),
+        st.one_of(st.just(""), st.text("0123456789", min_size=0, max_size=12).map("."
+                                                                                .__add__)),
+        st.sampled_from(["Z", "z", "", "+03:00", "-00:00", "+0300", "+03", "+24:00", "+23:59",
+                         "-12:30", "+99:99", "+03:00:30"]),
+    ),
+    st.text(max_size=40),
+)
+uuid_texts = st.one_of(
+    st.uuids().map(str),
+    st.uuids().map(lambda u: str(u).upper()),
+    st.uuids().map(lambda u: u.hex),
+    st.uuids().map(lambda u: "{" + str(u) + "}"),
+    st.uuids().map(lambda u: "urn:uuid:" + str(u)),
+    st.just("00000000-0000-0000-0000-000000000000"),
+    st.text(max_size=40),
+)
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
+    st.text(max_size=10), timestamps, uuid_texts,
+)
+WIRE_KEYS = ["MessageId", "CreatedAt", "Version", "AggregateId", "AggregateType",
+             "CorrelationId", "Payload"]
+PAYLOAD_KEYS = ["FavoriteId", "PropertyObjectId", "UserId", "AnonymousId", "OccurredAt"]
+VALUES_BY_KEY = {
+    "MessageId": uuid_texts, "AggregateId": st.one_of(uuid_texts, json_scalars),
+    "CreatedAt": timestamps, "OccurredAt": timestamps,
+    "FavoriteId": uuid_texts, "PropertyObjectId": uuid_texts,
+    "UserId": st.one_of(st.none(), uuid_texts), "AnonymousId": st.one_of(st.none(), uuid_texts),
+    "Version": st.one_of(st.integers(-3, 3), json_scalars),
+}
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid envelope with some fields replaced, removed, renamed or added."""
+    value = _valid()
+    for _ in range(draw(st.integers(0, 4))):
+        in_payload = draw(st.booleans())
+        target = value.get("Payload") if in_payload else value
+        if not isinstance(target, dict):
+            continue
+        key = draw(st.sampled_from(PAYLOAD_KEYS if in_payload else WIRE_KEYS))
+        action = draw(st.sampled_from(["replace", "drop", "snake", "extra", "scalar"]))
+        if action == "replace":
+            target[key] = draw(VALUES_BY_KEY.get(key, json_scalars))
+        elif action == "drop":
+            target.pop(key, None)
+        elif action == "snake" and key in target:
+            snake = "".join("_" + c.lower() if c.isupper() else c for c in key).lstrip("_")
+            target[snake] = target.pop(key)
+        elif action == "extra":
+            target[draw(st.text(max_size=12))] = draw(json_scalars)
+        else:
+            target[key] = draw(json_scalars)
+    return value
+
+
+def _encoded(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()  # stdlib: any int size
+
+
+def _pydantic(raw: bytes) -> FavoriteEnvelope | None:
+    try:
+        return FavoriteEnvelope.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def _same(fast: FavoriteWire, model: FavoriteEnvelope) -> None:
+    slow = from_model(model)
+    for name in FIELDS:
+        assert getattr(fast, name) == getattr(slow, name), name
+    for name in PAYLOAD_FIELDS:
+        assert getattr(fast.payload, name) == getattr(slow.payload, name), name
+    for a, b in ((fast.created_at, slow.created_at),
+                 (fast.payload.occurred_at, slow.payload.occurred_at)):
+        assert a.utcoffset() == b.utcoffset()
+        assert orjson.dumps(a) == orjson.dumps(b)  # the text the outbox and logs carry
+
+
+@settings(max_examples=1500, deadline=None)
+@given(value=envelopes())
+@example(value=_valid())
+def test_fast_path_accepts_only_what_the_contract_accepts_with_the_same_values(
+    value: dict[str, Any],
+) -> None:
+    raw = _encoded(value)
+
+    fast = decode_fast(raw)
+    model = _pydantic(raw)
+
+    if fast is not None:
+        assert model is not None, "msgspec accepted what the contract rejects"
+        _same(fast, model)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=timestamps)
+def test_timestamps_accepted_fast_equal_the_contracts(text: str) -> None:
+    value = _valid()
+    value["CreatedAt"] = text
+    value["Payload"]["OccurredAt"] = text
+    raw = _encoded(value)
+
+    fast = decode_fast(raw)
+    model = _pydantic(raw)
+
+    if fast is not None:
+        assert model is not None
+        _same(fast, model)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2024-05-01T12:00:00.1234567+03:00",  # .NET DateTimeOffset "O": seven digits, truncated
+        "2024-05-01T12:00:00.9999999Z",
+        "2024-05-01T12:00:00Z",
+        "2024-05-01T12:00:00.123456-05:30",
+    ],
+)
+def test_the_usual_forms_take_the_fast_path(text: str) -> None:
+    value = _valid()
+    value["CreatedAt"] = value["Payload"]["OccurredAt"] = text
+    raw = _encoded(value)
+
+    fast = decode_fast(raw)
+    model = _pydantic(raw)
+
+    assert fast is not None
+    assert model is not None
+    _same(fast, model)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("CreatedAt", "2024-05-01T12:00Z"),  # the contract accepts it; pydantic decodes it
+        ("CreatedAt", "2024-05-01 12:00:00Z"),
+        ("MessageId", "{0b6d4b6e-8f0a-4c55-9a39-3c1f0f6a7e11}"),
+        ("Version", True),
+        ("Version", 1.0),
+        ("Version", "1"),
+        ("CreatedAt", "2024-02-30T12:00:00Z"),
+    ],
+)
+def test_what_the_fast_path_cannot_prove_goes_to_the_contract(key: str, value: Any) -> None:
+    envelope = _valid()
+    envelope[key] = value
+
+    assert decode_fast(_encoded(envelope)) is None
+
+
+def test_from_model_keeps_every_field() -> None:
+    model = FavoriteEnvelope.model_validate_json(orjson.dumps(_valid()))
+
+    wire = from_model(model)
+
+    assert wire.message_id == UUID("0b6d4b6e-8f0a-4c55-9a39-3c1f0f6a7e11")
+    assert wire.payload.anonymous_id == model.payload.anonymous_id
+    assert wire.payload.occurred_at == model.payload.occurred_at
+    assert wire.correlation_id == "corr-1"
