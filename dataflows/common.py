@@ -22,7 +22,7 @@ from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS
 from runtime.settings import Settings, StartingOffset
 from schemas.kafka_record import ConsumerError, SourceRecord
-from sources.kafka_input import KafkaInput, StartPosition
+from sources.kafka_input import InputItem, KafkaInput, StartPosition
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ def configured_start(settings: Settings) -> StartPosition:
     return StartPosition(latest=settings.starting_offset is StartingOffset.LATEST)
 
 
-def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
+def log_consumer_error(error: ConsumerError) -> None:
+    """Count and log a consumer error (never raised: librdkafka recovers by itself)."""
     CONSUMER_ERRORS.labels(topic=error.topic, code=error.code).inc()
     log_event(
         logger,
@@ -45,18 +46,21 @@ def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
     )
 
 
-def kafka_records(
+def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
+    log_consumer_error(error)
+
+
+def kafka_inputs(
     flow: Dataflow,
     settings: Settings,
     inputs: list[tuple[str, str]],
     start: StartPosition,
     retries: Counter,
-) -> Stream[SourceRecord]:
-    """One input step per ``(step_id, topic)``, merged; consumer errors logged and counted.
+) -> Stream[InputItem]:
+    """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
-    ``retries`` counts every retry of an unreachable Kafka. Consumer errors are a second stream
-    routed to ``log_consumer_errors`` on purpose: never raised (librdkafka recovers from
-    transport errors by itself) and never silently dropped.
+    ``retries`` counts every retry of an unreachable Kafka. The consumer of this stream passes
+    every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
@@ -75,7 +79,18 @@ def kafka_records(
         )
         for step_id, topic in inputs
     ]
-    consumed = streams[0] if len(streams) == 1 else op.merge("merge_inputs", *streams)
+    return streams[0] if len(streams) == 1 else op.merge("merge_inputs", *streams)
+
+
+def kafka_records(
+    flow: Dataflow,
+    settings: Settings,
+    inputs: list[tuple[str, str]],
+    start: StartPosition,
+    retries: Counter,
+) -> Stream[SourceRecord]:
+    """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
+    consumed = kafka_inputs(flow, settings, inputs, start, retries)
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
     )

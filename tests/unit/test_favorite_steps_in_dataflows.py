@@ -1,7 +1,8 @@
-"""The pure favorites steps wired in tiny Bytewax flows, under one worker and under two."""
+"""The favorites decode step and the dedup wired in tiny Bytewax flows, one worker and two."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -9,19 +10,16 @@ from typing import Any
 import bytewax.operators as op
 import orjson
 import pytest
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from dataflows.common import deduplicated
-from dataflows.favorite_actions.decode import (
-    Decoded,
-    FavoriteMessage,
-    Skipped,
-    decode_favorite,
-)
+from dataflows.favorite_actions.decode import FavoriteMessage
+from dataflows.favorite_actions.wiring import decoder, is_keyed
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
-from schemas.kafka_record import SourceRecord
+from schemas.kafka_record import ConsumerError, SourceRecord
+from sources.kafka_input import InputItem
 
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}
@@ -40,9 +38,9 @@ def _value(message_id: uuid.UUID, anonymous: uuid.UUID | None, user: uuid.UUID |
     })
 
 
-def _records() -> tuple[list[SourceRecord], set[tuple[str, str]]]:
+def _records() -> tuple[list[InputItem], set[tuple[str, str]]]:
     owners = [uuid.uuid4() for _ in range(7)]
-    records: list[SourceRecord] = []
+    records: list[InputItem] = []
     expected: set[tuple[str, str]] = set()
     for i in range(60):
         message_id, owner = uuid.uuid4(), owners[i % 7]
@@ -57,19 +55,8 @@ def _records() -> tuple[list[SourceRecord], set[tuple[str, str]]]:
     records.append(SourceRecord(ADDED, 0, 5000, b"k", _value(uuid.uuid4(), None, None)))
     records.append(SourceRecord(ADDED, 0, 5001, b"k", b"{not json"))
     records.append(SourceRecord(ADDED, 0, 5002, b"k", None))
+    records.append(ConsumerError(ADDED, 1, "_TRANSPORT", "broker down", fatal=False))
     return records, expected
-
-
-def _valid(decoded: Decoded) -> FavoriteMessage | None:
-    return decoded if isinstance(decoded, FavoriteMessage) else None
-
-
-def _rejected(decoded: Decoded) -> Skipped | DeadLetter | None:
-    return None if isinstance(decoded, FavoriteMessage) else decoded
-
-
-def _owner(message: FavoriteMessage) -> str:
-    return message.owner_key
 
 
 def _ignore(_message: FavoriteMessage) -> None:
@@ -81,18 +68,13 @@ def _owner_and_key(item: tuple[str, FavoriteMessage]) -> tuple[str, str]:
     return owner, message.idempotency_key.split(":", 1)[1]
 
 
-def _flow(records: list[SourceRecord], out: list[Any], rejected: list[Any]) -> Dataflow:
+def _flow(records: list[InputItem], out: list[Any], rejected: list[Any]) -> Dataflow:
     flow = Dataflow("favorite_steps")
-    stream = op.input("records", flow, TestingSource(records))
-    decoded = op.map("decode_favorite", stream, lambda r: decode_favorite(r, ACTION_TYPES))
-    valid = op.filter_map("valid", decoded, _valid)
-    op.output(
-        "collect_rejected",
-        op.filter_map("rejected", decoded, _rejected),
-        TestingSink(rejected),
-    )
-    keyed = op.key_on("key_by_owner", valid, _owner)
-    fresh = deduplicated("dedup_by_message_id", keyed, 3600, _ignore)
+    stream: Stream[InputItem] = op.input("records", flow, TestingSource(records, batch_size=7))
+    routed = op.flat_map_batch("decode_favorites", stream, decoder(ACTION_TYPES))
+    by_kind = op.branch("route_poison", routed, is_keyed)
+    op.output("collect_rejected", by_kind.falses, TestingSink(rejected))
+    fresh = deduplicated("dedup_by_message_id", by_kind.trues, 3600, _ignore)  # type: ignore[arg-type]
     pairs = op.map("idempotency", fresh, _owner_and_key)
     op.output("out", pairs, TestingSink(out))
     return flow
@@ -107,18 +89,37 @@ RUNNERS: dict[str, Callable[[Dataflow], None]] = {
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS), ids=list(RUNNERS))
-def test_each_valid_message_passes_once_keyed_by_its_owner(runner: str) -> None:
+def test_each_valid_message_passes_once_keyed_by_its_owner(
+    runner: str, caplog: pytest.LogCaptureFixture
+) -> None:
     records, expected = _records()
     out: list[Any] = []
     rejected: list[Any] = []
 
-    RUNNERS[runner](_flow(records, out, rejected))
+    with caplog.at_level(logging.INFO):
+        RUNNERS[runner](_flow(records, out, rejected))
 
     assert len(out) == len(expected)
     assert set(out) == expected
-    kinds = sorted(type(r).__name__ for r in rejected)
-    assert kinds == ["DeadLetter", "DeadLetter", "Skipped"]
-    assert {r.reason.value for r in rejected if isinstance(r, DeadLetter)} == {
-        "invalid-json", "tombstone",
-    }
-    assert all(r.reason.value == "invalid-owner" for r in rejected if isinstance(r, Skipped))
+    assert all(isinstance(r, DeadLetter) for r in rejected)
+    assert sorted(r.reason.value for r in rejected) == ["invalid-json", "tombstone"]
+    events = [r.getMessage() for r in caplog.records]
+    assert events.count("invalid-owner") == 1  # acknowledged without a row, logged
+    assert events.count("kafka-consumer-error") == 1  # logged, never passed on
+
+
+def test_decode_step_keeps_order_and_logs_a_version_mismatch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    records, _ = _records()
+    valid = [r for r in records if isinstance(r, SourceRecord) and r.offset < 1000]
+    other = orjson.loads(valid[0].value or b"")
+    other["Version"] = 2
+    valid[0] = SourceRecord(ADDED, 0, 0, b"k", orjson.dumps(other))
+
+    with caplog.at_level(logging.INFO):
+        routed = decoder(ACTION_TYPES)(list(valid))
+
+    assert [m.record.offset for _, m in routed] == [r.offset for r in valid]  # type: ignore[misc]
+    assert all(owner == m.owner_key for owner, m in routed)  # type: ignore[misc]
+    assert [r.getMessage() for r in caplog.records] == ["contract-version-mismatch"]
