@@ -110,8 +110,9 @@ class JobProcess:
     def __init__(
         self, settings: Settings, log_path: Path, *, workers: int = 1, tail: bool,
         recovery_dir: Path | None = None, snapshot_interval: float = 5.0,
-        extra_env: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None, source_dir: Path | None = None,
     ) -> None:
+        """``source_dir``: run the job from another checkout (an A/B against another commit)."""
         self.metrics_port = free_port()
         env = {
             **os.environ,
@@ -134,10 +135,11 @@ class JobProcess:
         self._log = log_path.open("ab")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+            cmd, cwd=source_dir or ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
             stderr=subprocess.STDOUT,
         )
         self.exited_at: float | None = None
+        self._hwm_kb = 0
         self.rusage: Any = None  # the exact CPU time and max RSS once reaped (os.wait4)
         self._reaper = threading.Thread(target=self._reap, name="job-reaper", daemon=True)
         self._reaper.start()
@@ -186,11 +188,14 @@ class JobProcess:
         return None if kb is None else kb / 1024
 
     def hwm_mb(self) -> float | None:
-        """The job's peak VmHWM in MiB (ru_maxrss once it has exited)."""
-        if self.rusage is not None:
-            return float(self.rusage.ru_maxrss) / 1024
-        kb = proc_status_kb(self.pid, "VmHWM")
-        return None if kb is None else kb / 1024
+        """The job's peak RSS in MiB: the highest VmHWM read so far (call it while it runs).
+
+        Not ``ru_maxrss``: that counts the forked benchmark process's pages before the exec.
+        """
+        kb = proc_status_kb(self.pid, "VmHWM") if self.rusage is None else None
+        if kb is not None:
+            self._hwm_kb = max(self._hwm_kb, kb)
+        return self._hwm_kb / 1024 if self._hwm_kb else None
 
     def wait(self, timeout: float) -> int | None:
         """Wait for the process to exit; its return code, or None on timeout."""

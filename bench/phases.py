@@ -7,8 +7,10 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -72,7 +74,7 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 def job_backlog(
     services: Services, input_settings: Settings, backlog: Backlog, db_url: str, *,
     name: str, workers: int, prefill_rows: int, timeout: float, log: Log,
-    profile_dir: Path | None = None,
+    profile_dir: Path | None = None, source_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run the bounded job (``tail=False``) on the backlog until it is all processed.
 
@@ -88,7 +90,8 @@ def job_backlog(
     total = len(backlog.records)
     counter = OutputCounter(services.bootstrap, settings.topic_action_tracked)
     wal0 = _wal(db_url)
-    job = JobProcess(settings, services.run_dir / f"{name}.log", workers=workers, tail=False)
+    job = JobProcess(settings, services.run_dir / f"{name}.log", workers=workers, tail=False,
+                     source_dir=source_dir)
     sampler = CpuSampler(job, services.postmaster_pid, services.kafka_pid)
     spawned = job.started
     t_http: float | None = None
@@ -114,6 +117,7 @@ def job_backlog(
             recorded = metric_sum(last_metrics, RECORDED)
             if t_rows is None and recorded >= expected:
                 t_rows = now
+        job.hwm_mb()
         if counter.count >= expected:
             break
         if not job.alive() and job.exited_at is not None and now - job.exited_at > 15:
@@ -165,7 +169,7 @@ def job_backlog(
         "events_per_s_after_first_output": (
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round(wal / rows) if rows > 0 else None,
-        "job_maxrss_mb": round(job.hwm_mb() or 0.0, 1),  # ru_maxrss: incl. start/exit spikes
+        "job_peak_rss_mb": round(job.hwm_mb() or 0.0, 1),  # VmHWM, read every 0.1 s
         "resources": cpu,
         "ok": failure is None and rows == expected and out_distinct == expected,
     }
@@ -176,6 +180,43 @@ def job_backlog(
         f"{expected}, out {out_distinct}/{expected}, job {cpu.get('job_cores')} cores, "
         f"pg {cpu.get('postgres_cores')} cores")
     return result
+
+
+def compare_jobs(
+    services: Services, input_settings: Settings, backlog: Backlog, *, ref: str, rounds: int,
+    prefill_rows: int, timeout: float, log: Log,
+) -> dict[str, Any]:
+    """The ``-w 1`` job at HEAD's working tree against the job at commit ``ref``, interleaved.
+
+    ``rounds`` x (this tree, ``ref``), alternating which goes first, each on its own copy of the
+    template database and the same backlog: on a noisy machine only an interleaved A/B in one
+    process separates a 10 % change from the noise. Reports each run and the ratio of medians.
+    """
+    checkout = Path(tempfile.mkdtemp(prefix="bench-ref-"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(checkout), ref], cwd=ROOT,
+                   check=True, capture_output=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, text=True,
+                                check=True, capture_output=True).stdout.strip()
+        rates: dict[str, list[float]] = {"head": [], "ref": []}
+        for round_no in range(rounds):
+            order = [("head", None), ("ref", checkout)]
+            for label, source in order if round_no % 2 == 0 else order[::-1]:
+                name = f"ab_{label}_{round_no}"
+                db = services.create_database(name, template="tpl")
+                run = job_backlog(services, input_settings, backlog, db, name=name, workers=1,
+                                  prefill_rows=prefill_rows, timeout=timeout, log=log,
+                                  source_dir=source)
+                services.drop_database(name)
+                if not run["ok"]:
+                    return {"ref": commit, "failure": f"{name}: {run.get('failure')}"}
+                rates[label].append(run["events_per_s"])
+        head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
+        return {"ref": commit, "rounds": rounds, "events_per_s": rates,
+                "median_head": head, "median_ref": base, "ratio_head_to_ref": round(head / base, 3)}
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=ROOT,
+                       check=False, capture_output=True)
 
 
 def _start_py_spy(pid: int, profile_dir: Path, name: str) -> list[subprocess.Popen[bytes]]:

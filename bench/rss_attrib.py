@@ -180,7 +180,7 @@ def throughput(services: Services, tpl: str, sessions: list[Any], args: argparse
                 jobproc.JobProcess.__init__ = original_init  # type: ignore[method-assign]
                 services.drop_database(run_name)
             row = {k: result.get(k) for k in (
-                "ok", "events_per_s", "wall_s", "job_maxrss_mb", "resources", "failure")}
+                "ok", "events_per_s", "wall_s", "job_peak_rss_mb", "resources", "failure")}
             if samples:
                 peak_t, peak = max(samples, key=lambda x: x[1])
                 row["sampled_rss"] = {"peak_mb": peak, "peak_at_s": peak_t,
@@ -188,7 +188,7 @@ def throughput(services: Services, tpl: str, sessions: list[Any], args: argparse
                                       "timeline": samples[:: max(1, len(samples) // 60)]}
             runs.setdefault(name, []).append(row)
             log(f"  {name} #{i}: {result.get('events_per_s')} ev/s, peak RSS "
-                f"{result.get('job_maxrss_mb')} MB")
+                f"{result.get('job_peak_rss_mb')} MB")
             args.out.write_text(json.dumps(runs, indent=1, default=str) + "\n")
     return runs
 

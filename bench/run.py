@@ -89,6 +89,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rss-probe", type=int, default=0, metavar="IDS",
                         help="also fill the dedup window with IDS ids under RSS variants "
                              "(production, smaller consumer queues, MALLOC_ARENA_MAX=2)")
+    parser.add_argument("--compare", metavar="REF", default="",
+                        help="also run the -w 1 job at commit REF against this tree, "
+                             "interleaved (--compare-rounds each), and report the ratio")
+    parser.add_argument("--compare-rounds", type=int, default=3)
     parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/bench-profile"))  # noqa: S108
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
@@ -193,6 +197,15 @@ def main(argv: list[str] | None = None) -> int:
                     main_db = db  # reused by the tailing phases (new topics, new ids)
                 else:
                     services.drop_database(name)
+
+        if args.compare:
+            log(f"phase compare (this tree vs {args.compare}, {args.compare_rounds} rounds)")
+            results["compare"] = phases.compare_jobs(
+                services, input_settings, backlog, ref=args.compare,
+                rounds=args.compare_rounds, prefill_rows=args.prefill_rows,
+                timeout=args.job_timeout, log=log)
+            log(f"  compare: {results['compare']}")
+            failed |= "failure" in results["compare"]
 
         if "naive" in args.phases:
             log(f"phase naive ({args.naive_seconds:.0f}s bound)")

@@ -59,7 +59,12 @@ class FavoriteWire(msgspec.Struct, frozen=True, rename="pascal"):
 
 
 def _by_name(name: str) -> Any:
-    """A field catching the snake_case ``name``, which the contract also accepts (by name)."""
+    """A field that fails the decode when the snake_case ``name`` is present.
+
+    The contract accepts a field under its Python name too (``populate_by_name``); msgspec
+    would ignore it as unknown, so its presence sends the message to pydantic. ``UnsetType``
+    admits no JSON value: the decoder itself does the check, at no cost when absent.
+    """
     return msgspec.field(default=msgspec.UNSET, name=name)
 
 
@@ -69,11 +74,11 @@ class _RawPayload(msgspec.Struct, frozen=True, rename="pascal"):
     occurred_at: str
     user_id: UUID | None = None
     anonymous_id: UUID | None = None
-    by_name: Any = _by_name("favorite_id")
-    by_name2: Any = _by_name("property_object_id")
-    by_name3: Any = _by_name("occurred_at")
-    by_name4: Any = _by_name("user_id")
-    by_name5: Any = _by_name("anonymous_id")
+    by_name: msgspec.UnsetType = _by_name("favorite_id")
+    by_name2: msgspec.UnsetType = _by_name("property_object_id")
+    by_name3: msgspec.UnsetType = _by_name("occurred_at")
+    by_name4: msgspec.UnsetType = _by_name("user_id")
+    by_name5: msgspec.UnsetType = _by_name("anonymous_id")
 
 
 class _RawEnvelope(msgspec.Struct, frozen=True, rename="pascal"):
@@ -84,22 +89,13 @@ class _RawEnvelope(msgspec.Struct, frozen=True, rename="pascal"):
     aggregate_type: str
     payload: _RawPayload
     correlation_id: str | None = None
-    by_name: Any = _by_name("message_id")
-    by_name2: Any = _by_name("created_at")
-    by_name3: Any = _by_name("version")
-    by_name4: Any = _by_name("aggregate_id")
-    by_name5: Any = _by_name("aggregate_type")
-    by_name6: Any = _by_name("payload")
-    by_name7: Any = _by_name("correlation_id")
-
-
-def _named(raw: msgspec.Struct) -> bool:
-    """True when ``raw`` had a field under its snake_case name: pydantic decides those."""
-    return any(
-        getattr(raw, field) is not msgspec.UNSET
-        for field in raw.__struct_fields__
-        if field.startswith("by_name")
-    )
+    by_name: msgspec.UnsetType = _by_name("message_id")
+    by_name2: msgspec.UnsetType = _by_name("created_at")
+    by_name3: msgspec.UnsetType = _by_name("version")
+    by_name4: msgspec.UnsetType = _by_name("aggregate_id")
+    by_name5: msgspec.UnsetType = _by_name("aggregate_type")
+    by_name6: msgspec.UnsetType = _by_name("payload")
+    by_name7: msgspec.UnsetType = _by_name("correlation_id")
 
 
 _decode_raw = msgspec.json.Decoder(_RawEnvelope).decode
@@ -121,10 +117,8 @@ def decode_fast(value: bytes) -> FavoriteWire | None:
         raw = _decode_raw(value)
     except msgspec.DecodeError:  # also msgspec.ValidationError
         return None
-    payload = raw.payload
-    if _named(raw) or _named(payload):
-        return None
     created_at = _timestamp(raw.created_at)
+    payload = raw.payload
     occurred_at = _timestamp(payload.occurred_at)
     if created_at is None or occurred_at is None:
         return None
