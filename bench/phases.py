@@ -75,6 +75,7 @@ def job_backlog(
     services: Services, input_settings: Settings, backlog: Backlog, db_url: str, *,
     name: str, workers: int, prefill_rows: int, timeout: float, log: Log,
     profile_dir: Path | None = None, source_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the bounded job (``tail=False``) on the backlog until it is all processed.
 
@@ -91,7 +92,7 @@ def job_backlog(
     counter = OutputCounter(services.bootstrap, settings.topic_action_tracked)
     wal0 = _wal(db_url)
     job = JobProcess(settings, services.run_dir / f"{name}.log", workers=workers, tail=False,
-                     source_dir=source_dir)
+                     source_dir=source_dir, extra_env=extra_env)
     sampler = CpuSampler(job, services.postmaster_pid, services.kafka_pid)
     spawned = job.started
     t_http: float | None = None
@@ -184,20 +185,24 @@ def job_backlog(
 
 def compare_jobs(
     services: Services, input_settings: Settings, backlog: Backlog, *, ref: str, rounds: int,
-    prefill_rows: int, timeout: float, log: Log,
+    prefill_rows: int, timeout: float, log: Log, ref_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The ``-w 1`` job at HEAD's working tree against the job at commit ``ref``, interleaved.
+    """The ``-w 1`` job of this tree against a reference, interleaved.
 
-    ``rounds`` x (this tree, ``ref``), alternating which goes first, each on its own copy of the
-    template database and the same backlog: on a noisy machine only an interleaved A/B in one
-    process separates a 10 % change from the noise. Reports each run and the ratio of medians.
+    The reference is the job at commit ``ref`` (this tree when empty) with ``ref_env`` added
+    to its environment (a setting to A/B). ``rounds`` x (this tree, reference), alternating
+    which goes first, each on its own copy of the template database and the same backlog: on
+    a noisy machine only an interleaved A/B in one process separates a 10 % change from the
+    noise. Reports each run and the ratio of medians.
     """
-    checkout = Path(tempfile.mkdtemp(prefix="bench-ref-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(checkout), ref], cwd=ROOT,
-                   check=True, capture_output=True)
+    checkout = Path(tempfile.mkdtemp(prefix="bench-ref-")) if ref else None
+    if checkout is not None:
+        subprocess.run(["git", "worktree", "add", "--detach", str(checkout), ref], cwd=ROOT,
+                       check=True, capture_output=True)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, text=True,
-                                check=True, capture_output=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", ref or "HEAD"], cwd=ROOT,
+                                text=True, check=True, capture_output=True).stdout.strip()
+        reference = {"ref": commit if ref else "this tree", "ref_env": ref_env or {}}
         rates: dict[str, list[float]] = {"head": [], "ref": []}
         for round_no in range(rounds):
             order = [("head", None), ("ref", checkout)]
@@ -206,17 +211,19 @@ def compare_jobs(
                 db = services.create_database(name, template="tpl")
                 run = job_backlog(services, input_settings, backlog, db, name=name, workers=1,
                                   prefill_rows=prefill_rows, timeout=timeout, log=log,
-                                  source_dir=source)
+                                  source_dir=source,
+                                  extra_env=ref_env if label == "ref" else None)
                 services.drop_database(name)
                 if not run["ok"]:
-                    return {"ref": commit, "failure": f"{name}: {run.get('failure')}"}
+                    return {**reference, "failure": f"{name}: {run.get('failure')}"}
                 rates[label].append(run["events_per_s"])
         head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
-        return {"ref": commit, "rounds": rounds, "events_per_s": rates,
-                "median_head": head, "median_ref": base, "ratio_head_to_ref": round(head / base, 3)}
+        return {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
+                "median_ref": base, "ratio_head_to_ref": round(head / base, 3)}
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=ROOT,
-                       check=False, capture_output=True)
+        if checkout is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=ROOT,
+                           check=False, capture_output=True)
 
 
 def _start_py_spy(pid: int, profile_dir: Path, name: str) -> list[subprocess.Popen[bytes]]:

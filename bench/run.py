@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compare", metavar="REF", default="",
                         help="also run the -w 1 job at commit REF against this tree, "
                              "interleaved (--compare-rounds each), and report the ratio")
+    parser.add_argument("--compare-env", default="", metavar="K=V,...",
+                        help="environment of the reference run (with or without --compare)")
     parser.add_argument("--compare-rounds", type=int, default=3)
     parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/bench-profile"))  # noqa: S108
     parser.add_argument("--seed", type=int, default=7)
@@ -198,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     services.drop_database(name)
 
-        if args.compare:
-            log(f"phase compare (this tree vs {args.compare}, {args.compare_rounds} rounds)")
+        if args.compare or args.compare_env:
+            ref_env = dict(item.split("=", 1) for item in args.compare_env.split(",") if item)
+            log(f"phase compare (this tree vs {args.compare or 'this tree'} {ref_env}, "
+                f"{args.compare_rounds} rounds)")
             results["compare"] = phases.compare_jobs(
-                services, input_settings, backlog, ref=args.compare,
+                services, input_settings, backlog, ref=args.compare, ref_env=ref_env,
                 rounds=args.compare_rounds, prefill_rows=args.prefill_rows,
                 timeout=args.job_timeout, log=log)
             log(f"  compare: {results['compare']}")
