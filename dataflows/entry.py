@@ -9,6 +9,9 @@ from typing import Any
 def flow_attribute(wiring_module: str, name: str) -> Any:
     """``build_flow`` from ``wiring_module``, or ``flow`` built from the environment.
 
+    Building ``flow`` (the job's entry point) also tunes the garbage collector for the
+    process (:mod:`runtime.gc_tuning`).
+
     Called from a package's ``__getattr__``: importing the package (or its pure step modules)
     has no side effects; the flow, its settings and JSON logging exist only once asked for.
     """
@@ -16,10 +19,13 @@ def flow_attribute(wiring_module: str, name: str) -> Any:
     if name == "build_flow":
         return wiring.build_flow
     if name == "flow":
+        from runtime.gc_tuning import tune_gc
         from runtime.logs import configure_logging
         from runtime.settings import Settings
 
         settings = Settings()
         configure_logging(settings.log_level)
-        return wiring.build_flow(settings)
+        flow = wiring.build_flow(settings)
+        tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
+        return flow
     raise AttributeError(name)

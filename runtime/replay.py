@@ -181,5 +181,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         "removed": [settings.topic_favorite_removed],
         "both": None,
     }[args.topic]
+    from runtime.gc_tuning import tune_gc
+
+    tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
     replay(settings, start, topics=topics, dry_run=args.dry_run, recovery_dir=args.recovery_dir)
     return 0

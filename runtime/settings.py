@@ -67,10 +67,18 @@ class Settings(BaseSettings):
     sink_batch_max: int = Field(default=2000, ge=1)
     sink_partitions: int = Field(default=2, ge=1)
     sink_max_pending: int = Field(default=0, ge=0)
+    # A favorites batch of at least this many messages commits while the worker goes on: the
+    # insert is sent, write_batch returns, and the next write_batch or the epoch's snapshot
+    # waits for the commit (sinks/action_history.py). 0: every batch commits synchronously.
+    sink_defer_min_batch: int = Field(default=500, ge=0)
 
     # Memory: glibc malloc_trim(0) every N seconds gives the heap freed after a burst back to
     # the OS (runtime/memory.py); 0 disables.
     malloc_trim_interval_seconds: float = Field(default=10.0, ge=0)
+    # The cyclic garbage collector (runtime/gc_tuning.py): a young collection every N net
+    # allocations once the flow is built (0: Python's defaults) and a full one every N seconds.
+    gc_young_threshold: int = Field(default=100_000, ge=0)
+    gc_full_collect_interval_seconds: float = Field(default=60.0, ge=0)
     poison_attempts: int = Field(default=3, ge=1)
 
     # Back-off for infrastructure failures: retried forever.

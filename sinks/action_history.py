@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
-from runtime.logs import log_events
+from runtime.health import HEALTH
+from runtime.logs import log_event, log_events
 from runtime.metrics import (
     FAVORITES_CONSUME_DURATION_MS,
     FAVORITES_DLQ,
@@ -29,7 +31,8 @@ from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
-from sinks.favorites_store import BatchOutcome, FavoritesStore
+from sinks.errors import is_infrastructure_error
+from sinks.favorites_store import BatchOutcome, FavoritesStore, SentBatch
 from sinks.transactional import PartitionedSink, TransactionalPartition
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,20 @@ class ActionHistorySink(PartitionedSink[FavoriteMessage]):
 
 
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
+    """The favorites sink partition; large batches commit while the worker goes on.
+
+    A batch of at least ``sink_defer_min_batch`` messages (a backlog, a burst) is deferred: its
+    sessions are resolved and its insert sent (one statement, one transaction), and
+    ``write_batch`` returns at once, so PostgreSQL executes and commits it while Bytewax polls,
+    decodes and deduplicates the next batch. The next ``write_batch``, the epoch's
+    ``snapshot()`` (the barrier before Bytewax snapshots the input offsets) and ``close()``
+    first wait for it; only then are its outbox rows offered and its outcome logged. At most
+    one batch is in flight, so an epoch never closes with rows uncommitted and a crash loses
+    nothing. If the deferred insert fails or the connection breaks, the batch is written again
+    by the synchronous path (retries, poison isolation); it is idempotent. Smaller batches (a
+    steady trickle) commit synchronously, so their latency does not wait for the next batch.
+    """
+
     def __init__(self, settings: Settings, part: str) -> None:
         super().__init__(
             settings,
@@ -69,6 +86,62 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             logger=logger,
         )
         self._store = FavoritesStore(settings.topic_action_tracked)
+        # the pipelined writer (sink_max_pending > 0) already decouples the commits
+        self._defer_min = settings.sink_defer_min_batch if settings.sink_max_pending == 0 else 0
+        self._in_flight: tuple[list[FavoriteMessage], SentBatch] | None = None
+
+    @override
+    def write_batch(self, values: list[FavoriteMessage]) -> None:
+        """Commit the batch in flight, then send ``values`` (deferred) or write them now."""
+        self._finish_in_flight()
+        if self._defer_min and len(values) >= self._defer_min:
+            try:
+                sent = self._store.send_batch(self._db.connection(), values)
+            except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
+                self._deferred_failed(exc, values)
+            else:
+                self._in_flight = (values, sent)
+            HEALTH.beat()
+            return
+        super().write_batch(values)
+
+    @override
+    def snapshot(self) -> None:
+        """The epoch barrier: the batch in flight is committed before the epoch closes."""
+        self._finish_in_flight()
+        super().snapshot()
+
+    @override
+    def close(self) -> None:
+        try:
+            self._finish_in_flight()
+        finally:
+            super().close()
+
+    def _finish_in_flight(self) -> None:
+        if self._in_flight is None:
+            return
+        values, sent = self._in_flight
+        self._in_flight = None
+        try:
+            outcome = self._store.finish_batch(self._db.connection(), sent)
+        except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
+            self._deferred_failed(exc, values)
+            return
+        if self._publisher is not None:
+            self._publisher.offer(self.outbox_rows(outcome))
+        self.report(outcome)
+
+    def _deferred_failed(self, exc: Exception, values: list[FavoriteMessage]) -> None:
+        """Write ``values`` synchronously after a failed deferred insert.
+
+        Nothing of it or all of it is committed; the write is idempotent either way.
+        """
+        if not isinstance(exc, psycopg.Error) or is_infrastructure_error(exc):
+            self._db.reset()  # a statement may still be in flight on it
+        log_event(logger, "deferred-write-failed", logging.WARNING, error=type(exc).__name__,
+                  sqlstate=getattr(exc, "sqlstate", None), messages=len(values))
+        self._write_now(values)
 
     def write(self, conn: Connection, batch: Sequence[FavoriteMessage]) -> BatchOutcome:
         """One transaction: sessions, rows, marks, outbox (:mod:`sinks.favorites_store`)."""

@@ -33,6 +33,7 @@ from dataflows.favorite_actions.records import (
     uuid7,
 )
 from schemas.favorites import ActionType
+from sinks import deferred_statement
 from sinks.db import Connection
 from sinks.sql import query
 
@@ -157,31 +158,48 @@ class FavoritesStore:
         self, conn: Connection, messages: Sequence[FavoriteMessage]
     ) -> BatchOutcome:
         """Record ``messages`` in one transaction; return what happened to each of them."""
-        outcome = BatchOutcome()
-        unique: dict[str, FavoriteMessage] = {}
-        for message in messages:
-            if message.idempotency_key in unique:
-                outcome.duplicates.append(message)
-            else:
-                unique[message.idempotency_key] = message
-        if not unique:
+        outcome, batch = _unique(messages)
+        if not batch:
             return outcome
         with conn.transaction():
-            batch = list(unique.values())
             sessions = self._sessions_by_owner_key(conn, batch)
             actions, params = self.action_rows(batch, sessions, outcome.no_session)
             if actions:
                 inserted = self._execute(conn, query("record_actions"), params)
-                if len(inserted) == len(actions):  # the usual case: every action is new
-                    outcome.recorded = actions
-                else:
-                    ids = {row[0] for row in inserted}
-                    for action in actions:
-                        if action.event.id in ids:
-                            outcome.recorded.append(action)
-                        else:
-                            outcome.duplicates.append(action.message)
+                _settle(outcome, actions, len(inserted), lambda: {row[0] for row in inserted})
         return outcome
+
+    def send_batch(self, conn: Connection, messages: Sequence[FavoriteMessage]) -> SentBatch:
+        """``record_batch`` in two halves: this one resolves the sessions and sends the insert.
+
+        The insert is one statement on the autocommit ``conn``, so its own transaction; it is
+        sent without waiting (:mod:`sinks.deferred_statement`). Nothing is known to be
+        committed until :meth:`finish_batch` returned; ``conn`` is busy until then.
+        """
+        outcome, batch = _unique(messages)
+        if not batch:
+            return SentBatch(outcome, [])
+        sessions = self._sessions_by_owner_key(conn, batch)
+        actions, params = self.action_rows(batch, sessions, outcome.no_session)
+        if actions:
+            deferred_statement.send(conn, _RECORD_ACTIONS, params)
+        return SentBatch(outcome, actions)
+
+    @staticmethod
+    def finish_batch(conn: Connection, sent: SentBatch) -> BatchOutcome:
+        """Wait for the insert :meth:`send_batch` sent; the batch is committed when this returns.
+
+        Raises when the statement failed (nothing of the batch was written) or the connection
+        broke (the batch may or may not be committed: redo it; the write is idempotent).
+        """
+        if not sent.actions:
+            return sent.outcome
+        result = deferred_statement.finish(conn)
+        _settle(
+            sent.outcome, sent.actions, result.ntuples,
+            lambda: {UUID(bytes=result.get_value(i, 0)) for i in range(result.ntuples)},
+        )
+        return sent.outcome
 
     def action_rows(
         self, messages: Sequence[FavoriteMessage], sessions: dict[str, SessionSnapshot],
@@ -320,3 +338,42 @@ class FavoritesStore:
 
 
 _new_snapshot = tuple.__new__
+_RECORD_ACTIONS = deferred_statement.Positional.of(query("record_actions"))
+
+
+@dataclass(frozen=True, slots=True)
+class SentBatch:
+    """A batch whose insert was sent (:meth:`FavoritesStore.send_batch`), not yet confirmed."""
+
+    outcome: BatchOutcome
+    """Duplicates within the batch and messages without a session (final); ``recorded`` empty."""
+    actions: list[RecordedAction]
+    """The rows sent: recorded once the insert is confirmed, unless already in the database."""
+
+
+def _unique(messages: Sequence[FavoriteMessage]) -> tuple[BatchOutcome, list[FavoriteMessage]]:
+    """A new outcome with the batch's repeated idempotency keys, and the first of each key."""
+    outcome = BatchOutcome()
+    unique: dict[str, FavoriteMessage] = {}
+    for message in messages:
+        if message.idempotency_key in unique:
+            outcome.duplicates.append(message)
+        else:
+            unique[message.idempotency_key] = message
+    return outcome, list(unique.values())
+
+
+def _settle(
+    outcome: BatchOutcome, actions: list[RecordedAction], inserted: int,
+    inserted_ids: Callable[[], set[UUID]],
+) -> None:
+    """Split the sent ``actions`` into recorded and duplicates (``inserted`` rows came back)."""
+    if inserted == len(actions):  # the usual case: every action is new
+        outcome.recorded = actions
+        return
+    ids = inserted_ids()
+    for action in actions:
+        if action.event.id in ids:
+            outcome.recorded.append(action)
+        else:
+            outcome.duplicates.append(action.message)

@@ -1,0 +1,99 @@
+"""One statement sent to PostgreSQL without waiting for it (libpq's asynchronous API).
+
+On an autocommit connection a single statement is its own transaction: the server commits it
+when it completes, before it answers. :func:`send` writes the statement and its binary
+parameters to the socket and returns; the server executes and commits it while the caller goes
+on with other work; :func:`finish` waits for the answer. Until :func:`finish` has returned, the
+connection must not be used for anything else, and nothing is known to be committed: if
+:func:`finish` raises, the statement either never committed or committed and its answer was
+lost (a dropped connection), so the caller must redo the work idempotently.
+
+This is what psycopg itself does for ``cursor.execute`` (``send_query_params``, then the
+``send`` and ``fetch_many`` generators run by ``Connection.wait``), split in two halves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import psycopg
+from psycopg import errors, generators
+from psycopg.pq import ExecStatus, Format
+from psycopg.pq.abc import PGresult
+
+from sinks.db import Connection
+
+_NAMED = re.compile(r"%\((\w+)\)b")
+
+
+@dataclass(frozen=True, slots=True)
+class Positional:
+    """A statement written with ``%(name)b`` placeholders, as ``$n`` text and parameter names."""
+
+    text: bytes
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, statement: str) -> Positional:
+        """``statement`` with each ``%(name)b`` (each name once) replaced by ``$1``, ``$2``..."""
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            names.append(match.group(1))
+            return f"${len(names)}"
+
+        text = _NAMED.sub(number, statement)
+        if len(set(names)) != len(names):
+            raise ValueError("each parameter must appear once")
+        return cls(text.encode(), tuple(names))
+
+
+class BinaryParameter(Protocol):
+    """What :func:`send` needs of a parameter: its binary ``data`` and its type's ``array_oid``."""
+
+    @property
+    def data(self) -> bytes | bytearray:
+        """The value in PostgreSQL's binary format."""
+        ...
+
+    @property
+    def array_oid(self) -> int:
+        """The parameter's type."""
+        ...
+
+
+def send(conn: Connection, statement: Positional, params: dict[str, BinaryParameter]) -> None:
+    """Send ``statement`` with binary ``params`` and return without waiting for the answer.
+
+    ``conn`` must be idle and in autocommit mode (one statement = one transaction).
+    """
+    if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("a deferred statement needs an idle autocommit connection")
+    values = [params[name] for name in statement.names]
+    pgconn = conn.pgconn
+    pgconn.send_query_params(
+        statement.text,
+        [bytes(value.data) for value in values],
+        [value.array_oid for value in values],
+        [Format.BINARY] * len(values),
+        Format.BINARY,
+    )
+    conn.wait(generators.send(pgconn))
+
+
+def finish(conn: Connection) -> PGresult:
+    """Wait for the answer of the statement :func:`send` sent: committed when this returns.
+
+    Raises the statement's error (a :class:`psycopg.Error` subclass with its SQLSTATE) when it
+    failed, or the connection's error when it broke.
+    """
+    results: Sequence[PGresult] = conn.wait(generators.fetch_many(conn.pgconn))
+    failed = next((r for r in results if r.status != ExecStatus.TUPLES_OK), None)
+    if failed is not None or not results:
+        if failed is None:
+            raise psycopg.OperationalError("no answer to the deferred statement")
+        raise errors.error_from_result(failed, encoding=conn.info.encoding)
+    return results[0]

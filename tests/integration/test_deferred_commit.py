@@ -1,0 +1,202 @@
+"""The favorites sink's deferred commits against a real PostgreSQL.
+
+A batch of at least ``sink_defer_min_batch`` messages is sent and ``write_batch`` returns before
+the commit; the next ``write_batch``, ``snapshot()`` and ``close()`` wait for it. A deferred
+insert that fails is written again synchronously. A lock held by another connection on the
+outbox table keeps the sent insert waiting inside PostgreSQL, so "not yet committed" is
+observable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from runtime.settings import Settings
+from schemas.favorites import ActionType
+from schemas.kafka_record import SourceRecord
+from sinks import deferred_statement
+from sinks.action_history import _ActionHistoryPartition
+from sinks.favorites_store import FavoritesStore
+from tests.support import favorite_envelope, insert_session
+
+pytestmark = pytest.mark.integration
+
+ADDED = "favorite-added"
+ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES}
+
+
+def _messages(db: psycopg.Connection[Any], count: int) -> list[FavoriteMessage]:
+    device = uuid.uuid4()
+    insert_session(db, anonymous_id=device)
+    messages = []
+    for offset in range(count):
+        value = orjson.dumps(favorite_envelope(anonymous_id=device))
+        message = decode_favorite(SourceRecord(ADDED, 0, offset, b"k", value), ACTION_TYPES)
+        assert isinstance(message, FavoriteMessage)
+        messages.append(message)
+    return messages
+
+
+def _recorded(database_url: str, messages: list[FavoriteMessage]) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM user_activity.action_events WHERE source_message_id = ANY(%s)",
+            ([m.message_id for m in messages],),
+        ).fetchone()
+        return int(row[0]) if row else -1
+
+
+@pytest.fixture
+def outbox_locked(database_url: str) -> Iterator[threading.Event]:
+    """Holds SHARE mode on the outbox (inserts wait) until the yielded event is set."""
+    release = threading.Event()
+    locked = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(database_url) as conn, conn.transaction():
+            conn.execute("LOCK TABLE user_activity.outbox IN SHARE MODE")
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert locked.wait(10)
+    yield release
+    release.set()
+    holder.join(10)
+
+
+def _partition(database_url: str, **overrides: Any) -> _ActionHistoryPartition:
+    settings = Settings(
+        database_url=database_url,
+        kafka_bootstrap_servers="127.0.0.1:1",  # never used: no poison, no outbox publisher
+        outbox_enabled=False,
+        http_port=0,
+        topic_action_tracked="t.deferred.action-tracked",
+        **overrides,
+    )
+    return _ActionHistoryPartition(settings, f"deferred-{uuid.uuid4().hex[:6]}")
+
+
+def _in_thread(call: Any) -> threading.Event:
+    done = threading.Event()
+
+    def run() -> None:
+        call()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done
+
+
+def test_send_then_finish_records_like_record_batch(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    messages = _messages(db, 5)
+    store = FavoritesStore("t.deferred.action-tracked")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        sent = store.send_batch(conn, [*messages, messages[0]])
+        outcome = store.finish_batch(conn, sent)
+        again = store.finish_batch(conn, store.send_batch(conn, messages))
+
+    assert [a.message for a in outcome.recorded] == messages
+    assert outcome.duplicates == [messages[0]]
+    assert again.recorded == [] and again.duplicates == messages  # idempotent
+    assert _recorded(database_url, messages) == 5
+
+
+def test_a_large_batch_commits_by_the_snapshot_barrier(
+    db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event
+) -> None:
+    messages = _messages(db, 20)
+    part = _partition(database_url, sink_defer_min_batch=10)
+    try:
+        part.write_batch(messages)  # sent; the insert waits for the outbox lock
+        assert _recorded(database_url, messages) == 0
+        snapped = _in_thread(part.snapshot)
+        assert not snapped.wait(0.5)  # the epoch cannot close while the batch is uncommitted
+        outbox_locked.set()
+        assert snapped.wait(10)
+        assert _recorded(database_url, messages) == 20
+    finally:
+        outbox_locked.set()
+        part.close()
+
+
+def test_a_small_batch_commits_before_write_batch_returns(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    messages = _messages(db, 5)
+    part = _partition(database_url, sink_defer_min_batch=10)
+    try:
+        part.write_batch(messages)
+        assert _recorded(database_url, messages) == 5
+    finally:
+        part.close()
+
+
+def test_the_next_write_batch_and_close_wait_for_the_batch_in_flight(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    first, second = _messages(db, 10), _messages(db, 10)
+    part = _partition(database_url, sink_defer_min_batch=10)
+    part.write_batch(first)
+    part.write_batch(second)  # first waits for the commit of the batch in flight
+    assert _recorded(database_url, first) == 10
+    part.close()
+    assert _recorded(database_url, second) == 10
+
+
+def test_a_broken_deferred_insert_is_written_again_synchronously(
+    db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    messages = _messages(db, 12)
+    part = _partition(database_url, sink_defer_min_batch=10, retry_initial_seconds=0.05)
+    try:
+        part.write_batch(messages)
+        db.execute(  # the sink's connection dies with its insert waiting for the lock
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (part._db._application_name,),
+        )
+        outbox_locked.set()
+        with caplog.at_level(logging.WARNING):
+            part.snapshot()
+        assert _recorded(database_url, messages) == 12
+        assert "deferred-write-failed" in [r.getMessage() for r in caplog.records]
+    finally:
+        outbox_locked.set()
+        part.close()
+
+
+def test_a_failed_statement_raises_its_sqlstate(database_url: str) -> None:
+    statement = deferred_statement.Positional.of("SELECT 1 / (%(zero)b::int[])[1]")
+    zero = _IntArray(0)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        deferred_statement.send(conn, statement, {"zero": zero})
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            deferred_statement.finish(conn)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the connection is usable again
+
+
+class _IntArray:
+    """A one-element int4[] in PostgreSQL's binary format."""
+
+    array_oid = 1007
+
+    def __init__(self, value: int) -> None:
+        self.data = (
+            (1).to_bytes(4, "big") + (0).to_bytes(4, "big") + (23).to_bytes(4, "big")
+            + (1).to_bytes(4, "big") + (1).to_bytes(4, "big")
+            + (4).to_bytes(4, "big") + value.to_bytes(4, "big", signed=True)
+        )
