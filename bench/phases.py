@@ -91,8 +91,11 @@ def job_backlog(
     total = len(backlog.records)
     counter = OutputCounter(services.bootstrap, settings.topic_action_tracked)
     wal0 = _wal(db_url)
+    gc_dir = services.run_dir / "gcprobe"
+    gc_dir.mkdir(exist_ok=True)
+    probe_env = {"PYTHONPATH": str(ROOT / "bench" / "gcprobe"), "GCPROBE_DIR": str(gc_dir)}
     job = JobProcess(settings, services.run_dir / f"{name}.log", workers=workers, tail=False,
-                     source_dir=source_dir, extra_env=extra_env)
+                     source_dir=source_dir, extra_env={**probe_env, **(extra_env or {})})
     sampler = CpuSampler(job, services.postmaster_pid, services.kafka_pid)
     spawned = job.started
     t_http: float | None = None
@@ -171,6 +174,7 @@ def job_backlog(
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round(wal / rows) if rows > 0 else None,
         "job_peak_rss_mb": round(job.hwm_mb() or 0.0, 1),  # VmHWM, read every 0.1 s
+        "gc": _gc_probe(gc_dir, job.pid),
         "resources": cpu,
         "ok": failure is None and rows == expected and out_distinct == expected,
     }
@@ -181,6 +185,14 @@ def job_backlog(
         f"{expected}, out {out_distinct}/{expected}, job {cpu.get('job_cores')} cores, "
         f"pg {cpu.get('postgres_cores')} cores")
     return result
+
+
+def _gc_probe(directory: Path, pid: int) -> dict[str, Any] | None:
+    """What ``bench/gcprobe`` wrote for the job ``pid`` at its exit (None if it did not exit)."""
+    try:
+        return dict(json.loads((directory / f"{pid}.json").read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def compare_jobs(

@@ -99,6 +99,10 @@ def print_table(results: dict[str, Any]) -> None:
                      f" / {_fmt(res.get('kafka_cores'), 2)}", "", ""))
         rows.append((f"job {name.replace('_', ' ')}: WAL bytes per recorded event",
                      _fmt(run.get("wal_bytes_per_recorded_event")), "", ""))
+        gc_time = run.get("gc") or {}
+        rows.append((f"job {name.replace('_', ' ')}: GC seconds / CPU seconds, peak RSS MB",
+                     f"{_fmt(gc_time.get('total_s'), 1)} / {_fmt(gc_time.get('cpu_s'), 1)}, "
+                     f"{_fmt(run.get('job_peak_rss_mb'))}", "", ""))
     naive = results.get("naive") or {}
     rows.append(("naive consumer: events/s"
                  + (" (time-bounded, extrapolated)" if naive.get("extrapolated") else ""),
