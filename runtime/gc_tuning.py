@@ -31,6 +31,7 @@ import threading
 import time
 
 from runtime.logs import log_event
+from runtime.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -38,35 +39,22 @@ OLDER_THRESHOLDS = (50, 1000)
 """Collections of the younger generation before the middle and the old one are collected."""
 
 
-class FullCollector:
+class FullCollector(Periodic):
     """Runs ``gc.collect()`` every ``interval`` seconds in a daemon thread; ``stop()`` ends it."""
 
     def __init__(self, interval: float) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be > 0, got {interval}")
-        self.interval = interval
+        super().__init__(interval, "gc-collect")
         self.collections = 0
         self.collected = 0
         self.last_ms = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gc-collect", daemon=True)
 
-    def start(self) -> FullCollector:
-        """Start the thread; returns self."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop collecting and join the thread."""
-        self._stop.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            started = time.perf_counter()
-            self.collected += gc.collect()
-            self.last_ms = (time.perf_counter() - started) * 1000
-            self.collections += 1
+    def tick(self) -> bool:
+        """One full collection."""
+        started = time.perf_counter()
+        self.collected += gc.collect()
+        self.last_ms = (time.perf_counter() - started) * 1000
+        self.collections += 1
+        return True
 
 
 _COLLECTOR: FullCollector | None = None

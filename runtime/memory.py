@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from runtime.logs import log_event
+from runtime.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -60,43 +61,28 @@ def trim_heap() -> bool | None:
     return bool(trim(0))
 
 
-class Trimmer:
+class Trimmer(Periodic):
     """The periodic trim (see :func:`start_trimmer`); ``stop()`` ends it (tests)."""
 
     def __init__(self, interval: float, trim: Callable[[], bool | None] = trim_heap) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be > 0, got {interval}")
-        self.interval = interval
+        super().__init__(interval, "malloc-trim")
         self.calls = 0
         self.released = 0
         self.last_ms = 0.0
         self._trim = trim
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="malloc-trim", daemon=True)
 
-    def start(self) -> Trimmer:
-        """Start the thread; returns self."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop trimming and join the thread."""
-        self._stop.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            started = time.perf_counter()
-            try:
-                released = self._trim()
-            except Exception:  # a failed trim must never stop the job
-                logger.exception("malloc_trim failed; periodic trimming stops")
-                return
-            self.last_ms = (time.perf_counter() - started) * 1000
-            self.calls += 1
-            self.released += bool(released)
-            if released is None:
-                return  # unsupported libc: nothing to do, ever
+    def tick(self) -> bool:
+        """Trim once; False (stop) when trimming failed or is unsupported."""
+        started = time.perf_counter()
+        try:
+            released = self._trim()
+        except Exception:  # a failed trim must never stop the job
+            logger.exception("malloc_trim failed; periodic trimming stops")
+            return False
+        self.last_ms = (time.perf_counter() - started) * 1000
+        self.calls += 1
+        self.released += bool(released)
+        return released is not None  # unsupported libc: nothing to do, ever
 
 
 _STARTED: Trimmer | None = None

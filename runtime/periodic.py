@@ -1,0 +1,40 @@
+"""A daemon thread that runs a task every ``interval`` seconds until stopped."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Self
+
+
+class Periodic(ABC):
+    """Calls :meth:`tick` every ``interval`` seconds in a daemon thread named ``name``.
+
+    ``tick`` returning False ends the thread; ``stop()`` ends it from outside (and joins it).
+    """
+
+    def __init__(self, interval: float, name: str) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0, got {interval}")
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @abstractmethod
+    def tick(self) -> bool:
+        """One run of the task; False when it should never run again."""
+
+    def start(self) -> Self:
+        """Start the thread; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop and join the thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self.tick():
+                return
