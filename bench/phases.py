@@ -501,55 +501,17 @@ RSS_VARIANTS: dict[str, dict[str, str]] = {
                        "MEMPROBE_TRIM_INTERVAL": "5"},
     "malloc_trim_5s_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
                                    "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
-    # + the sink writer threads not keeping their last batch (~4k decoded messages) alive.
-    # (MEMPROBE_WRITER_RELEASE / MEMPROBE_POISON_NOCYCLE patch what 6a8a210 fixed in the code:
-    # no-ops since. Since 03b16fd sinks are synchronous by default, so a variant that sets
-    # USER_ACTIVITY_SINK_MAX_PENDING > 0 switches them back to the pipelined writer.)
-    "writer_release_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                        "MEMPROBE_WRITER_RELEASE": "1",
-                                        "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
-    # + write_isolating_poison without its reference cycle (batches freed at once, not by the
-    # next full GC): no decoded message outlives its write.
-    "no_retention_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                 "MEMPROBE_WRITER_RELEASE": "1", "MEMPROBE_POISON_NOCYCLE": "1",
-                                 "MALLOC_ARENA_MAX": "2"},
-    "no_retention_trim": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                          "MEMPROBE_WRITER_RELEASE": "1", "MEMPROBE_POISON_NOCYCLE": "1",
-                          "MEMPROBE_TRIM_INTERVAL": "5"},
-    # + fewer decoded messages in flight: input batches of 250 (x 12 partitions) and 1000
-    # pending per sink writer (x 4), instead of 1000 and 4000.
-    "small_batches_no_retention_trim": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                        "USER_ACTIVITY_SOURCE_BATCH_SIZE": "250",
-                                        "USER_ACTIVITY_SINK_MAX_PENDING": "1000",
-                                        "MEMPROBE_WRITER_RELEASE": "1",
-                                        "MEMPROBE_POISON_NOCYCLE": "1",
-                                        "MEMPROBE_TRIM_INTERVAL": "5"},
     # Input batches of 250 records per partition per poll (default 1000; 12 partitions).
     "source_batch_250": {"USER_ACTIVITY_SOURCE_BATCH_SIZE": "250"},
-    "no_retention_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                      "MEMPROBE_WRITER_RELEASE": "1",
-                                      "MEMPROBE_POISON_NOCYCLE": "1",
-                                      "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
     # jemalloc (Debian libjemalloc2) instead of glibc malloc: purges freed pages by itself
     # (background thread, decay 1 s); with PYTHONMALLOC=malloc, Python objects too.
-    "jemalloc_no_retention": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF,
-                              "PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                              "MEMPROBE_WRITER_RELEASE": "1", "MEMPROBE_POISON_NOCYCLE": "1"},
-    "jemalloc_pythonmalloc_no_retention": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF,
-                                           "PYTHONMALLOC": "malloc",
-                                           "PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                           "MEMPROBE_WRITER_RELEASE": "1",
-                                           "MEMPROBE_POISON_NOCYCLE": "1"},
+    "jemalloc": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF},
+    "jemalloc_pythonmalloc": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF,
+                              "PYTHONMALLOC": "malloc"},
     "pythonmalloc_malloc_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
                                              "PYTHONMALLOC": "malloc",
                                              "MEMPROBE_TRIM_INTERVAL": "5",
                                              "MALLOC_ARENA_MAX": "2"},
-    # + fewer decoded messages in flight to the sink writers (4 x 2000 instead of 4 x 4000).
-    "sink_pending_2000_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                           "USER_ACTIVITY_SINK_MAX_PENDING": "2000",
-                                           "MEMPROBE_WRITER_RELEASE": "1",
-                                           "MEMPROBE_TRIM_INTERVAL": "5",
-                                           "MALLOC_ARENA_MAX": "2"},
 }
 
 

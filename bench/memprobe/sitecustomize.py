@@ -10,10 +10,9 @@ thread polls ``$MEMPROBE_DIR/<pid>.req`` every 0.2 s. The request is one command
 - ``trim``: ``malloc_trim(0)`` (timed) then the same stats.
 
 ``MEMPROBE_TRIM_INTERVAL`` (seconds) additionally starts :func:`runtime.memory.start_trimmer`
-(the production candidate) for the trim-loop variant; ``MEMPROBE_WRITER_RELEASE=1`` patches
-``PipelinedWriter._run`` not to keep its last batch alive (see :func:`_patch_writer`);
-``MEMPROBE_POISON_NOCYCLE=1`` replaces ``write_isolating_poison`` by a version without a
-reference cycle (see :func:`_patch_poison`).
+at another interval than the job's own. (The patches that replayed the retention bugs fixed in
+6a8a210, a batch kept by an idle writer thread and a closure cycle in the poison bisection, are
+gone with them; ``bench/results-rss-probe.json`` keeps what they measured.)
 """
 
 from __future__ import annotations
@@ -27,92 +26,16 @@ def _main() -> None:
     probe_dir = os.environ.get("MEMPROBE_DIR")
     interval = os.environ.get("MEMPROBE_TRIM_INTERVAL")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if interval or os.environ.get("MEMPROBE_WRITER_RELEASE") or os.environ.get(
-        "MEMPROBE_POISON_NOCYCLE"
-    ):
+    if interval:
         sys.path.insert(0, root)
     if interval:
         from runtime.memory import start_trimmer
 
         start_trimmer(float(interval))
-    if os.environ.get("MEMPROBE_WRITER_RELEASE"):
-        _patch_writer()
-    if os.environ.get("MEMPROBE_POISON_NOCYCLE"):
-        _patch_poison()
     if probe_dir:
         import threading
 
         threading.Thread(target=_serve, args=(probe_dir,), name="memprobe", daemon=True).start()
-
-
-def _patch_writer() -> None:
-    """PipelinedWriter._run without the reference to the last written batch.
-
-    ``while (batch := self._take()) is not None`` keeps the previous batch alive while the
-    thread waits in ``_take`` for the next one: up to ``sink_batch_max`` decoded messages per
-    sink partition stay reachable when the job is idle.
-    """
-    from sinks import pipelined_writer
-
-    def _run(self):  # type: ignore[no-untyped-def]
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            size = len(batch)
-            try:
-                self._write(batch)
-            except BaseException as exc:
-                with self._cond:
-                    self._failure = exc
-                    self._cond.notify_all()
-                return
-            del batch
-            with self._cond:
-                self._pending -= size
-                self._cond.notify_all()
-
-    pipelined_writer.PipelinedWriter._run = _run  # type: ignore[method-assign]
-
-
-def _patch_poison() -> None:
-    """``write_isolating_poison`` without its reference cycle.
-
-    The original's recursive inner ``go`` refers to itself through its closure cell: every call
-    leaves a cycle (function <-> cell) that holds ``results`` (the batch outcomes, i.e. the
-    batch's messages) until the cyclic GC's next *full* collection (the cycle lives across the
-    write, so gen0/gen1 collections promote it to gen2 instead of freeing it). Same order, same
-    results: an explicit stack instead of recursion.
-    """
-    from runtime import poison
-
-    def write_isolating_poison(items, write, attempts):  # type: ignore[no-untyped-def]
-        results = []
-        poisoned = []
-        stack = [items] if items else []
-        while stack:
-            batch = stack.pop()
-            try:
-                results.append(write(batch))
-                continue
-            except Exception as exc:
-                if len(batch) > 1:
-                    middle = len(batch) // 2
-                    stack.append(batch[middle:])
-                    stack.append(batch[:middle])
-                    continue
-                last = exc
-            for _ in range(attempts - 1):
-                try:
-                    results.append(write(batch))
-                    break
-                except Exception as exc:
-                    last = exc
-            else:
-                poisoned.append(poison.Poisoned(batch[0], last, attempts))
-        return results, poisoned
-
-    poison.write_isolating_poison = write_isolating_poison
 
 
 def _serve(probe_dir: str) -> None:
