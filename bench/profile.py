@@ -18,8 +18,16 @@ _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 BUCKETS: dict[str, str] = {
     # name: a regex searched in the ';'-joined stack of "path:Class.function" frames
-    "decode: decode_favorite (pydantic)": r":decode_favorite",
+    "decode: decode_favorite (msgspec, pydantic fallback)": r":decode_favorite",
     "dedup: DedupLogic.on_batch": r":DedupLogic\.on_batch",
+    "sink: FavoritesStore.send_batch (deferred: sessions, rows, send)": (
+        r"favorites_store\.py:FavoritesStore\.send_batch"),
+    "  send_batch: session lookup": (
+        r"favorites_store\.py:FavoritesStore\.send_batch.*_sessions_by_owner_key"),
+    "  send_batch: action_rows (rows, outbox JSON, binary arrays)": (
+        r"favorites_store\.py:FavoritesStore\.send_batch.*FavoritesStore\.action_rows"),
+    "sink: FavoritesStore.finish_batch (waiting for a deferred commit)": (
+        r"favorites_store\.py:FavoritesStore\.finish_batch"),
     "sink: FavoritesStore.record_batch (all)": (
         r"favorites_store\.py:FavoritesStore\.record_batch"),
     "  record_batch: psycopg parameter dump (binary arrays)": (
