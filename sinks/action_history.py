@@ -17,6 +17,7 @@ import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
+from runtime.backlog import BACKLOG
 from runtime.health import HEALTH
 from runtime.logs import log_event, log_events
 from runtime.metrics import (
@@ -64,8 +65,9 @@ class ActionHistorySink(PartitionedSink[FavoriteMessage]):
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
     """The favorites sink partition; large batches commit while the worker goes on.
 
-    A batch of at least ``sink_defer_min_batch`` messages (a backlog, a burst) is deferred: its
-    sessions are resolved and its insert sent (one statement, one transaction), and
+    A batch of at least ``sink_defer_min_batch`` messages written while the process's Kafka
+    inputs read a backlog (:mod:`runtime.backlog`: some partition's last poll came back full)
+    is deferred: its sessions are resolved and its insert sent (one statement, one transaction), and
     ``write_batch`` returns at once, so PostgreSQL executes and commits it while Bytewax polls,
     decodes and deduplicates the next batch. The next ``write_batch``, the epoch's
     ``snapshot()`` (the barrier before Bytewax snapshots the input offsets) and ``close()``
@@ -73,7 +75,8 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     one batch is in flight, so an epoch never closes with rows uncommitted and a crash loses
     nothing. If the deferred insert fails or the connection breaks, the batch is written again
     by the synchronous path (retries, poison isolation); it is idempotent. Smaller batches (a
-    steady trickle) commit synchronously, so their latency does not wait for the next batch.
+    steady trickle) and the batch written once the polls come back short (the end of a burst)
+    commit synchronously, so their latency never waits for a next batch.
     """
 
     def __init__(self, settings: Settings, part: str) -> None:
@@ -94,7 +97,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def write_batch(self, values: list[FavoriteMessage]) -> None:
         """Commit the batch in flight, then send ``values`` (deferred) or write them now."""
         self._finish_in_flight()
-        if self._defer_min and len(values) >= self._defer_min:
+        if self._defer_min and len(values) >= self._defer_min and BACKLOG.reading():
             try:
                 sent = self._store.send_batch(self._db.connection(), values)
             except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates

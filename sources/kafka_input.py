@@ -33,6 +33,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from typing_extensions import override
 
+from runtime.backlog import BACKLOG
 from runtime.backoff import Backoff
 from runtime.health import HEALTH
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
@@ -210,6 +211,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if self._finished():
             raise StopIteration
         messages = self._consumer.consume(self._batch_size, 0)
+        BACKLOG.polled(self._topic, self._partition, full=len(messages) >= self._batch_size)
         batch: list[InputItem] = []
         now = time.monotonic()
         end = self._end_offset
@@ -292,6 +294,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
 
     @override
     def close(self) -> None:
+        BACKLOG.closed(self._topic, self._partition)
         self._consumer.close()
 
 

@@ -1,7 +1,8 @@
 """The favorites sink's deferred commits against a real PostgreSQL.
 
-A batch of at least ``sink_defer_min_batch`` messages is sent and ``write_batch`` returns before
-the commit; the next ``write_batch``, ``snapshot()`` and ``close()`` wait for it. A deferred
+While a backlog is read (the ``reading_backlog`` fixture plays the Kafka source's part), a batch
+of at least ``sink_defer_min_batch`` messages is sent and ``write_batch`` returns before the
+commit; the next ``write_batch``, ``snapshot()`` and ``close()`` wait for it. A deferred
 insert that fails is written again synchronously. A lock held by another connection on the
 outbox table keeps the sent insert waiting inside PostgreSQL, so "not yet committed" is
 observable.
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from runtime.backlog import BACKLOG
 from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
@@ -53,6 +55,14 @@ def _recorded(database_url: str, messages: list[FavoriteMessage]) -> int:
             ([m.message_id for m in messages],),
         ).fetchone()
         return int(row[0]) if row else -1
+
+
+@pytest.fixture
+def reading_backlog() -> Iterator[None]:
+    """A Kafka partition's last poll came back full, as during a backlog."""
+    BACKLOG.polled("t.deferred.input", 0, full=True)
+    yield
+    BACKLOG.closed("t.deferred.input", 0)
 
 
 @pytest.fixture
@@ -114,6 +124,7 @@ def test_send_then_finish_records_like_record_batch(
     assert _recorded(database_url, messages) == 5
 
 
+@pytest.mark.usefixtures("reading_backlog")
 def test_a_large_batch_commits_by_the_snapshot_barrier(
     db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event
 ) -> None:
@@ -132,6 +143,7 @@ def test_a_large_batch_commits_by_the_snapshot_barrier(
         part.close()
 
 
+@pytest.mark.usefixtures("reading_backlog")
 def test_a_small_batch_commits_before_write_batch_returns(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
@@ -144,6 +156,20 @@ def test_a_small_batch_commits_before_write_batch_returns(
         part.close()
 
 
+def test_a_large_batch_after_the_backlog_commits_before_write_batch_returns(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    messages = _messages(db, 20)  # the end of a burst: every poll came back short
+    part = _partition(database_url, sink_defer_min_batch=10)
+    try:
+        assert not BACKLOG.reading()
+        part.write_batch(messages)
+        assert _recorded(database_url, messages) == 20
+    finally:
+        part.close()
+
+
+@pytest.mark.usefixtures("reading_backlog")
 def test_the_next_write_batch_and_close_wait_for_the_batch_in_flight(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
@@ -156,6 +182,7 @@ def test_the_next_write_batch_and_close_wait_for_the_batch_in_flight(
     assert _recorded(database_url, second) == 10
 
 
+@pytest.mark.usefixtures("reading_backlog")
 def test_a_broken_deferred_insert_is_written_again_synchronously(
     db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event,
     caplog: pytest.LogCaptureFixture,

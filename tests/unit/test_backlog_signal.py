@@ -1,0 +1,27 @@
+"""The backlog signal: some partition's last poll came back full."""
+
+from __future__ import annotations
+
+from runtime.backlog import BacklogSignal
+
+
+def test_reading_while_some_partition_last_polled_full() -> None:
+    signal = BacklogSignal()
+    assert not signal.reading()
+
+    signal.polled("a", 0, full=True)
+    signal.polled("a", 1, full=True)
+    signal.polled("a", 0, full=False)
+    assert signal.reading()  # partition 1 still has more
+
+    signal.polled("a", 1, full=False)
+    assert not signal.reading()
+
+
+def test_a_closed_partition_no_longer_counts() -> None:
+    signal = BacklogSignal()
+    signal.polled("b", 3, full=True)
+
+    signal.closed("b", 3)
+
+    assert not signal.reading()
