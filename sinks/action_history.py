@@ -65,7 +65,7 @@ class ActionHistorySink(PartitionedSink[FavoriteMessage]):
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
     """The favorites sink partition; large batches commit while the worker goes on.
 
-    A batch of at least ``sink_defer_min_batch`` messages written while the process's Kafka
+    A batch of at least ``sink_defer_min_batch`` messages written while the worker's Kafka
     inputs read a backlog (:mod:`runtime.backlog`: some partition's last poll came back full)
     is deferred: its sessions are resolved and its insert sent (one statement, one transaction), and
     ``write_batch`` returns at once, so PostgreSQL executes and commits it while Bytewax polls,

@@ -171,6 +171,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if not tail:
             self._end_offset = _retrying(lambda: self._watermarks()[1], topic, backoff, count_retry)
         self._consumer.assign([TopicPartition(topic, partition, self._assign_offset())])
+        self._partition_handle = TopicPartition(topic, partition)
 
     def _watermarks(self) -> tuple[int, int]:
         low, high = self._consumer.get_watermark_offsets(
@@ -211,7 +212,6 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if self._finished():
             raise StopIteration
         messages = self._consumer.consume(self._batch_size, 0)
-        BACKLOG.polled(self._topic, self._partition, full=len(messages) >= self._batch_size)
         batch: list[InputItem] = []
         now = time.monotonic()
         end = self._end_offset
@@ -241,10 +241,22 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 )
             )
             self._next_offset = offset + 1
+        BACKLOG.polled(self._topic, self._partition, full=self._behind(len(messages)))
         if self._down_attempts:
             self._check_kafka(fetched=any(isinstance(item, SourceRecord) for item in batch))
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
+
+    def _behind(self, polled: int) -> bool:
+        """Whether more records are waiting (the backlog signal, :mod:`runtime.backlog`).
+
+        True when the poll came back full, or the partition's high watermark as of the last
+        fetch (cached by librdkafka: no broker call) is past the next offset to read.
+        """
+        if polled >= self._batch_size:
+            return True
+        _, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
+        return self._next_offset is not None and high > self._next_offset
 
     def _on_client_error(self, error: KafkaError) -> None:
         """Every broker is unreachable (librdkafka reconnects by itself): report the pause."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from runtime.backlog import BacklogSignal
 
 
@@ -25,3 +27,16 @@ def test_a_closed_partition_no_longer_counts() -> None:
     signal.closed("b", 3)
 
     assert not signal.reading()
+
+
+def test_each_worker_thread_sees_only_its_own_polls() -> None:
+    signal = BacklogSignal()
+    signal.polled("c", 0, full=True)
+    seen: list[bool] = []
+
+    worker = threading.Thread(target=lambda: seen.append(signal.reading()))
+    worker.start()
+    worker.join()
+
+    assert seen == [False]
+    assert signal.reading()
