@@ -74,7 +74,7 @@ class Settings(BaseSettings):
 
     # Memory: glibc malloc_trim(0) every N seconds gives the heap freed after a burst back to
     # the OS (runtime/memory.py); 0 disables.
-    malloc_trim_interval_seconds: float = Field(default=10.0, ge=0)
+    malloc_trim_interval_seconds: float = Field(default=5.0, ge=0)
     # The cyclic garbage collector (runtime/gc_tuning.py): a young collection every N net
     # allocations once the flow is built (0: Python's defaults) and a full one every N seconds.
     gc_young_threshold: int = Field(default=100_000, ge=0)
