@@ -67,16 +67,18 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
 
     A batch of at least ``sink_defer_min_batch`` messages written while the worker's Kafka
     inputs read a backlog (:mod:`runtime.backlog`: some partition's last poll came back full)
-    is deferred: its sessions are resolved and its insert sent (one statement, one transaction), and
-    ``write_batch`` returns at once, so PostgreSQL executes and commits it while Bytewax polls,
-    decodes and deduplicates the next batch. The next ``write_batch``, the epoch's
-    ``snapshot()`` (the barrier before Bytewax snapshots the input offsets) and ``close()``
-    first wait for it; only then are its outbox rows offered and its outcome logged. At most
-    one batch is in flight, so an epoch never closes with rows uncommitted and a crash loses
-    nothing. If the deferred insert fails or the connection breaks, the batch is written again
-    by the synchronous path (retries, poison isolation); it is idempotent. Smaller batches (a
-    steady trickle) and the batch written once the polls come back short (the end of a burst)
-    commit synchronously, so their latency never waits for a next batch.
+    is deferred: its sessions are resolved and its insert sent (one statement, one
+    transaction), and ``write_batch`` returns at once, so PostgreSQL executes and commits it
+    while Bytewax polls, decodes and deduplicates the next batch. The next ``write_batch``, the
+    epoch's ``snapshot()`` (the barrier before Bytewax snapshots the input offsets) and
+    ``close()`` first wait for it, and so does this worker's first poll that finds its inputs
+    caught up (this partition may get no more items); only then are its outbox rows offered and
+    its outcome logged. At most one batch is in flight, so an epoch never closes with rows
+    uncommitted and a crash loses nothing. If the deferred insert fails or the connection
+    breaks, the batch is written again by the synchronous path (retries, poison isolation); it
+    is idempotent. Smaller batches (a steady trickle) and the batch written once the polls come
+    back short (the end of a burst) commit synchronously, so their latency never waits for a
+    next batch.
     """
 
     def __init__(self, settings: Settings, part: str) -> None:
@@ -104,6 +106,8 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
                 self._deferred_failed(exc, values)
             else:
                 self._in_flight = (values, sent)
+                # finished by the next write or snapshot, or as soon as the polls catch up
+                BACKLOG.when_caught_up(self._finish_in_flight)
             HEALTH.beat()
             return
         super().write_batch(values)

@@ -170,6 +170,24 @@ def test_a_large_batch_after_the_backlog_commits_before_write_batch_returns(
 
 
 @pytest.mark.usefixtures("reading_backlog")
+def test_the_poll_that_finds_the_inputs_caught_up_finishes_the_batch_in_flight(
+    db: psycopg.Connection[Any], database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    messages = _messages(db, 20)
+    part = _partition(database_url, sink_defer_min_batch=10)
+    try:
+        with caplog.at_level(logging.INFO):
+            part.write_batch(messages)  # deferred: the input is still behind
+            assert "recorded" not in [r.getMessage() for r in caplog.records]
+            BACKLOG.polled("t.deferred.input", 0, full=False)  # caught up; no write follows
+            assert part._in_flight is None
+            assert [r.getMessage() for r in caplog.records].count("recorded") == 20
+        assert _recorded(database_url, messages) == 20
+    finally:
+        part.close()
+
+
+@pytest.mark.usefixtures("reading_backlog")
 def test_the_next_write_batch_and_close_wait_for_the_batch_in_flight(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:

@@ -40,3 +40,18 @@ def test_each_worker_thread_sees_only_its_own_polls() -> None:
 
     assert seen == [False]
     assert signal.reading()
+
+
+def test_callbacks_run_once_when_the_thread_catches_up() -> None:
+    signal = BacklogSignal()
+    calls: list[str] = []
+    signal.polled("d", 0, full=True)
+    signal.polled("d", 1, full=True)
+    signal.when_caught_up(lambda: calls.append("a"))
+
+    signal.polled("d", 0, full=False)
+    assert calls == []  # partition 1 is still behind
+    signal.polled("d", 1, full=False)
+    assert calls == ["a"]
+    signal.polled("d", 1, full=False)
+    assert calls == ["a"]  # once
