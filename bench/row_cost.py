@@ -318,26 +318,33 @@ class LegacyStore:
             actions.append(legacy_build(
                 message, session, action_event_id=self._new_id(),
                 outbox_message_id=self._new_id(), topic=self._topic, now=now))
-        events = [a.event for a in actions]
-        outbox = [a.outbox for a in actions]
-        params = {
-            "idempotency_keys": [a.idempotency_key for a in actions],
-            "ids": [e.id for e in events],
-            "action_types": [e.action_type for e in events],
-            "session_ids": [e.session_id for e in events],
-            "anonymous_ids": [e.anonymous_id for e in events],
-            "user_ids": [e.user_id for e in events],
-            "occurred_ats": [e.occurred_at for e in events],
-            "property_object_ids": [e.property_object_id for e in events],
-            "favorite_ids": [e.favorite_id for e in events],
-            "source_message_ids": [e.source_message_id for e in events],
-            "outbox_ids": [o.id for o in outbox],
-            "outbox_topics": [o.topic for o in outbox],
-            "outbox_keys": [o.key for o in outbox],
-            "outbox_values": [o.value for o in outbox],
-            "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
-        }
-        return actions, params
+        return actions, previous_record_params(actions)
+
+
+def previous_record_params(actions: Sequence[Any]) -> dict[str, list[Any]]:
+    """What the previous implementation passed to record_actions: plain lists psycopg dumped.
+
+    ``actions`` have ``idempotency_key``, ``event`` and ``outbox`` (old or current rows).
+    """
+    events = [a.event for a in actions]
+    outbox = [a.outbox for a in actions]
+    return {
+        "idempotency_keys": [a.idempotency_key for a in actions],
+        "ids": [e.id for e in events],
+        "action_types": [e.action_type for e in events],
+        "session_ids": [e.session_id for e in events],
+        "anonymous_ids": [e.anonymous_id for e in events],
+        "user_ids": [e.user_id for e in events],
+        "occurred_ats": [e.occurred_at for e in events],
+        "property_object_ids": [e.property_object_id for e in events],
+        "favorite_ids": [e.favorite_id for e in events],
+        "source_message_ids": [e.source_message_id for e in events],
+        "outbox_ids": [o.id for o in outbox],
+        "outbox_topics": [o.topic for o in outbox],
+        "outbox_keys": [o.key for o in outbox],
+        "outbox_values": [o.value for o in outbox],
+        "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
+    }
 
 
 def dedup(messages: Sequence[FavoriteMessage], duplicates: list[FavoriteMessage]
