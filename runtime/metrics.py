@@ -79,6 +79,43 @@ CONSUMER_ERRORS = Counter(
     "Errors reported by the Kafka consumers (routed to the log, never silently dropped).",
     ["topic", "code"],
 )
+OUTBOX_PARKED = Counter(
+    "user_activity_outbox_parked",
+    "Outbox rows parked: the broker refused the record itself (too large, invalid), so it is kept"
+    " aside for an operator (python -m runtime outbox requeue) and the rows behind it go on.",
+    ["topic"],
+)
+OUTBOX_OLDEST_UNPUBLISHED_SECONDS = Gauge(
+    "user_activity_outbox_oldest_unpublished_seconds",
+    "Age of the oldest committed, unpublished and unparked outbox row (0 when none), as the"
+    " publisher last measured it.",
+)
+OUTBOX_STALL_THRESHOLD_SECONDS = Gauge(
+    "user_activity_outbox_stall_threshold_seconds",
+    "USER_ACTIVITY_OUTBOX_STALL_SECONDS: /readyz turns 503 when the oldest unpublished row is older.",
+)
+BACKGROUND_RESTARTS = Counter(
+    "user_activity_background_restarts",
+    "Restarts of a supervised background loop after an unexpected exception.",
+    ["thread"],
+)
+INPUT_SECONDS_SINCE_PROGRESS = Gauge(
+    "user_activity_input_seconds_since_progress",
+    "Per input partition: seconds since it last read a record while records are waiting behind"
+    " its high watermark (0 while caught up).",
+    ["topic", "partition"],
+)
+INPUT_LAG_SECONDS = Gauge(
+    "user_activity_input_lag_seconds",
+    "Per input partition, measured at the source: now minus the CreatedAt (Kafka CreateTime) of"
+    " the last record read while records are waiting behind the high watermark, else 0.",
+    ["topic", "partition"],
+)
+INPUT_RECORDS_BEHIND = Gauge(
+    "user_activity_input_records_behind",
+    "Per input partition: records between the next offset to read and the high watermark.",
+    ["topic", "partition"],
+)
 PAUSED_SECONDS = Gauge(
     "user_activity_paused_seconds",
     "Seconds the stream has been paused waiting for a dependency (0 when running).",

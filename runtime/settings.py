@@ -91,6 +91,15 @@ class Settings(BaseSettings):
     outbox_idle_poll_seconds: float = Field(default=0.5, gt=0)
     outbox_retention_seconds: float = Field(default=3_600.0, ge=0)
     outbox_sweep_grace_seconds: float = Field(default=5.0, ge=0)
+    # /readyz turns 503 (and the stall alert fires) when the oldest committed, unpublished and
+    # unparked outbox row is older than this.
+    outbox_stall_seconds: float = Field(default=60.0, gt=0)
+
+    # Consumer groups the snapshotted input offsets are committed to after each snapshot, for
+    # lag tools only (kafka-consumer-groups, exporters, KEDA): positions come from the recovery
+    # snapshots, never from these commits. Empty: no commits.
+    consumer_group_favorites: str = "pin-user-activity-favorites"
+    consumer_group_session_linking: str = "pin-user-activity-session-linking"
 
     # HTTP (Prometheus /metrics, /livez, /readyz); 0 disables it.
     http_port: int = Field(default=9100, ge=0, le=65535)
