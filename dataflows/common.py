@@ -56,11 +56,16 @@ def kafka_inputs(
     inputs: list[tuple[str, str]],
     start: StartPosition,
     retries: Counter,
+    *,
+    flow_name: str,
+    consumer_group: str,
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
     ``retries`` counts every retry of an unreachable Kafka. The consumer of this stream passes
     every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
+    ``flow_name`` names the flow's lag gauge; snapshotted offsets are also committed to
+    ``consumer_group`` (informational; empty: not at all).
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
@@ -75,6 +80,8 @@ def kafka_inputs(
                 batch_size=settings.source_batch_size,
                 backoff=backoff,
                 count_retry=retries.inc,
+                consumer_group=consumer_group,
+                flow=flow_name,
             ),
         )
         for step_id, topic in inputs
@@ -88,9 +95,15 @@ def kafka_records(
     inputs: list[tuple[str, str]],
     start: StartPosition,
     retries: Counter,
+    *,
+    flow_name: str,
+    consumer_group: str,
 ) -> Stream[SourceRecord]:
     """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
-    consumed = kafka_inputs(flow, settings, inputs, start, retries)
+    consumed = kafka_inputs(
+        flow, settings, inputs, start, retries, flow_name=flow_name,
+        consumer_group=consumer_group,
+    )
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
     )

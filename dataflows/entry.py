@@ -10,7 +10,8 @@ def flow_attribute(wiring_module: str, name: str) -> Any:
     """``build_flow`` from ``wiring_module``, or ``flow`` built from the environment.
 
     Building ``flow`` (the job's entry point) also tunes the garbage collector for the
-    process (:mod:`runtime.gc_tuning`).
+    process (:mod:`runtime.gc_tuning`) and makes SIGTERM and Ctrl-C a clean stop
+    (:mod:`runtime.shutdown`).
 
     Called from a package's ``__getattr__``: importing the package (or its pure step modules)
     has no side effects; the flow, its settings and JSON logging exist only once asked for.
@@ -22,10 +23,12 @@ def flow_attribute(wiring_module: str, name: str) -> Any:
         from runtime.gc_tuning import tune_gc
         from runtime.logs import configure_logging
         from runtime.settings import Settings
+        from runtime.shutdown import install_signal_handlers
 
         settings = Settings()
         configure_logging(settings.log_level)
         flow = wiring.build_flow(settings)
         tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
+        install_signal_handlers()
         return flow
     raise AttributeError(name)

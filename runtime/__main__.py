@@ -1,10 +1,11 @@
-"""Operator commands: ``python -m runtime migrate | create-topics | init-recovery | replay``."""
+"""Operator commands: ``python -m runtime migrate|create-topics|init-recovery|replay|outbox``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from uuid import UUID
 
 from runtime.logs import configure_logging
 from runtime.settings import Settings
@@ -24,6 +25,18 @@ def main(argv: list[str] | None = None) -> int:
         "--partitions", type=int, default=4,
         help="recovery partitions: at least the largest planned worker count (default 4)",
     )
+    outbox = commands.add_parser(
+        "outbox", help="parked outbox rows: list them, or give them back to the publisher"
+    )
+    outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
+    outbox_commands.add_parser("parked", help="list parked rows (id, topic, attempts, error)")
+    requeue = outbox_commands.add_parser(
+        "requeue", help="re-publish parked rows once the cause is fixed (idempotent)"
+    )
+    which = requeue.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", dest="ids", action="append", type=UUID, metavar="ID",
+                       help="a parked row's id (repeatable)")
+    which.add_argument("--all", action="store_true", help="every parked row")
     from runtime import replay
 
     replay_parser = commands.add_parser(
@@ -56,6 +69,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")
     elif args.command == "replay":
         return replay.run(args, settings)
+    elif args.command == "outbox":
+        return _outbox(args, settings)
+    return 0
+
+
+def _outbox(args: argparse.Namespace, settings: Settings) -> int:
+    import psycopg
+
+    from sinks.outbox import parked_rows, requeue_parked
+
+    with psycopg.connect(settings.database_dsn(), autocommit=True) as conn:
+        if args.outbox_command == "parked":
+            rows = parked_rows(conn, limit=1000)
+            print(f"{'id':<38}{'topic':<45}{'attempts':>9}  {'error':<24}{'parked at':<34}bytes")
+            for row_id, topic, attempts, error, parked_at, size in rows:
+                print(f"{row_id!s:<38}{topic:<45}{attempts:>9}  {error:<24}"
+                      f"{parked_at.isoformat():<34}{size}")
+            print(f"{len(rows)} parked row(s)")
+            return 0
+        count = requeue_parked(conn, None if args.all else args.ids)
+    print(f"requeued {count} parked outbox row(s): the publisher sends them within seconds")
     return 0
 
 

@@ -2,8 +2,11 @@
 
 ``/livez`` is 200 while the process makes progress or is paused on purpose (an outage is not a
 reason to restart the pod), 503 once no step has reported progress for ``stall_seconds`` while
-not paused. ``/readyz`` is 200 only while running (503 while paused). ``/metrics`` serves the
-Prometheus registry. Bodies are JSON describing the state.
+not paused. ``/readyz`` is 200 only while running: 503 while paused on a dependency, and 503
+while some part of the process reports itself stalled (:meth:`Health.stalled`: e.g. the oldest
+committed outbox row unpublished for longer than ``USER_ACTIVITY_OUTBOX_STALL_SECONDS``), with
+the reason in the body. ``/metrics`` serves the Prometheus registry. Bodies are JSON describing
+the state.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from runtime.metrics import PAUSED_SECONDS
 class HealthSnapshot:
     """What ``/livez`` and ``/readyz`` report."""
 
-    state: str  # "running" | "paused" | "dead"
+    state: str  # "running" | "paused" | "stalled" | "dead"
     dependency: str | None
     paused_since: float | None
     attempt: int
     last_error: str | None
     seconds_since_progress: float
+    stalled: tuple[tuple[str, str], ...] = ()
+    """What reports itself stalled, and why (``(component, reason)``)."""
 
     def as_json(self) -> bytes:
         """The JSON body of the health endpoints."""
@@ -45,6 +50,7 @@ class HealthSnapshot:
                 "attempt": self.attempt,
                 "last_error": self.last_error,
                 "seconds_since_progress": round(self.seconds_since_progress, 3),
+                "stalled": dict(self.stalled),
             }
         )
 
@@ -56,6 +62,7 @@ class Health:
         self._lock = threading.Lock()
         self._stall_seconds = stall_seconds
         self._paused: dict[str, tuple[float, int, str]] = {}
+        self._stalled: dict[str, str] = {}
         self._last_progress = time.monotonic()
 
     def beat(self) -> None:
@@ -77,16 +84,29 @@ class Health:
         self.beat()
         self._update_gauge()
 
+    def stalled(self, component: str, reason: str) -> None:
+        """Record that ``component`` cannot make progress (``/readyz`` 503 with ``reason``)."""
+        with self._lock:
+            self._stalled[component] = reason
+
+    def unstalled(self, component: str) -> None:
+        """Record that ``component`` makes progress again."""
+        with self._lock:
+            self._stalled.pop(component, None)
+
     def snapshot(self) -> HealthSnapshot:
         """The current state."""
         with self._lock:
             paused = dict(self._paused)
+            stalled = tuple(sorted(self._stalled.items()))
         idle = time.monotonic() - self._last_progress
         if paused:
             dependency, (since, attempt, error) = min(paused.items(), key=lambda kv: kv[1][0])
-            return HealthSnapshot("paused", dependency, since, attempt, error, idle)
-        state = "dead" if idle > self._stall_seconds else "running"
-        return HealthSnapshot(state, None, None, 0, None, idle)
+            return HealthSnapshot("paused", dependency, since, attempt, error, idle, stalled)
+        if idle > self._stall_seconds:
+            return HealthSnapshot("dead", None, None, 0, None, idle, stalled)
+        state = "stalled" if stalled else "running"
+        return HealthSnapshot(state, None, None, 0, None, idle, stalled)
 
     def _update_gauge(self) -> None:
         with self._lock:

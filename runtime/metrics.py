@@ -1,5 +1,7 @@
 """Prometheus metrics of the service: SPEC §6 names exactly, plus session linking and health.
 
+The input partitions' progress and lag gauges (``user_activity_input_*`` and the flows'
+``*_lag_seconds``) are computed at scrape time by :mod:`runtime.input_progress`.
 Metrics live in prometheus_client's default registry, served on ``USER_ACTIVITY_HTTP_PORT``
 (``/metrics``). Bytewax's own metrics come from its API server (``BYTEWAX_DATAFLOW_API_ENABLED``,
 port 3030), which also renders this registry.
@@ -35,10 +37,6 @@ FAVORITES_DLQ = Counter(
     "user_activity_favorites_dlq",
     "Favorites records sent to the dead-letter topic.",
 )
-FAVORITES_LAG_SECONDS = Gauge(
-    "user_activity_favorites_lag_seconds",
-    "Now minus CreatedAt of the oldest message in the last committed batch.",
-)
 
 # Session linking flow (same style).
 SESSION_LINKING_DURATION_MS = Histogram(
@@ -58,10 +56,6 @@ SESSION_LINKING_RETRIES = Counter(
 SESSION_LINKING_DLQ = Counter(
     "user_activity_session_linking_dlq",
     "user-signed-in records sent to the session-linking dead-letter topic.",
-)
-SESSION_LINKING_LAG_SECONDS = Gauge(
-    "user_activity_session_linking_lag_seconds",
-    "Now minus CreatedAt of the oldest message in the last committed session-linking batch.",
 )
 
 # Outbox and health.
@@ -92,29 +86,12 @@ OUTBOX_OLDEST_UNPUBLISHED_SECONDS = Gauge(
 )
 OUTBOX_STALL_THRESHOLD_SECONDS = Gauge(
     "user_activity_outbox_stall_threshold_seconds",
-    "USER_ACTIVITY_OUTBOX_STALL_SECONDS: /readyz turns 503 when the oldest unpublished row is older.",
+    "USER_ACTIVITY_OUTBOX_STALL_SECONDS: /readyz is 503 while the oldest unpublished row is older.",
 )
 BACKGROUND_RESTARTS = Counter(
     "user_activity_background_restarts",
     "Restarts of a supervised background loop after an unexpected exception.",
     ["thread"],
-)
-INPUT_SECONDS_SINCE_PROGRESS = Gauge(
-    "user_activity_input_seconds_since_progress",
-    "Per input partition: seconds since it last read a record while records are waiting behind"
-    " its high watermark (0 while caught up).",
-    ["topic", "partition"],
-)
-INPUT_LAG_SECONDS = Gauge(
-    "user_activity_input_lag_seconds",
-    "Per input partition, measured at the source: now minus the CreatedAt (Kafka CreateTime) of"
-    " the last record read while records are waiting behind the high watermark, else 0.",
-    ["topic", "partition"],
-)
-INPUT_RECORDS_BEHIND = Gauge(
-    "user_activity_input_records_behind",
-    "Per input partition: records between the next offset to read and the high watermark.",
-    ["topic", "partition"],
 )
 PAUSED_SECONDS = Gauge(
     "user_activity_paused_seconds",

@@ -1,10 +1,16 @@
-"""A daemon thread that runs a task every ``interval`` seconds until stopped."""
+"""A daemon thread that runs a task every ``interval`` seconds until stopped.
+
+An exception from a tick is logged with its traceback and counted
+(:func:`runtime.supervisor.report_crash`); the next tick runs as planned.
+"""
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
 from typing import Self
+
+from runtime.supervisor import report_crash
 
 
 class Periodic(ABC):
@@ -35,6 +41,11 @@ class Periodic(ABC):
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.wait(self.interval):
-            if not self.tick():
-                return
+            try:
+                if not self.tick():
+                    return
+            except Exception as exc:  # noqa: BLE001 - a failed tick must not end the thread
+                failures += 1
+                report_crash(self._thread.name, exc, failures, self.interval)

@@ -88,7 +88,11 @@ def replay(
     """Run one bounded replay; return the outcome counts (also printed as a table)."""
     from dataflows.favorite_actions.wiring import build_flow
 
-    bounded = settings.model_copy(update={"tail": False})
+    # bounded, and no commits to the consumer groups: a replay's old offsets must not move
+    # the lag tools' view of the main job
+    bounded = settings.model_copy(
+        update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
+    )
     tally = Tally() if dry_run else None
     flow = build_flow(bounded, start, topics=topics, dry_run=tally)
     directory = recovery_dir or Path(tempfile.mkdtemp(prefix="user-activity-replay-"))

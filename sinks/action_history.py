@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -23,7 +22,6 @@ from runtime.logs import log_event, log_events
 from runtime.metrics import (
     FAVORITES_CONSUME_DURATION_MS,
     FAVORITES_DLQ,
-    FAVORITES_LAG_SECONDS,
     FAVORITES_RECORDED,
     FAVORITES_RETRIES,
     FAVORITES_SKIPPED,
@@ -169,7 +167,6 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         outcome's lines are written together (:func:`runtime.logs.log_events`).
         """
         now_mono = time.monotonic()
-        now = datetime.now(UTC)
         observe = FAVORITES_CONSUME_DURATION_MS.observe
         recorded = outcome.recorded
         if recorded:
@@ -186,8 +183,6 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
                 for action in recorded
             ]
             log_events(logger, "recorded", rows)
-            oldest = min([message.envelope.created_at for message in messages])
-            FAVORITES_LAG_SECONDS.set(max(0.0, (now - oldest).total_seconds()))
         for reason, skipped in (
             (SkipReason.DUPLICATE, outcome.duplicates),
             (SkipReason.NO_SESSION, outcome.no_session),

@@ -50,7 +50,6 @@ from runtime.logs import log_event
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
     SESSION_LINKING_DURATION_MS,
-    SESSION_LINKING_LAG_SECONDS,
     SESSION_LINKING_OUTCOMES,
     SESSION_LINKING_RETRIES,
 )
@@ -234,13 +233,10 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
     def report(self, results: list[LinkResult]) -> None:
         """Metrics and one log line per sign-in of a committed batch."""
         now_mono = time.monotonic()
-        oldest = None
         for result in results:
             message = result.message
             SESSION_LINKING_OUTCOMES.labels(outcome=result.outcome.value).inc()
             SESSION_LINKING_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)
-            created = message.envelope.created_at
-            oldest = created if oldest is None or created < oldest else oldest
             event = LOG_EVENTS[result.outcome]
             log_event(
                 logger,
@@ -252,6 +248,4 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                 ),
                 **sign_in_fields(message.record, message.envelope),
             )
-        if oldest is not None:
-            lag = (datetime.now(UTC) - oldest).total_seconds()
-            SESSION_LINKING_LAG_SECONDS.set(max(0.0, lag))
+

@@ -9,7 +9,14 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   so a backfill is a bounded run even while producers keep writing;
 - no busy loop: an empty poll schedules the next one ``idle_poll`` later;
 - the snapshot is the offset of the next record to read, taken by Bytewax at epoch end, i.e.
-  only once the sinks have returned for the records before it.
+  only once the sinks have returned for the records before it;
+- after each snapshot the snapshotted offset is also committed (asynchronously) to the flow's
+  consumer group, for lag tools only (``kafka-consumer-groups --describe``, exporters, a KEDA
+  scaler): positions always come from the recovery snapshots, never from these commits;
+- progress per partition (next offset, high watermark, last read, CreateTime of the last
+  record) is recorded for the scrape-time lag gauges (:mod:`runtime.input_progress`);
+- a requested shutdown (:mod:`runtime.shutdown`: SIGTERM, Ctrl-C) ends every partition at its
+  next poll, so Bytewax finishes the epoch and closes the sinks instead of dying mid-batch.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from typing_extensions import override
 from runtime.backlog import BACKLOG
 from runtime.backoff import Backoff
 from runtime.health import HEALTH
+from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
+from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
 
 logger = logging.getLogger(__name__)
@@ -75,8 +84,17 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         idle_poll: timedelta = timedelta(milliseconds=20),
         backoff: Backoff | None = None,
         count_retry: Callable[[], None] = lambda: None,
+        consumer_group: str = "",
+        flow: str = "",
     ) -> None:
+        """Read ``topic``.
+
+        ``consumer_group``: where snapshotted offsets are also committed (empty: nowhere);
+        ``flow``: the flow whose lag gauge this input feeds (:mod:`runtime.input_progress`).
+        """
         self._config = dict(client_config)
+        self._consumer_group = consumer_group
+        self._flow = flow
         self._topic = topic
         self._start = start or StartPosition()
         self._tail = tail
@@ -115,6 +133,8 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             idle_poll=self._idle_poll,
             backoff=self._backoff,
             count_retry=self._count_retry,
+            consumer_group=self._consumer_group,
+            flow=self._flow,
         )
 
 
@@ -132,14 +152,20 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         idle_poll: timedelta,
         backoff: Backoff,
         count_retry: Callable[[], None],
+        consumer_group: str,
+        flow: str,
     ) -> None:
         self._topic = topic
         self._partition = partition
+        self._commits = bool(consumer_group)
+        self._committed: int | None = None
+        self._progress = INPUT_PROGRESS.track(flow, topic, partition)
         self._batch_size = batch_size
         self._idle_poll = idle_poll
         self._backoff = backoff
         self._count_retry = count_retry
         self._awake: datetime | None = None
+        self._last_commit_warning = -60.0
         self._down_attempts = 0  # failed reachability checks since every broker went down
         self._probe_at = 0.0  # time.monotonic() of the next check while down
         self._consumer = Consumer(
@@ -147,8 +173,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 **client_config,
                 "logger": LIBRDKAFKA_LOGGER,
                 "error_cb": self._on_client_error,
-                # Offsets live in Bytewax snapshots; the group id is never used to commit.
-                "group.id": "user-activity-stream-unused",
+                # Offsets live in Bytewax snapshots; the group only receives informational
+                # commits of snapshotted offsets (no subscription, no group membership).
+                "group.id": consumer_group or "user-activity-stream-unused",
+                "on_commit": self._on_commit,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "enable.partition.eof": False,
@@ -167,6 +195,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             if resume_state is not None
             else _retrying(lambda: self._initial_offset(start), topic, backoff, count_retry)
         )
+        self._progress.next_offset = self._next_offset
         self._end_offset: int | None = None
         if not tail:
             self._end_offset = _retrying(lambda: self._watermarks()[1], topic, backoff, count_retry)
@@ -209,12 +238,13 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     @override
     def next_batch(self) -> list[InputItem]:
         HEALTH.beat()
-        if self._finished():
+        if SHUTDOWN.requested() or self._finished():
             raise StopIteration
         messages = self._consumer.consume(self._batch_size, 0)
         batch: list[InputItem] = []
         now = time.monotonic()
         end = self._end_offset
+        last_timestamp: int | None = None
         for msg in messages:
             error = msg.error()
             if error is not None:
@@ -241,6 +271,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 )
             )
             self._next_offset = offset + 1
+            last_timestamp = msg.timestamp()[1]
+        if last_timestamp is not None:
+            self._progress.read(self._next_offset or 0, last_timestamp, time.time())
         BACKLOG.polled(self._topic, self._partition, full=self._behind(len(messages)))
         if self._down_attempts:
             self._check_kafka(fetched=any(isinstance(item, SourceRecord) for item in batch))
@@ -253,9 +286,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         True when the poll came back full, or the partition's high watermark as of the last
         fetch (cached by librdkafka: no broker call) is past the next offset to read.
         """
+        _, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
+        if high >= 0:
+            self._progress.high_watermark = int(high)
         if polled >= self._batch_size:
             return True
-        _, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
         return self._next_offset is not None and high > self._next_offset
 
     def _on_client_error(self, error: KafkaError) -> None:
@@ -302,11 +337,34 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
 
     @override
     def snapshot(self) -> int | None:
-        return self._next_offset
+        offset = self._next_offset
+        if self._commits and offset is not None and offset != self._committed:
+            self._committed = offset
+            try:  # informational (lag tools): never blocks, never fails the snapshot
+                self._consumer.commit(
+                    offsets=[TopicPartition(self._topic, self._partition, offset)],
+                    asynchronous=True,
+                )
+            except KafkaException as exc:
+                self._commit_failed(exc.args[0] if exc.args else None)
+        return offset
+
+    def _on_commit(self, error: KafkaError | None, _partitions: list[TopicPartition]) -> None:
+        if error is not None:
+            self._commit_failed(error)
+
+    def _commit_failed(self, error: object) -> None:
+        now = time.monotonic()
+        if now - self._last_commit_warning >= 60.0:  # at most once a minute per partition
+            self._last_commit_warning = now
+            name = error.name() if isinstance(error, KafkaError) else str(error)
+            log_event(logger, "consumer-group-commit-failed", logging.WARNING,
+                      topic=self._topic, partition=self._partition, error=name)
 
     @override
     def close(self) -> None:
         BACKLOG.closed(self._topic, self._partition)
+        INPUT_PROGRESS.forget(self._progress)
         self._consumer.close()
 
 

@@ -141,7 +141,8 @@ def build_flow(
         if topics is None or topic in topics
     ]
     consumed = kafka_inputs(
-        flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES
+        flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
+        flow_name="favorites", consumer_group=settings.consumer_group_favorites,
     )
     action_types = {
         settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,

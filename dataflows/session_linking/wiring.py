@@ -85,6 +85,8 @@ def build_flow(settings: Settings, start: StartPosition | None = None) -> Datafl
         [("user_signed_in_input", settings.topic_user_signed_in)],
         start or configured_start(settings),
         SESSION_LINKING_RETRIES,
+        flow_name="session-linking",
+        consumer_group=settings.consumer_group_session_linking,
     )
 
     decoded = op.map("decode_sign_in", records, decode_sign_in)

@@ -1,0 +1,144 @@
+"""Per input partition progress and lag, measured at the source and computed at scrape time.
+
+Each Kafka input partition records after every poll where it stands (:class:`PartitionProgress`:
+next offset, the high watermark librdkafka last fetched, when it last read a record and that
+record's CreateTime). The collector registered here turns that into gauges at the moment
+``/metrics`` (or Bytewax's API server) is scraped, so a stopped input cannot freeze them:
+
+- ``user_activity_input_records_behind{topic,partition}``: high watermark - next offset;
+- ``user_activity_input_seconds_since_progress{topic,partition}``: seconds since a record was
+  last read, while records are behind (0 when caught up);
+- ``user_activity_input_lag_seconds{topic,partition}``: now - CreateTime of the last record read
+  (the producer's stamp, i.e. the envelope's CreatedAt to within the producer's linger), while
+  records are behind (0 when caught up; the partition's start time if nothing was read yet);
+- ``user_activity_favorites_lag_seconds`` / ``user_activity_session_linking_lag_seconds``: the
+  largest partition lag of that flow (SPEC §6: now - CreatedAt).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+FLOW_LAG_METRICS = {
+    "favorites": (
+        "user_activity_favorites_lag_seconds",
+        "Now minus CreatedAt of the last record read, largest over the favorites input"
+        " partitions that have records waiting (0 when caught up).",
+    ),
+    "session-linking": (
+        "user_activity_session_linking_lag_seconds",
+        "Now minus CreatedAt of the last record read, largest over the user-signed-in input"
+        " partitions that have records waiting (0 when caught up).",
+    ),
+}
+
+
+@dataclass
+class PartitionProgress:
+    """Where one input partition stands (written by its poll, read by the collector)."""
+
+    flow: str
+    topic: str
+    partition: int
+    next_offset: int | None = None
+    high_watermark: int = -1
+    last_read: float = field(default_factory=time.time)
+    """Wall time a record was last read (the partition's start until then)."""
+    last_record_time: float | None = None
+    """CreateTime (seconds) of the last record read."""
+
+    def read(self, next_offset: int, record_time_ms: int | None, now: float) -> None:
+        """A poll returned records up to ``next_offset - 1``."""
+        self.next_offset = next_offset
+        self.last_read = now
+        if record_time_ms is not None and record_time_ms > 0:
+            self.last_record_time = record_time_ms / 1000.0
+
+    def behind(self) -> int:
+        """Records between the next offset and the high watermark (0 when unknown)."""
+        if self.high_watermark < 0:
+            return 0
+        return max(0, self.high_watermark - (self.next_offset or 0))
+
+    def lag(self, now: float) -> float:
+        """Source-side lag in seconds (0 while caught up)."""
+        if not self.behind():
+            return 0.0
+        since = self.last_record_time if self.last_record_time is not None else self.last_read
+        return max(0.0, now - since)
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds without a record read while records wait (0 while caught up)."""
+        return max(0.0, now - self.last_read) if self.behind() else 0.0
+
+
+class InputProgress(Collector):
+    """The registry of this process's input partitions, and their Prometheus collector."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parts: dict[tuple[str, int], PartitionProgress] = {}
+
+    def track(self, flow: str, topic: str, partition: int) -> PartitionProgress:
+        """The (new) progress record of ``topic[partition]`` read by ``flow``."""
+        progress = PartitionProgress(flow, topic, partition)
+        with self._lock:
+            self._parts[(topic, partition)] = progress
+        return progress
+
+    def forget(self, progress: PartitionProgress) -> None:
+        """The partition is closed."""
+        with self._lock:
+            if self._parts.get((progress.topic, progress.partition)) is progress:
+                del self._parts[(progress.topic, progress.partition)]
+
+    def partitions(self) -> list[PartitionProgress]:
+        """The tracked partitions."""
+        with self._lock:
+            return list(self._parts.values())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges, computed now."""
+        now = time.time()
+        behind = GaugeMetricFamily(
+            "user_activity_input_records_behind",
+            "Per input partition: records between the next offset and the high watermark.",
+            labels=["topic", "partition"],
+        )
+        stalled = GaugeMetricFamily(
+            "user_activity_input_seconds_since_progress",
+            "Per input partition: seconds since a record was last read while records wait"
+            " behind the high watermark (0 while caught up).",
+            labels=["topic", "partition"],
+        )
+        lag = GaugeMetricFamily(
+            "user_activity_input_lag_seconds",
+            "Per input partition: now minus CreatedAt (Kafka CreateTime) of the last record"
+            " read while records wait behind the high watermark (0 while caught up).",
+            labels=["topic", "partition"],
+        )
+        flow_lag: dict[str, float] = dict.fromkeys(FLOW_LAG_METRICS, 0.0)
+        for part in self.partitions():
+            labels = [part.topic, str(part.partition)]
+            part_lag = part.lag(now)
+            behind.add_metric(labels, part.behind())
+            stalled.add_metric(labels, part.stalled_for(now))
+            lag.add_metric(labels, part_lag)
+            if part.flow in flow_lag:
+                flow_lag[part.flow] = max(flow_lag[part.flow], part_lag)
+        yield behind
+        yield stalled
+        yield lag
+        for flow, (name, documentation) in FLOW_LAG_METRICS.items():
+            yield GaugeMetricFamily(name, documentation, value=flow_lag[flow])
+
+
+INPUT_PROGRESS = InputProgress()
+"""This process's input partitions (collected by the default Prometheus registry)."""
+REGISTRY.register(INPUT_PROGRESS)
