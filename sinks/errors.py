@@ -1,12 +1,42 @@
 """Classify failures as infrastructure (retry forever) or poison (isolate, then dead-letter).
 
-By exception class and SQLSTATE only, never by message text (SPEC §5).
+By exception class, SQLSTATE and librdkafka error code only, never by message text (SPEC §5).
+
+PostgreSQL (SQLSTATE)
+    Infrastructure: the classes in :data:`INFRASTRUCTURE_SQLSTATE_CLASSES` and the states in
+    :data:`INFRASTRUCTURE_SQLSTATES` (and client-side connection errors without a SQLSTATE):
+    the stream pauses and retries forever with back-off. Data: classes 22 and 23
+    (:data:`DATA_SQLSTATE_CLASSES`), the message's data is at fault. Anything else is neither
+    (a bug: isolated after the immediate attempts, then dead-lettered).
+
+Kafka (librdkafka error code, ``KafkaError.code()``)
+    Two classes, decided by :func:`is_record_error` on the code alone:
+
+    Record errors (:data:`RECORD_ERROR_CODES`): the broker or the client refused *this one
+    record* - too large for the topic or the producer (``MSG_SIZE_TOO_LARGE``,
+    ``RECORD_LIST_TOO_LARGE``, ``INVALID_MSG_SIZE``), rejected by the topic's validation
+    (``INVALID_RECORD``: e.g. a null key on a compacted topic; ``INVALID_TIMESTAMP``: outside
+    ``message.timestamp.before/after.max.ms``), corrupt (``INVALID_MSG`` a.k.a.
+    CORRUPT_MESSAGE, ``_BAD_MSG``), or refused by the client before it was queued
+    (``_INVALID_ARG``, ``_KEY_SERIALIZATION``, ``_VALUE_SERIALIZATION``). Sending the same
+    record again gets the same answer, so it is never retried forever: the record is reported
+    to the caller (:class:`RecordRejectedError`), which dead-letters it or sends a reduced form
+    of it. The other records of its batch are not affected.
+
+    Service errors: every other code - transport and broker-down (``_TRANSPORT``,
+    ``_ALL_BROKERS_DOWN``), time-outs (``_MSG_TIMED_OUT``, ``_TIMED_OUT``), leadership and
+    replication (``NOT_LEADER_FOR_PARTITION``, ``NOT_ENOUGH_REPLICAS*``,
+    ``COORDINATOR_LOAD_IN_PROGRESS``), ACLs (``*_AUTHORIZATION_FAILED``: grants missing, the
+    same for every record), ``UNKNOWN_TOPIC_OR_PART`` (topic not created yet), ``_FATAL`` (the
+    idempotent producer's fatal state: the producer is rebuilt) and any code this module does
+    not know. Every record would fail alike, and a retry succeeds once the service (or an
+    operator) fixes it: the stream pauses with back-off and nothing is dead-lettered.
 """
 
 from __future__ import annotations
 
 import psycopg
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 INFRASTRUCTURE_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
 """Connection exception, insufficient resources, operator intervention (admin shutdown,
@@ -27,9 +57,65 @@ INFRASTRUCTURE_SQLSTATES = frozenset({
 DATA_SQLSTATE_CLASSES = frozenset({"22", "23"})
 """Data exception, integrity constraint violation: the message's data is at fault."""
 
+_RECORD_ERROR_NAMES = (
+    "MSG_SIZE_TOO_LARGE",  # 10: larger than the topic's max.message.bytes (or the producer's)
+    "RECORD_LIST_TOO_LARGE",  # 18: the record's batch is over the broker's segment size
+    "INVALID_MSG",  # 2: CORRUPT_MESSAGE, the record failed its CRC or validation
+    "INVALID_MSG_SIZE",  # 4: a negative or impossible size
+    "INVALID_TIMESTAMP",  # 32: outside message.timestamp.before/after.max.ms
+    "INVALID_RECORD",  # 87: refused by the log validator (null key on a compacted topic)
+    "_MSG_SIZE_TOO_LARGE",  # not in every librdkafka: included only where it exists
+    "_INVALID_ARG",  # -186: produce() refused its arguments
+    "_BAD_MSG",  # -199: a malformed record
+    "_KEY_SERIALIZATION",  # -162: the key serializer failed (SerializingProducer)
+    "_VALUE_SERIALIZATION",  # -161: the value serializer failed
+)
+
+RECORD_ERROR_CODES = frozenset(
+    getattr(KafkaError, name) for name in _RECORD_ERROR_NAMES if hasattr(KafkaError, name)
+)
+"""librdkafka codes that reject one record (see the module docstring); all others are service
+errors."""
+
 
 class DeliveryFailedError(Exception):
-    """The broker did not acknowledge a produced record (a delivery report carried an error)."""
+    """The broker did not acknowledge a produced record (a delivery report carried an error).
+
+    Built from a message (``DeliveryFailedError("NOT_ENOUGH_REPLICAS")``) or from the
+    ``KafkaError`` itself, which is then kept in :attr:`error` and drives the classification.
+    """
+
+    def __init__(self, reason: str | KafkaError = "", error: KafkaError | None = None) -> None:
+        if isinstance(reason, KafkaError):
+            error, reason = reason, reason.name()
+        super().__init__(reason)
+        self.error = error
+
+
+class RecordRejectedError(Exception):
+    """Kafka refused one record for what it is (a record error): retrying it cannot help.
+
+    Not infrastructure: the caller dead-letters the record (or reduces it) and goes on.
+    """
+
+    def __init__(self, error: KafkaError, where: str | None = None) -> None:
+        super().__init__(error.name() if where is None else f"{error.name()} for {where}")
+        self.error = error
+        self.where = where
+
+
+def is_record_error(err: KafkaError) -> bool:
+    """True when ``err`` rejects one record (retrying it is useless); by error code only."""
+    return err.code() in RECORD_ERROR_CODES
+
+
+def kafka_error_of(exc: BaseException) -> KafkaError | None:
+    """The ``KafkaError`` carried by a Kafka exception of ours or confluent-kafka's, or None."""
+    if isinstance(exc, (DeliveryFailedError, RecordRejectedError)):
+        return exc.error
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
 
 
 def sqlstate_of(exc: BaseException) -> str | None:
@@ -41,7 +127,12 @@ def sqlstate_of(exc: BaseException) -> str | None:
 
 def is_infrastructure_error(exc: BaseException) -> bool:
     """True for failures that another attempt later can cure: retry forever, never DLQ."""
-    if isinstance(exc, (KafkaException, DeliveryFailedError, TimeoutError, ConnectionError)):
+    if isinstance(exc, RecordRejectedError):
+        return False
+    if isinstance(exc, (KafkaException, DeliveryFailedError)):
+        err = kafka_error_of(exc)
+        return err is None or not is_record_error(err)
+    if isinstance(exc, (TimeoutError, ConnectionError)):
         return True
     if isinstance(exc, psycopg.Error):
         state = exc.sqlstate

@@ -3,18 +3,33 @@
 Idempotent, ``acks=all``: a retried send never duplicates on the broker side, and a record counts
 as delivered only once every in-sync replica has it. Not Bytewax's ``KafkaSink``, which drops
 failed deliveries.
+
+- :func:`produce_and_wait` never raises for one record: a record the client refuses at
+  ``produce()`` (``KafkaException``, e.g. a local ``MSG_SIZE_TOO_LARGE``) gets that error as its
+  result, the others are still sent. The caller classifies each result with
+  :func:`sinks.errors.is_record_error`.
+- :class:`KafkaProducer` heals: when librdkafka puts the idempotent producer into its fatal
+  state (``error_cb`` with ``err.fatal()``), the records of the call are reported failed with a
+  service error (the caller retries them) and a new confluent ``Producer`` is built before the
+  next call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from runtime.logs import LIBRDKAFKA_LOGGER
+from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
+from sinks.errors import is_record_error
+
+logger = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, bytes]] | Mapping[str, str | bytes]
 """Kafka headers: ``(name, value)`` pairs, or a mapping (``str`` values are sent UTF-8 encoded)."""
@@ -56,11 +71,54 @@ class OutgoingRecord:
     headers: Sequence[tuple[str, bytes]] = ()
 
 
+class ObservedProducer(Producer):
+    """A confluent ``Producer`` whose ``error_cb`` records librdkafka's fatal state."""
+
+    _fatal: KafkaError | None = None
+
+    @property
+    def fatal_error(self) -> KafkaError | None:
+        """The fatal error that killed this producer, or None while it is usable."""
+        return self._fatal
+
+    def mark_fatal(self, err: KafkaError) -> None:
+        """Record ``err`` as the fatal error (the first one wins)."""
+        if self._fatal is None:
+            self._fatal = err
+
+
+def fatal_error_of(producer: object) -> KafkaError | None:
+    """The fatal error recorded on ``producer`` (None: healthy, or not an observed producer)."""
+    err = getattr(producer, "fatal_error", None)
+    return err if isinstance(err, KafkaError) else None
+
+
 def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> Producer:
-    """An idempotent ``acks=all`` producer with the service's connection/TLS/SASL settings."""
+    """An idempotent ``acks=all`` producer with the service's connection/TLS/SASL settings.
+
+    It is an :class:`ObservedProducer`: its ``error_cb`` logs client errors and marks the
+    producer dead on a fatal one (:func:`fatal_error_of`); an ``error_cb`` in ``overrides`` is
+    called too.
+    """
+    client_id = f"{settings.kafka_client_id}-{client_suffix}"
+    chained: Callable[[KafkaError], None] | None = overrides.pop("error_cb", None)
+    holder: list[ObservedProducer] = []  # the callback needs the producer it is given to
+
+    def on_error(err: KafkaError) -> None:
+        if err.fatal():
+            if holder:
+                holder[0].mark_fatal(err)
+            log_event(logger, "kafka-producer-fatal", logging.ERROR, client=client_id,
+                      code=err.name(), detail=err.str())
+        else:
+            log_event(logger, "kafka-client-error", logging.WARNING, client=client_id,
+                      code=err.name(), detail=err.str())
+        if chained is not None:
+            chained(err)
+
     config: dict[str, Any] = {
         **settings.kafka_client_config(),
-        "client.id": f"{settings.kafka_client_id}-{client_suffix}",
+        "client.id": client_id,
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
@@ -69,21 +127,34 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
         "delivery.report.only.error": True,
         "socket.connection.setup.timeout.ms": 5_000,
         "logger": LIBRDKAFKA_LOGGER,
+        "error_cb": on_error,
     }
     config.update(overrides)
-    return Producer(config)
+    producer = ObservedProducer(config)
+    holder.append(producer)
+    return producer
 
 
 def produce_and_wait(
-    producer: Producer, records: Sequence[Producible], timeout: float = 35.0
+    producer: Producer,
+    records: Sequence[Producible],
+    timeout: float = 35.0,
+    *,
+    exact_reports: bool = False,
 ) -> list[KafkaError | None]:
     """Produce ``records`` and wait until all are settled; the i-th result is i's error.
 
-    ``None`` means acknowledged. The producer reports failures only
-    (``delivery.report.only.error``), so the happy path runs no Python callback per record; if
-    anything is still in flight when ``timeout`` passes, every record of the call counts as
-    failed (``_TIMED_OUT``) and the caller retries them all (the idempotent producer and a
-    stable MessageId make a retry safe; a duplicate is allowed, a loss is not).
+    ``None`` means acknowledged. Never raises for one record: a ``KafkaException`` that
+    ``produce()`` raises for a record (the client refused it before queueing: a local
+    ``MSG_SIZE_TOO_LARGE``, ``_INVALID_ARG``, ``_FATAL`` once the producer is dead) becomes that
+    record's result, and the loop goes on with the others. A full local queue (``BufferError``)
+    is served and the record retried.
+
+    The producer reports failures only (``delivery.report.only.error``), so the happy path
+    runs no Python callback per record; if anything is still in flight when ``timeout``
+    passes, every record of the call counts as failed (``_TIMED_OUT``) and the caller retries
+    them all (the idempotent producer and a stable MessageId make a retry safe; a duplicate is
+    allowed, a loss is not).
 
     One delivery callback serves the whole call (no closure per record). A failure report is
     mapped back to its record by content, ``(topic, key, value)``, through an index built only
@@ -93,11 +164,25 @@ def produce_and_wait(
     matches no record (not expected) marks every record of the call failed, for the same
     reason.
 
+    ``exact_reports=True`` (for a producer built with ``delivery.report.only.error=False``, as
+    :class:`KafkaProducer` does with ``exact_reports``): one callback per record, bound to its
+    index, and success reports are kept, so on a time-out only the records with no report yet
+    count as failed: a record the broker acknowledged is never reported failed (a retry never
+    re-sends it). For low-volume producers (the DLQ).
+
     A record's ``headers`` may be a list of ``(name, bytes)`` tuples or a dict (``str`` values
     are sent UTF-8 encoded), both passed to confluent-kafka as they are; any other sequence or
     mapping is copied into a list first (confluent-kafka rejects a tuple).
     """
+    return _produce_and_wait(producer, records, timeout, exact_reports)[0]
+
+
+def _produce_and_wait(
+    producer: Producer, records: Sequence[Producible], timeout: float, exact_reports: bool
+) -> tuple[list[KafkaError | None], list[bool] | None]:
+    """:func:`produce_and_wait`, plus (with ``exact_reports``) which records got a report."""
     results: list[KafkaError | None] = [None] * len(records)
+    settled: list[bool] | None = [False] * len(records) if exact_reports else None
     by_content: dict[tuple[str | None, bytes | None, bytes | None], list[int]] | None = None
 
     def on_failure(err: KafkaError | None, msg: Message) -> None:
@@ -114,25 +199,158 @@ def produce_and_wait(
         for index in range(len(records)) if indices is None else indices:
             results[index] = err
 
+    def on_report(index: int, err: KafkaError | None, _msg: Message) -> None:
+        results[index] = err
+        assert settled is not None
+        settled[index] = True
+
     produce = producer.produce
-    for record in records:
+    for index, record in enumerate(records):
+        callback: Any = on_failure if settled is None else functools.partial(on_report, index)
         headers: Any = record.headers  # a list or a dict is passed on as it is, not copied
         if headers and not isinstance(headers, _PASSED_AS_IS):
             headers = _confluent_headers(headers)
         while True:
             try:
                 if headers:
-                    produce(record.topic, record.value, record.key, on_delivery=on_failure,
+                    produce(record.topic, record.value, record.key, on_delivery=callback,
                             headers=headers)
                 else:
-                    produce(record.topic, record.value, record.key, on_delivery=on_failure)
+                    produce(record.topic, record.value, record.key, on_delivery=callback)
                 break
             except BufferError:
                 producer.poll(0.05)  # local queue full: serve delivery reports, then retry
-    if producer.flush(timeout) > 0:
+            except KafkaException as exc:  # refused before queueing: this record's result
+                results[index] = _error_of(exc)
+                if settled is not None:
+                    settled[index] = True
+                break
+    left = producer.flush(timeout)
+    if left > 0:
         timed_out = KafkaError(KafkaError._TIMED_OUT)
-        return [err or timed_out for err in results]
-    return results
+        if settled is None:
+            return [err or timed_out for err in results], None
+        return [err if done else timed_out for err, done in zip(results, settled, strict=True)], (
+            [True] * len(records)
+        )
+    if settled is not None:  # flushed: every record is settled (no report: only-error mode)
+        settled = [True] * len(records)
+    return results, settled
+
+
+def _error_of(exc: KafkaException) -> KafkaError:
+    """The ``KafkaError`` a ``KafkaException`` carries (a generic ``_FAIL`` if none)."""
+    if exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return KafkaError(KafkaError._FAIL, str(exc))
+
+
+ProducerFactory = Callable[..., Producer]
+"""Builds a confluent producer: ``factory(settings, client_suffix, **overrides)``."""
+
+
+class KafkaProducer:
+    """A producer that heals: rebuilt after librdkafka's fatal state, nothing lost.
+
+    ``produce_and_wait(records)`` works as :func:`produce_and_wait`. When the underlying
+    producer went fatal (``error_cb`` with ``err.fatal()``, or a ``_FATAL`` result) during a
+    call, every record of that call that is neither acknowledged for sure nor refused with a
+    record error is reported failed with a ``_FATAL`` service error, so the caller retries it;
+    the dead producer is purged and a new one is built before the next call. Both the fatal
+    error (``kafka-producer-fatal``) and the rebuild (``kafka-producer-rebuilt``) are logged.
+
+    ``exact_reports=True`` turns delivery success reports on (``delivery.report.only.error``
+    false) and keeps them per record: a record the broker acknowledged is never reported
+    failed, even on a time-out or a fatal error. Costs one Python callback per record.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        client_suffix: str,
+        *,
+        exact_reports: bool = False,
+        factory: ProducerFactory = build_producer,
+        **overrides: Any,
+    ) -> None:
+        self._settings = settings
+        self._suffix = client_suffix
+        self._exact = exact_reports
+        self._factory = factory
+        self._overrides = dict(overrides)
+        if exact_reports:
+            self._overrides["delivery.report.only.error"] = False
+        self._producer: Producer | None = None
+        self._dead: KafkaError | None = None
+        self.rebuilds = 0
+        """How many times a dead producer was replaced."""
+
+    @property
+    def producer(self) -> Producer:
+        """The current confluent producer (built, or rebuilt after a fatal error, now)."""
+        producer = self._producer
+        if producer is not None and (self._dead or fatal_error_of(producer)) is not None:
+            self._replace(producer)
+            producer = None
+        if producer is None:
+            producer = self._producer = self._factory(
+                self._settings, self._suffix, **self._overrides
+            )
+        return producer
+
+    def produce_and_wait(
+        self, records: Sequence[Producible], timeout: float = 35.0
+    ) -> list[KafkaError | None]:
+        """Produce ``records`` and wait; one ``KafkaError | None`` per record, never raises."""
+        producer = self.producer
+        results, settled = _produce_and_wait(producer, records, timeout, self._exact)
+        fatal = fatal_error_of(producer) or next(
+            (err for err in results if err is not None and err.code() == KafkaError._FATAL), None
+        )
+        if fatal is None:
+            return results
+        self._dead = fatal
+        retry = KafkaError(KafkaError._FATAL, f"producer died ({fatal.name()}): send again")
+        out: list[KafkaError | None] = []
+        for index, err in enumerate(results):
+            if err is not None and is_record_error(err):
+                out.append(err)
+            elif err is None and settled is not None and settled[index]:
+                out.append(None)  # acknowledged before the producer died
+            else:
+                out.append(retry)
+        return out
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait up to ``timeout`` for queued records; return how many are still queued."""
+        if self._producer is None:
+            return 0
+        return int(self._producer.flush(timeout))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush what is queued (bounded) and drop the producer."""
+        if self._producer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._producer.flush(timeout)
+            self._producer = None
+
+    def _replace(self, dead: Producer) -> None:
+        err = self._dead or fatal_error_of(dead)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            dead.purge()  # what is still queued was already reported failed to the caller
+            dead.flush(0)
+        self._producer = None
+        self._dead = None
+        self.rebuilds += 1
+        log_event(
+            logger,
+            "kafka-producer-rebuilt",
+            logging.WARNING,
+            client=f"{self._settings.kafka_client_id}-{self._suffix}",
+            code=None if err is None else err.name(),
+            detail=None if err is None else err.str(),
+            rebuilds=self.rebuilds,
+        )
 
 
 def _confluent_headers(headers: Headers) -> list[tuple[str, str | bytes]]:
