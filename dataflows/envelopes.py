@@ -1,7 +1,8 @@
 """Parse a record's value into an envelope model, or say why it is poison (pure, never raises).
 
 Shared by every flow: null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON ->
-``invalid-json``; JSON that does not fit the contract -> ``schema-mismatch``.
+``invalid-json``; JSON that does not fit the contract -> ``schema-mismatch``, a field over its
+bound included (the contract models carry the bounds: the input-bounds table in :mod:`schemas`).
 """
 
 from __future__ import annotations

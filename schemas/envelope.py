@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel
+from pydantic import AwareDatetime, BaseModel, StringConstraints
 
 from schemas.base import WireModel
 
 CONTRACT_VERSION = 1
 """The contract version this service speaks; another version is logged and processed anyway."""
+
+MAX_CORRELATION_ID_LENGTH = 256
+"""The most characters (code points) a ``CorrelationId`` may have; a longer one is a contract
+violation (``schema-mismatch``), decided when the envelope is decoded. It is copied into every
+event we emit, so it is what keeps an emitted envelope small (see the table in :mod:`schemas`)."""
+
+CorrelationId = Annotated[str, StringConstraints(max_length=MAX_CORRELATION_ID_LENGTH)]
+"""A ``CorrelationId`` value: any text of at most :data:`MAX_CORRELATION_ID_LENGTH` characters."""
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -24,7 +32,7 @@ class Envelope(WireModel, Generic[P]):
     version: int
     aggregate_id: str
     aggregate_type: str
-    correlation_id: str | None = None
+    correlation_id: CorrelationId | None = None
     payload: P
 
 

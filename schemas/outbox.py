@@ -1,7 +1,23 @@
-"""The outbox row every flow writes, and the headers it carries over from the source record."""
+"""The outbox row every flow writes, and the headers it carries over from the source record.
+
+Trace context (W3C Trace Context, https://www.w3.org/TR/trace-context/):
+
+* ``traceparent`` is passed through only when it is valid. Version ``00``: exactly
+  ``00-<32 hex>-<16 hex>-<2 hex>`` (55 characters, lower-case hex), trace-id and parent-id not
+  all zeros. A future version (``01``-``fe``; ``ff`` is invalid) is read by the spec's
+  forward-compatibility rule: 55 characters or more, the first 55 laid out as in version 00,
+  followed by the end or a ``-``; we pass on what we understand, as version ``00`` with the same
+  trace-id, parent-id and flags (55 characters; the rest is dropped). Anything else (malformed,
+  upper-case hex, not ASCII, longer than :data:`MAX_TRACEPARENT_INPUT_LENGTH`, empty) is
+  DROPPED: the event is emitted without it. A bad header is never a reason to dead-letter a
+  valid message.
+* ``tracestate`` is NOT passed through: we do not take part in the trace, so there is no vendor
+  entry of ours to add, and not copying it keeps every emitted header bounded (55 bytes in all).
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -9,6 +25,21 @@ from schemas.kafka_record import SourceRecord
 
 TRACEPARENT = "traceparent"
 """The W3C trace-context header, passed through from the source record to what we emit."""
+
+TRACEPARENT_LENGTH = 55
+"""The length of a version-00 traceparent: the only form (and size) we emit."""
+
+MAX_TRACEPARENT_INPUT_LENGTH = 512
+"""A (future-version) traceparent longer than this is dropped unread."""
+
+_VERSION_00 = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+"""Version 00, matched in full."""
+_FUTURE_VERSION = re.compile(
+    rb"(?!ff)[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(?:-|\Z)"
+)
+"""A later version: its first 55 characters as in version 00, then the end or a dash."""
+_ZERO_TRACE_ID = b"0" * 32
+_ZERO_PARENT_ID = b"0" * 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +57,30 @@ class OutboxRow:
     headers: dict[str, str]
 
 
+def valid_traceparent(value: bytes) -> str | None:
+    """``value`` as the version-00 traceparent we pass on, or None to drop it (module doc)."""
+    size = len(value)
+    if not TRACEPARENT_LENGTH <= size <= MAX_TRACEPARENT_INPUT_LENGTH:
+        return None
+    if value[:2] == b"00":
+        match = _VERSION_00.fullmatch(value) if size == TRACEPARENT_LENGTH else None
+    else:
+        match = _FUTURE_VERSION.match(value)
+    if match is None or match[1] == _ZERO_TRACE_ID or match[2] == _ZERO_PARENT_ID:
+        return None
+    return "00" + value[2:TRACEPARENT_LENGTH].decode("ascii")
+
+
 def propagated_headers(record: SourceRecord) -> dict[str, str]:
-    """The headers an event inherits from the record that caused it (``traceparent``)."""
+    """The headers an event inherits from the record that caused it: a valid ``traceparent``.
+
+    An invalid or oversized traceparent is dropped (see the module doc); ``tracestate`` and every
+    other header are never copied.
+    """
     traceparent = record.header(TRACEPARENT)
     if traceparent is None:
         return {}
-    return {TRACEPARENT: traceparent.decode("ascii", "replace")}
+    valid = valid_traceparent(traceparent)
+    if valid is None:
+        return {}
+    return {TRACEPARENT: valid}

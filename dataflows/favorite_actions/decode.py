@@ -141,8 +141,12 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
     """Decode ``record`` from a favorites topic; ``action_types`` maps topic -> ActionType.
 
     Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
-    that does not fit the contract -> ``schema-mismatch`` (all dead letters). Empty GUIDs or not
-    exactly one of UserId / AnonymousId -> ``invalid-owner`` skip.
+    that does not fit the contract -> ``schema-mismatch`` (all dead letters), including a field
+    over its bound (a ``CorrelationId`` over
+    :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the input-bounds table in
+    :mod:`schemas`). Empty GUIDs or not exactly one of UserId / AnonymousId -> ``invalid-owner``
+    skip. Headers never make a record poison: an invalid ``traceparent`` is dropped when the
+    event is built (:func:`schemas.outbox.propagated_headers`).
     """
     try:
         action_type = action_types[record.topic]

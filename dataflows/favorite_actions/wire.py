@@ -14,6 +14,10 @@ msgspec first and asks pydantic only when msgspec says no:
   microseconds (.NET writes seven digits), pydantic truncates them. So ``CreatedAt`` and
   ``OccurredAt`` are decoded as text and parsed here: an RFC 3339 form (``T``, ``Z`` or
   ``±HH:MM``) with :meth:`datetime.fromisoformat`, which truncates like pydantic.
+* Bounds: ``CorrelationId`` carries the contract's ``max_length``
+  (:data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters, counted as code points by
+  both libraries) as ``msgspec.Meta``, so a longer one fails here too and pydantic dead-letters
+  it with ``schema-mismatch``.
 
 ``tests/unit/test_favorite_wire.py`` checks the equivalence property-based, against pydantic.
 """
@@ -22,15 +26,19 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 import msgspec
 
+from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.favorites import FavoriteEnvelope
 
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
 """The timestamp form parsed here; others go to pydantic (which may still accept them)."""
+
+_CorrelationId = Annotated[str, msgspec.Meta(max_length=MAX_CORRELATION_ID_LENGTH)]
+""":data:`schemas.envelope.CorrelationId`: the same bound, checked by the decoder."""
 
 _fullmatch = _RFC3339.fullmatch
 _fromisoformat = datetime.fromisoformat
@@ -88,7 +96,7 @@ class _RawEnvelope(msgspec.Struct, frozen=True, rename="pascal"):
     aggregate_id: str
     aggregate_type: str
     payload: _RawPayload
-    correlation_id: str | None = None
+    correlation_id: _CorrelationId | None = None
     by_name: msgspec.UnsetType = _by_name("message_id")
     by_name2: msgspec.UnsetType = _by_name("created_at")
     by_name3: msgspec.UnsetType = _by_name("version")

@@ -90,7 +90,9 @@ def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
     """Decode ``record`` from the user-signed-in topic.
 
     Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
-    that does not fit the (assumed) contract -> ``schema-mismatch``; anything unexpected ->
+    that does not fit the (assumed) contract -> ``schema-mismatch`` (also a ``CorrelationId``
+    over :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the envelope is shared,
+    see the input-bounds table in :mod:`schemas`); anything unexpected ->
     ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`.
     """
     try:

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
+from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.export import (
     CONTRACT_MODELS,
     SCHEMA_DIR,
@@ -71,7 +72,7 @@ def envelopes(model: type[BaseModel], payloads: st.SearchStrategy[Any]) -> st.Se
         version=int32,
         aggregate_id=st.text(),
         aggregate_type=st.text(),
-        correlation_id=st.none() | st.text(),
+        correlation_id=st.none() | st.text(max_size=MAX_CORRELATION_ID_LENGTH),
         payload=payloads,
     )
 
@@ -437,6 +438,35 @@ def test_missing_correlation_id_and_owner_ids_default_to_null() -> None:
 
     assert envelope.correlation_id is None
     assert envelope.payload.user_id is None
+
+
+@pytest.mark.parametrize("model", CONTRACT_MODELS, ids=lambda model: model.__name__)
+def test_every_contracts_json_schema_bounds_the_correlation_id(model: type[BaseModel]) -> None:
+    schema = json.loads(render_schema(model))
+
+    branches = schema["properties"]["CorrelationId"]["anyOf"]
+
+    assert {"type": "string", "maxLength": MAX_CORRELATION_ID_LENGTH} in branches
+    assert {"type": "null"} in branches
+
+
+@pytest.mark.parametrize(
+    ("length", "accepted"),
+    [(MAX_CORRELATION_ID_LENGTH, True), (MAX_CORRELATION_ID_LENGTH + 1, False)],
+)
+def test_a_correlation_id_is_accepted_up_to_its_bound_in_code_points(
+    length: int, accepted: bool
+) -> None:
+    wire = dotnet_favorite()
+    wire["CorrelationId"] = "\U0001f600" * length  # 4 UTF-8 bytes each: counted as one
+
+    if accepted:
+        envelope = FavoriteEnvelope.model_validate_json(json.dumps(wire))
+        assert envelope.correlation_id == wire["CorrelationId"]
+    else:
+        with pytest.raises(ValidationError) as error:
+            FavoriteEnvelope.model_validate_json(json.dumps(wire))
+        assert [err["type"] for err in error.value.errors()] == ["string_too_long"]
 
 
 @pytest.mark.parametrize(

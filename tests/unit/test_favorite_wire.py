@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dataflows.favorite_actions.wire import FavoriteWire, decode_fast, from_model
+from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.favorites import FavoriteEnvelope
 
 FIELDS = ("message_id", "created_at", "version", "aggregate_id", "aggregate_type",
@@ -66,6 +67,19 @@ json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
     st.text(max_size=10), timestamps, uuid_texts,
 )
+# CorrelationId around its bound (256 code points): one, two and four UTF-8 bytes per character,
+# characters JSON escapes, and far beyond it.
+_near_bound = st.integers(MAX_CORRELATION_ID_LENGTH - 2, MAX_CORRELATION_ID_LENGTH + 2)
+correlation_ids = st.one_of(
+    st.none(),
+    st.text(max_size=10),
+    st.builds(lambda c, n: c * n,
+              st.sampled_from(["a", "é", "\u2028", "\U0001f600", "\x00", '"', "\\"]),
+              _near_bound),
+    st.builds(lambda head, n: (head + "x" * n)[:n], st.text(max_size=8), _near_bound),
+    st.integers(MAX_CORRELATION_ID_LENGTH + 3, 4 * MAX_CORRELATION_ID_LENGTH).map("y".__mul__),
+    json_scalars,
+)
 WIRE_KEYS = ["MessageId", "CreatedAt", "Version", "AggregateId", "AggregateType",
              "CorrelationId", "Payload"]
 PAYLOAD_KEYS = ["FavoriteId", "PropertyObjectId", "UserId", "AnonymousId", "OccurredAt"]
@@ -75,6 +89,7 @@ VALUES_BY_KEY = {
     "FavoriteId": uuid_texts, "PropertyObjectId": uuid_texts,
     "UserId": st.one_of(st.none(), uuid_texts), "AnonymousId": st.one_of(st.none(), uuid_texts),
     "Version": st.one_of(st.integers(-3, 3), json_scalars),
+    "CorrelationId": correlation_ids,
 }
 
 
@@ -156,6 +171,41 @@ def test_timestamps_accepted_fast_equal_the_contracts(text: str) -> None:
     if fast is not None:
         assert model is not None
         _same(fast, model)
+
+
+@settings(max_examples=400, deadline=None)
+@given(correlation_id=correlation_ids)
+def test_correlation_ids_accepted_fast_are_accepted_by_the_contract_with_the_same_value(
+    correlation_id: Any,
+) -> None:
+    value = _valid()
+    value["CorrelationId"] = correlation_id
+    raw = _encoded(value)
+
+    fast = decode_fast(raw)
+    model = _pydantic(raw)
+
+    if fast is not None:
+        assert model is not None, "msgspec accepted what the contract rejects"
+        _same(fast, model)
+    if isinstance(correlation_id, str) and len(correlation_id) > MAX_CORRELATION_ID_LENGTH:
+        assert fast is None and model is None
+
+
+@pytest.mark.parametrize("char", ["a", "é", "\U0001f600", "\x00"])
+def test_a_correlation_id_at_its_bound_takes_the_fast_path_and_one_over_fails_both(
+    char: str,
+) -> None:
+    at_bound, over = _valid(), _valid()
+    at_bound["CorrelationId"] = char * MAX_CORRELATION_ID_LENGTH
+    over["CorrelationId"] = char * (MAX_CORRELATION_ID_LENGTH + 1)
+
+    fast = decode_fast(_encoded(at_bound))
+
+    assert fast is not None and fast.correlation_id == char * MAX_CORRELATION_ID_LENGTH
+    assert _pydantic(_encoded(at_bound)) is not None
+    assert decode_fast(_encoded(over)) is None
+    assert _pydantic(_encoded(over)) is None
 
 
 @pytest.mark.parametrize(
