@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what a fresh machine lacks: the venv with the project, Debian's postgresql, the Kafka
-# jars (Maven Central, cached in ~/.m2 and devenv/kafka/lib-*). Idempotent and quiet when done.
+# Install what a fresh machine lacks: the venv with the project, Debian's postgresql and prometheus
+# (promtool, server), the Kafka jars (Maven Central, cached in ~/.m2 and devenv/kafka/lib-*).
+# Idempotent and quiet when done.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -30,6 +31,18 @@ if [ -z "${USER_ACTIVITY_TEST_DATABASE_URL:-}${USER_ACTIVITY_SKIP_POSTGRES_INSTA
     || fail "apt-get install postgresql failed"
   # The package may start a system cluster; nothing here uses it.
   $SUDO service postgresql stop >/dev/null 2>&1 || true
+fi
+
+# promtool (the alert-rule unit tests) and the prometheus server (the e2e alert test).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "bootstrap: installing Debian's prometheus" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus \
+    >/dev/null || fail "apt-get install prometheus failed"
+  # The package may start and enable a system server; the tests start their own.
+  $SUDO service prometheus stop >/dev/null 2>&1 || true
+  $SUDO systemctl disable prometheus >/dev/null 2>&1 || $SUDO update-rc.d prometheus disable >/dev/null 2>&1 || true
 fi
 
 if [ -z "${USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS:-}" ]; then

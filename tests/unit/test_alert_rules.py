@@ -1,4 +1,7 @@
-"""k8s/prometheus-rules.yaml: the required alerts, on metrics the code really exports."""
+"""k8s/prometheus-rules.yaml: the required alerts, on metrics the code really exports.
+
+Their behaviour is evaluated by promtool (tests/unit/test_promtool_rules.py, k8s/tests/).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 import runtime.metrics
+from runtime.input_progress import INPUT_PROGRESS
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 RULES_FILE = K8S / "prometheus-rules.yaml"
@@ -42,6 +46,8 @@ def _exported_series() -> set[str]:
         if isinstance(collector, MetricWrapperBase):
             for family in collector.describe():
                 series |= {family.name + suffix for suffix in SUFFIXES[family.type]}
+    for family in INPUT_PROGRESS.collect():  # computed at scrape time, see runtime.input_progress
+        series |= {family.name + suffix for suffix in SUFFIXES[family.type]}
     return series
 
 
@@ -50,11 +56,75 @@ def _runbook_anchors() -> set[str]:
     return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
-def test_lag_alert_fires_when_favorites_lag_stays_above_five_minutes_for_five_minutes() -> None:
-    rule = _alert("UserActivityFavoritesLagHigh")
+EXPECTED_ALERTS = {
+    "UserActivityFavoritesLagHigh",
+    "UserActivityFavoritesDeadLettered",
+    "UserActivityFavoritesInvalidOwnerBurst",
+    "UserActivityStreamPausedTooLong",
+    "UserActivityStreamDown",
+    "UserActivityOutboxPublishFailing",
+    "UserActivitySessionLinkingLagHigh",
+    "UserActivitySessionLinkingDeadLettered",
+    "UserActivityOutboxStalled",
+    "UserActivityOutboxRowsParked",
+    "UserActivityInputStalled",
+    "UserActivityBackgroundLoopRestarting",
+}
+# Alerts whose gauge is itself a duration, so that a `for` would only add delay.
+WITHOUT_FOR = {"UserActivityOutboxStalled"}
 
-    assert rule["expr"] == "user_activity_favorites_lag_seconds > 300"
+
+def _expr(name: str) -> str:
+    return " ".join(str(_alert(name)["expr"]).split())
+
+
+def test_the_rules_hold_exactly_the_required_alerts() -> None:
+    assert {rule["alert"] for rule in RULES} == EXPECTED_ALERTS
+
+
+def test_lag_alert_fires_on_the_batch_gauge_or_a_favorites_partitions_source_lag() -> None:
+    rule = _alert("UserActivityFavoritesLagHigh")
+    expr = _expr("UserActivityFavoritesLagHigh")
+
+    assert "max by (namespace, pod) (user_activity_favorites_lag_seconds) > 300" in expr
+    assert re.search(
+        r'max by \(namespace, pod\) \(user_activity_input_lag_seconds\{topic=~"[^"]*favorite-'
+        r'\(added\|removed\)[^"]*"\}\) > 300',
+        expr,
+    )
     assert rule["for"] == "5m"
+
+
+def test_outbox_stalled_compares_the_oldest_unpublished_row_with_the_threshold_at_once() -> None:
+    rule = _alert("UserActivityOutboxStalled")
+
+    assert _expr("UserActivityOutboxStalled") == (
+        "max by (namespace) (user_activity_outbox_oldest_unpublished_seconds"
+        " - user_activity_outbox_stall_threshold_seconds) > 0"
+    )
+    assert "for" not in rule
+
+
+@pytest.mark.parametrize(
+    ("name", "counter"),
+    [("UserActivityOutboxRowsParked", "user_activity_outbox_parked_total"),
+     ("UserActivityBackgroundLoopRestarting", "user_activity_background_restarts_total")],
+)
+def test_counter_alerts_fire_on_any_increase_also_of_a_series_first_seen_at_one(
+    name: str, counter: str
+) -> None:
+    expr = _expr(name)
+
+    assert re.search(rf"increase\({counter}\[15m\]\)\) > 0", expr)
+    assert f"{counter} unless {counter} offset 15m" in expr
+
+
+def test_input_stalled_needs_a_backlog_and_five_minutes_without_progress_while_not_paused() -> None:
+    expr = _expr("UserActivityInputStalled")
+
+    assert "user_activity_input_seconds_since_progress > 300" in expr
+    assert "and user_activity_input_records_behind > 0" in expr
+    assert "unless on (namespace, pod)" in expr and "user_activity_paused_seconds" in expr
 
 
 def test_dlq_alert_fires_on_any_increase_of_favorites_dead_letters() -> None:
@@ -89,9 +159,12 @@ def test_every_rule_names_only_series_the_service_exports() -> None:
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: str(r.get("alert")))
 def test_every_alert_has_expr_duration_severity_summary_and_a_runbook_section(rule: Rule) -> None:
-    assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}
+    if rule["alert"] in WITHOUT_FOR:
+        assert set(rule) == {"alert", "expr", "labels", "annotations"}
+    else:
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}
+        assert DURATION.match(rule["for"])
     assert re.fullmatch(r"UserActivity[A-Za-z]+", rule["alert"])
-    assert DURATION.match(rule["for"])
     assert rule["labels"]["severity"] in {"warning", "critical"}
     assert rule["annotations"]["summary"]
     assert rule["annotations"]["description"]
