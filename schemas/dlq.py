@@ -2,6 +2,12 @@
 
 A DLQ record carries the original key and value bytes unchanged and the original headers, plus
 the headers below. Reason codes are part of the contract with on-call engineers: never rename.
+
+A letter the DLQ topic cannot take whole (over its ``max.message.bytes``, or refused for what it
+is) is sent reduced: marked ``x-dlq-truncated: true`` with ``x-original-size`` (the original
+value's length in bytes), its value cut to what fits (or empty), and if that is still refused
+without the original headers, then without the key. The full original stays on the source topic,
+at the ``x-source-*`` coordinates.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ HEADER_SOURCE_OFFSET = "x-source-offset"
 HEADER_EXCEPTION_TYPE = "x-exception-type"
 HEADER_ATTEMPTS = "x-attempts"
 HEADER_FAILED_AT = "x-failed-at"
+HEADER_TRUNCATED = "x-dlq-truncated"
+"""``true`` on a reduced letter: the value is cut (or empty), maybe the key/headers dropped."""
+HEADER_ORIGINAL_SIZE = "x-original-size"
+"""On a reduced letter: the original value's length in bytes (decimal)."""
 
 DLQ_HEADERS = (
     HEADER_REASON,

@@ -2,28 +2,82 @@
 
 ``publish`` returns only when the broker acknowledged every letter; while Kafka is down it
 retries forever with back-off (the stream stays paused), so a poison record is never lost.
+
+A dead letter can always be written:
+
+- the DLQ producer compresses with zstd and its ``message.max.bytes`` is the DLQ topic's
+  ``max.message.bytes``, read at first use (``DescribeConfigs``; retried while Kafka is
+  unreachable, 1,000,000 with a warning if it cannot be read, e.g. no DescribeConfigs ACL);
+- a letter refused with a record error (``sinks.errors.is_record_error``: too large, invalid)
+  is sent again at once in a reduced form (:class:`~schemas.dlq_letter.LetterForm`): the value
+  cut to what fits, ``x-dlq-truncated: true`` and ``x-original-size``; then without the original
+  headers; then without the key. Each reduction is logged with the source coordinates; the
+  letter is counted once, when delivered. The full original stays on the source topic;
+- letters of a batch that were delivered are never sent again when the rest is retried (the
+  producer keeps exact per-record reports).
+
+librdkafka checks ``message.max.bytes`` against the *uncompressed* record: a compressible value
+larger than the topic limit is refused locally (``MSG_SIZE_TOO_LARGE``) and sent truncated even
+though its compressed batch would fit.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from prometheus_client import Counter
 from typing_extensions import override
 
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
-from runtime.logs import log_event
+from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
-from schemas.dlq_letter import DeadLetter
-from sinks.errors import DeliveryFailedError, is_infrastructure_error
-from sinks.kafka_producer import OutgoingRecord, build_producer, produce_and_wait
+from schemas.dlq_letter import DeadLetter, LetterForm, next_form
+from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
+from sinks.kafka_producer import KafkaProducer, OutgoingRecord
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_TOPIC_LIMIT = 1_000_000
+"""The DLQ size limit assumed when the topic's ``max.message.bytes`` cannot be read."""
+
+_MIN_PRODUCER_LIMIT = 1_000  # librdkafka's range for message.max.bytes ...
+_MAX_PRODUCER_LIMIT = 100_000_000  # ... capped at receive.message.max.bytes' default
+
+_UNREACHABLE_CODES = frozenset({
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TIMED_OUT,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._RESOLVE,
+    KafkaError._WAIT_COORD,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+})
+"""Codes meaning the cluster could not be reached: the limit lookup retries, nothing else."""
+
+
+def is_kafka_unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` says Kafka could not be reached (not: it answered with a refusal)."""
+    if isinstance(exc, TimeoutError):
+        return True
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0].code() in _UNREACHABLE_CODES
+    return False
+
+
+@dataclass(slots=True)
+class _Pending:
+    letter: DeadLetter
+    form: LetterForm = LetterForm.WHOLE
+    delivered: bool = False
 
 
 class DeadLetterPublisher:
@@ -34,31 +88,158 @@ class DeadLetterPublisher:
     ) -> None:
         self._topic = topic
         self._settings = settings
-        self._producer: Producer | None = None  # built on the first letter: poison is rare
+        self._producer: KafkaProducer | None = None  # built on the first letter: poison is rare
+        self._limit: int | None = None  # the topic's max.message.bytes, read on the first letter
         self._dlq_counter = dlq_counter
         self._retries_counter = retries_counter
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
 
+    @property
+    def limit(self) -> int | None:
+        """The DLQ topic's size limit the letters are fitted to (None before the first use)."""
+        return self._limit
+
     def publish(self, letters: Sequence[DeadLetter]) -> None:
-        """Send ``letters``; return once all are acknowledged (retrying forever)."""
-        pending = list(letters)
-        if not pending:
+        """Send ``letters``; return once all are acknowledged (retrying forever).
+
+        A letter refused with a record error is reduced and sent again at once; a service
+        error pauses with back-off and retries only the letters not delivered yet.
+        """
+        if not letters:
             return
+        producer = self._ensure_producer()
+        limit = self._limit or DEFAULT_TOPIC_LIMIT
+        pending = [_Pending(letter) for letter in letters]
+        settled: list[_Pending] = []
 
         def attempt() -> None:
-            records = [
-                OutgoingRecord(self._topic, ltr.record.key, ltr.record.value, ltr.headers())
-                for ltr in pending
-            ]
-            if self._producer is None:
-                self._producer = build_producer(self._settings, "dlq")
-            errors = produce_and_wait(self._producer, records)
-            failed = [ltr for ltr, err in zip(pending, errors, strict=True) if err is not None]
-            first = next((err for err in errors if err is not None), None)
-            pending[:] = failed
-            if first is not None:
-                raise DeliveryFailedError(first.name())
+            while pending:
+                records = []
+                for p in pending:
+                    rendered = p.letter.render(p.form, limit)
+                    records.append(
+                        OutgoingRecord(self._topic, rendered.key, rendered.value, rendered.headers)
+                    )
+                errors = producer.produce_and_wait(records)
+                still: list[_Pending] = []
+                service: KafkaError | None = None
+                for p, err in zip(pending, errors, strict=True):
+                    if err is None:
+                        p.delivered = True
+                        settled.append(p)
+                    elif is_record_error(err):
+                        if self._reduce(p, err, limit):
+                            still.append(p)
+                        else:
+                            settled.append(p)
+                    else:
+                        service = service or err
+                        still.append(p)
+                pending[:] = still
+                if service is not None:
+                    raise DeliveryFailedError(service)
 
+        self._retry(attempt)
+        for p in settled:
+            self._dlq_counter.inc()
+            if p.delivered:
+                log_event(
+                    logger,
+                    "dead-lettered",
+                    logging.WARNING,
+                    outcome="failed",
+                    reason=p.letter.reason.value,
+                    exception_type=p.letter.exception_type,
+                    attempts=p.letter.attempts,
+                    source=p.letter.record.where(),
+                    form=None if p.form is LetterForm.WHOLE else p.form.name.lower(),
+                )
+
+    def _reduce(self, p: _Pending, err: KafkaError, limit: int) -> bool:
+        """Move ``p`` to its next form after ``err``; False when there is none left."""
+        refused = p.form
+        form = next_form(p.letter, refused, limit)
+        if form is None:
+            # Even the bare letter (x-dlq-*/x-source-* headers only) was refused: the DLQ topic
+            # itself refuses such records (e.g. compacted). Loud, never silent, never a stall.
+            log_event(
+                logger,
+                "dead-letter-unwritable",
+                logging.ERROR,
+                outcome="failed",
+                reason=p.letter.reason.value,
+                source=p.letter.record.where(),
+                code=err.name(),
+                dlq_topic=self._topic,
+            )
+            return False
+        p.form = form
+        log_event(
+            logger,
+            "dead-letter-reduced",
+            logging.WARNING,
+            source=p.letter.record.where(),
+            code=err.name(),
+            refused_form=refused.name.lower(),
+            form=form.name.lower(),
+            original_size=p.letter.original_size,
+            limit=limit,
+        )
+        return True
+
+    def _ensure_producer(self) -> KafkaProducer:
+        if self._producer is None:
+            if self._limit is None:
+                self._limit = self._read_topic_limit()
+            overrides: dict[str, Any] = {
+                "compression.type": "zstd",
+                "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit),
+            }
+            self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True, **overrides)
+        return self._producer
+
+    def _read_topic_limit(self) -> int:
+        """The DLQ topic's ``max.message.bytes`` (retried while Kafka is unreachable)."""
+        config: dict[str, Any] = {
+            **self._settings.kafka_client_config(),
+            "client.id": f"{self._settings.kafka_client_id}-dlq-admin",
+            "socket.connection.setup.timeout.ms": 5_000,
+            "logger": LIBRDKAFKA_LOGGER,
+        }
+        admin = AdminClient(config)
+
+        def read() -> int:
+            resource = ConfigResource("topic", self._topic)
+            futures = admin.describe_configs([resource], request_timeout=10)
+            entries = futures[resource].result(15)
+            return int(entries["max.message.bytes"].value)
+
+        try:
+            limit = retry_forever(
+                read,
+                is_transient=is_kafka_unreachable,
+                backoff=self._backoff,
+                on_retry=self._on_retry,
+                on_recovered=lambda _n: HEALTH.resumed("kafka"),
+                sleep=time.sleep,
+            )
+        except Exception as exc:  # noqa: BLE001 - any answer but "unreachable": use the default
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            log_event(
+                logger,
+                "dlq-limit-unknown",
+                logging.WARNING,
+                dlq_topic=self._topic,
+                error=type(exc).__name__,
+                code=None if err is None else err.name(),
+                limit=DEFAULT_TOPIC_LIMIT,
+            )
+            return DEFAULT_TOPIC_LIMIT
+        limit = min(max(limit, 1), _MAX_PRODUCER_LIMIT)
+        log_event(logger, "dlq-limit", dlq_topic=self._topic, limit=limit)
+        return limit
+
+    def _retry(self, attempt: Callable[[], None]) -> None:
         retry_forever(
             attempt,
             is_transient=is_infrastructure_error,
@@ -67,18 +248,6 @@ class DeadLetterPublisher:
             on_recovered=lambda _n: HEALTH.resumed("kafka"),
             sleep=time.sleep,
         )
-        for letter in letters:
-            self._dlq_counter.inc()
-            log_event(
-                logger,
-                "dead-lettered",
-                logging.WARNING,
-                outcome="failed",
-                reason=letter.reason.value,
-                exception_type=letter.exception_type,
-                attempts=letter.attempts,
-                source=letter.record.where(),
-            )
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries_counter.inc()
@@ -96,7 +265,7 @@ class DeadLetterPublisher:
     def close(self) -> None:
         """Flush what is queued (bounded) and drop the producer."""
         if self._producer is not None:
-            self._producer.flush(10)
+            self._producer.close(10)
             self._producer = None
 
 
