@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from runtime.migrate import apply_migrations
 from runtime.settings import ENV_PREFIX, Settings
@@ -89,14 +89,25 @@ def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int) -> i
     return count
 
 
-def _counts(dsn: str) -> tuple[int, int]:
+def _rows(dsn: str) -> int:
+    """Action-history rows in the database (the table is append-only)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            """SELECT (SELECT count(*) FROM user_activity.action_events),
-                      (SELECT count(*) FROM user_activity.outbox WHERE published_at IS NOT NULL)"""
-        ).fetchone()
+        row = conn.execute("SELECT count(*) FROM user_activity.action_events").fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[0])
+
+
+def _on_topic(consumer: Consumer, topic: str) -> int:
+    """Records on ``topic`` (the sum of its partitions' end offsets): what CRM can read.
+
+    Counted on the topic itself, not from the outbox table, whose published rows the job purges.
+    """
+    metadata = consumer.list_topics(topic, timeout=10)
+    total = 0
+    for partition in metadata.topics[topic].partitions:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        total += int(high)
+    return total
 
 
 def _env(settings: Settings) -> dict[str, str]:
@@ -130,7 +141,7 @@ def run_configured(settings: Settings) -> int:
     os.execvpe(sys.executable, _job_command(recovery), _env(settings))  # noqa: S606
 
 
-def run_demo(events: int, sessions: int, linger: float) -> int:
+def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
     """Local services + demo data + the job; prints progress and a summary."""
     from devenv.kafka_broker import KafkaBroker
     from devenv.postgres_server import PostgresServer
@@ -141,6 +152,7 @@ def run_demo(events: int, sessions: int, linger: float) -> int:
     postgres.start()
     broker = KafkaBroker(RUN_DIR / "kafka")
     job: subprocess.Popen[bytes] | None = None
+    watcher: Consumer | None = None
     try:
         broker.start()
         dsn = postgres.create_database("user_activity")
@@ -148,7 +160,9 @@ def run_demo(events: int, sessions: int, linger: float) -> int:
         applied = apply_migrations(dsn)
         ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6)
         print(f"kafka {broker.bootstrap}  postgres {dsn}  migrations applied now: {applied}")
-        before_rows, before_published = _counts(dsn)
+        watcher = Consumer({**settings.kafka_client_config(), "group.id": "demo-watcher"})
+        tracked_topic = settings.topic_action_tracked
+        before_rows, before_published = _rows(dsn), _on_topic(watcher, tracked_topic)
         devices = _seed_sessions(dsn, sessions)
         produced = _produce_demo(settings, devices, events)
         print(f"seeded {sessions} sessions, produced {produced} favorites events")
@@ -158,16 +172,23 @@ def run_demo(events: int, sessions: int, linger: float) -> int:
         print(f"running: {' '.join(_job_command(recovery)[1:])}  (log: .run/job.log)")
         started = time.monotonic()
         job = subprocess.Popen(_job_command(recovery), env=_env(settings), stdout=log, stderr=log)
-        expected = events - events // 200 - events // 250  # minus invalid-owner and no-session
+        invalid = len(range(0, events, 200))  # what _produce_demo makes of every 200th event
+        no_session = len(range(0, events, 250)) - len(range(0, events, 1000))
+        expected = events - invalid - no_session
         done_at: float | None = None
         while job.poll() is None:
             time.sleep(2)
-            rows, published = _counts(dsn)
-            rows -= before_rows
-            published -= before_published
+            rows = _rows(dsn) - before_rows
+            published = _on_topic(watcher, tracked_topic) - before_published
             elapsed = time.monotonic() - started
-            print(f"  t={elapsed:5.1f}s  rows recorded={rows:7d}  action-tracked published="
+            print(f"  t={elapsed:5.1f}s  rows recorded={rows:7d}  action-tracked on the topic="
                   f"{published:7d}  ({rows / elapsed:,.0f} rows/s)", flush=True)
+            if done_at is None and elapsed > timeout:
+                print(f"demo not done after {timeout:.0f}s: still waiting for "
+                      f"{max(0, expected - rows)} of {expected} rows and "
+                      f"{max(0, expected - published)} action-tracked records on "
+                      f"{tracked_topic}; the job's log is .run/job.log", flush=True)
+                return 1
             if done_at is None and rows >= expected and published >= rows:
                 done_at = elapsed
                 print(f"demo backlog done in {done_at:.1f}s: {rows} rows, {published} published "
@@ -175,8 +196,12 @@ def run_demo(events: int, sessions: int, linger: float) -> int:
                       f"lingering {linger:.0f}s (Ctrl-C to stop)")
             if done_at is not None and elapsed - done_at > linger:
                 break
+        if done_at is None:
+            print(f"the job exited ({job.returncode}) before the demo was done; "
+                  "see .run/job.log", flush=True)
         return 0 if done_at is not None else 1
     except KeyboardInterrupt:
+        print("interrupted: stopping the job, Kafka and PostgreSQL", flush=True)
         return 130
     finally:
         if job is not None and job.poll() is None:
@@ -185,6 +210,8 @@ def run_demo(events: int, sessions: int, linger: float) -> int:
                 job.wait(30)
             except subprocess.TimeoutExpired:
                 job.kill()
+        if watcher is not None:
+            watcher.close()
         broker.stop()
         postgres.stop()
         print("stopped the job, Kafka and PostgreSQL")
@@ -197,13 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=2_000, help="demo sessions to seed")
     parser.add_argument("--linger", type=float, default=10.0,
                         help="seconds to keep the job running after the backlog is done")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="give up (exit 1, saying what is missing) if the backlog is not "
+                             "recorded and on the topic after this many seconds")
     args = parser.parse_args(argv)
     configured = all(
         f"{ENV_PREFIX}{name}" in os.environ for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")
     )
     if configured:
         return run_configured(Settings())
-    return run_demo(args.events, args.sessions, args.linger)
+    return run_demo(args.events, args.sessions, args.linger, args.timeout)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+"""SIGTERM (how Kubernetes stops a pod) is a clean stop, and the next start loses nothing.
+
+The inputs end, the batch in flight commits, the outbox publishes what it was offered, the
+producers flush, the process exits 0; the next start replays at most the last snapshot interval,
+and nothing is lost or doubled.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SettingsFactory
+from tests.e2e.test_chaos import (
+    PacedProducer,
+    assert_exact_outcome,
+    count_log_events,
+    count_rows,
+    good_stream,
+    report,
+    unpublished,
+    wait_for_rows,
+    wait_until_drained,
+)
+from tests.jobs import JobSupervisor, supervised_jobs
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[JobSupervisor]:
+    with supervised_jobs(tmp_path) as supervisor:
+        yield supervisor
+
+
+def test_sigterm_mid_stream_exits_0_after_committing_and_publishing_then_resumes_exactly_once(
+    make_settings: SettingsFactory, database_url: str, jobs: JobSupervisor, record_property: Any,
+) -> None:
+    settings = make_settings(retry_initial_seconds=0.5, retry_max_seconds=4.0)
+    stream = good_stream(settings, database_url, 6_000, seed=11)
+    good = len(stream.good_ids)
+    job = jobs.job(settings, snapshot_interval=5)
+    job.start()
+    producer = PacedProducer(settings, stream.records, rate=800)
+    producer.start()
+    wait_for_rows(job, database_url, stream, good // 3, timeout=60)
+
+    started = time.monotonic()
+    code = job.terminate(timeout=25, sig=signal.SIGTERM)
+    stop_s = time.monotonic() - started
+    rows_at_stop = count_rows(database_url, stream.good_ids)
+    left_unpublished = unpublished(database_url, settings.topic_action_tracked)
+
+    assert code == 0, job.log_tail()
+    assert any(e.get("event") == "shutdown-requested" for e in job.log_events(1))
+    # Everything the stopped job committed was also published before it exited.
+    assert left_unpublished == 0
+    assert stop_s < 20
+
+    job.start()
+    deliveries = producer.result()
+    wait_until_drained(job, database_url, stream)
+    code_2 = job.terminate(timeout=25)
+    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    assert code_2 == 0
+    assert counts.rows == counts.tracked_distinct == good
+    assert counts.dlq == 0
+    replayed = count_log_events(job, "skipped-duplicate", 2)
+    report(record_property, "sigterm", {
+        "stop_s": round(stop_s, 1), "exit_code": code, "rows_at_stop": rows_at_stop,
+        "replayed_after_restart": replayed, "rows": counts.rows,
+        "action_tracked_records": counts.tracked_records,
+    })
+
+
+def test_sigterm_while_idle_exits_0_within_seconds(
+    make_settings: SettingsFactory, jobs: JobSupervisor
+) -> None:
+    job = jobs.job(make_settings())
+    job.start()
+    job.wait_until(lambda: job.get("/readyz") is not None, 30, "/readyz")
+    started = time.monotonic()
+    code = job.terminate(timeout=25, sig=signal.SIGTERM)
+    assert code == 0, job.log_tail()
+    assert time.monotonic() - started < 10
