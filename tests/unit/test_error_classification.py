@@ -1,4 +1,8 @@
-"""sinks.errors: infrastructure (retry forever) vs data (poison) by class and SQLSTATE only."""
+"""sinks.errors: infrastructure (retry forever) vs data (poison), by class, SQLSTATE, error code.
+
+Kafka record errors vs service errors by librdkafka code only; the real-broker cases are in
+tests/integration/test_kafka_error_classes.py.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,14 @@ import psycopg_pool
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from sinks.errors import RECORD_ERROR_CODES as RECORD_CODES
 from sinks.errors import (
     DeliveryFailedError,
+    RecordRejectedError,
     is_data_error,
     is_infrastructure_error,
+    is_record_error,
+    kafka_error_of,
     sqlstate_of,
 )
 
@@ -200,3 +208,101 @@ def test_ordinary_exceptions_are_neither_infrastructure_nor_data(exc: Exception)
     assert not is_infrastructure_error(exc)
     assert not is_data_error(exc)
     assert sqlstate_of(exc) is None
+
+
+# ---- Kafka: record errors (one record, never retried forever) vs service errors ----------------
+
+RECORD_ERROR_CODES = [
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.INVALID_MSG,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_TIMESTAMP,
+    KafkaError._INVALID_ARG,
+    KafkaError._BAD_MSG,
+    KafkaError._KEY_SERIALIZATION,
+    KafkaError._VALUE_SERIALIZATION,
+]
+
+SERVICE_ERROR_CODES = [
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._FATAL,
+    KafkaError._PURGE_QUEUE,
+    KafkaError.UNKNOWN,
+]
+
+
+def code_name(code: int) -> str:
+    return str(KafkaError(code).name())
+
+
+@pytest.mark.parametrize("code", RECORD_ERROR_CODES, ids=code_name)
+def test_errors_that_reject_one_record_are_record_errors_and_not_infrastructure(code: int) -> None:
+    err = KafkaError(code)
+
+    assert is_record_error(err)
+    assert not is_infrastructure_error(KafkaException(err))
+    assert not is_infrastructure_error(DeliveryFailedError(err))
+    assert not is_infrastructure_error(RecordRejectedError(err, "t[0]@1"))
+
+
+@pytest.mark.parametrize("code", SERVICE_ERROR_CODES, ids=code_name)
+def test_transport_timeout_leadership_acl_and_fatal_errors_are_service_errors(code: int) -> None:
+    err = KafkaError(code)
+
+    assert not is_record_error(err)
+    assert is_infrastructure_error(KafkaException(err))
+    assert is_infrastructure_error(DeliveryFailedError(err))
+
+
+def test_an_authorization_failure_pauses_the_stream_instead_of_dead_lettering() -> None:
+    err = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+
+    assert not is_record_error(err)
+    assert is_infrastructure_error(DeliveryFailedError(err))
+
+
+def test_a_code_this_module_does_not_know_is_a_service_error() -> None:
+    err = KafkaError(12345)  # a code librdkafka may add later
+
+    assert not is_record_error(err)
+    assert is_infrastructure_error(KafkaException(err))
+
+
+def test_kafka_message_text_never_changes_the_class() -> None:
+    assert not is_record_error(KafkaError(KafkaError._TRANSPORT, "Message size too large"))
+    assert is_record_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "broker transport failure"))
+
+
+def test_only_error_codes_that_exist_in_this_librdkafka_are_listed() -> None:
+    assert not hasattr(KafkaError, "_MSG_SIZE_TOO_LARGE")  # left out, not an AttributeError
+    assert KafkaError.MSG_SIZE_TOO_LARGE in RECORD_CODES
+    assert KafkaError._FATAL not in RECORD_CODES
+
+
+def test_a_delivery_failure_built_from_a_kafka_error_keeps_it_and_its_name() -> None:
+    err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    exc = DeliveryFailedError(err)
+
+    assert exc.error is err
+    assert str(exc) == "MSG_SIZE_TOO_LARGE"
+    assert kafka_error_of(exc) is err
+    assert kafka_error_of(KafkaException(err)) is err
+    assert kafka_error_of(KafkaException()) is None
+
+
+def test_a_delivery_failure_with_only_a_message_stays_infrastructure() -> None:
+    assert is_infrastructure_error(DeliveryFailedError("MSG_SIZE_TOO_LARGE"))  # text is ignored
