@@ -6,15 +6,26 @@ tests/integration/test_kafka_producer.py.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
+from runtime.settings import Settings
 from schemas.outbox import OutboxRow
-from sinks.kafka_producer import OutgoingRecord, produce_and_wait
+from sinks import kafka_producer
+from sinks.errors import is_record_error
+from sinks.kafka_producer import (
+    KafkaProducer,
+    ObservedProducer,
+    OutgoingRecord,
+    build_producer,
+    fatal_error_of,
+    produce_and_wait,
+)
 from sources.kafka_input import _headers
 
 
@@ -193,3 +204,218 @@ def test_consumed_headers_none_or_empty_are_empty() -> None:
 
 def test_a_null_header_value_becomes_empty_bytes() -> None:
     assert _headers([("a", None), ("b", b"2")]) == (("a", b""), ("b", b"2"))
+
+
+# ---- a record refused by produce() itself; exact reports; the healing KafkaProducer -----------
+
+
+class RefusingProducer(FakeProducer):
+    """produce() raises KafkaException for the records whose key is in ``refuse``."""
+
+    def __init__(self, refuse: dict[bytes, KafkaError], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._refuse = refuse
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, **kwargs: Any) -> None:
+        if key in self._refuse:
+            raise KafkaException(self._refuse[key])
+        super().produce(topic, value, key, **kwargs)
+
+
+class ReportingProducer(FakeProducer):
+    """Reports every record (``delivery.report.only.error=False``) but the ``stuck`` ones.
+
+    ``stuck`` records get no report before ``flush`` returns (they are left in flight).
+    """
+
+    def __init__(self, stuck: set[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._stuck = stuck
+        self.fatal_error: KafkaError | None = None
+
+    def flush(self, _timeout: float) -> int:
+        pending, self._pending = self._pending, []
+        for call in pending:
+            index = self.calls.index(call)
+            if index not in self._stuck:
+                err = self._fail(index, call)
+                call["on_delivery"](err, FakeMessage(call["topic"], call["key"], call["value"]))
+        return len(self._stuck)
+
+
+def test_a_record_refused_by_produce_gets_its_error_and_the_others_are_still_sent() -> None:
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    producer = RefusingProducer({b"k1": too_large, b"k3": too_large})
+
+    errors = produce_and_wait(producer, _records(5))  # type: ignore[arg-type]
+
+    assert errors == [None, too_large, None, too_large, None]
+    assert [c["key"] for c in producer.calls] == [b"k0", b"k2", b"k4"]
+
+
+def test_a_refused_record_and_a_broker_failure_are_each_reported_on_their_own_record() -> None:
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    down = KafkaError(KafkaError._MSG_TIMED_OUT)
+    producer = RefusingProducer(
+        {b"k0": too_large}, fail=lambda _i, c: down if c["key"] == b"k2" else None
+    )
+
+    assert produce_and_wait(producer, _records(3)) == [too_large, None, down]  # type: ignore[arg-type]
+
+
+def test_a_kafka_exception_without_an_error_becomes_a_service_failure_of_that_record() -> None:
+    class Bare(FakeProducer):
+        def produce(self, topic: str, value: Any = None, key: Any = None, **kw: Any) -> None:
+            if key == b"k0":
+                raise KafkaException("no error object")
+            super().produce(topic, value, key, **kw)
+
+    errors = produce_and_wait(Bare(), _records(2))  # type: ignore[arg-type]
+
+    assert errors[0] is not None and errors[0].code() == KafkaError._FAIL
+    assert not is_record_error(errors[0])
+    assert errors[1] is None
+
+
+def test_exact_reports_on_a_timeout_fail_only_the_records_still_in_flight() -> None:
+    producer = ReportingProducer(stuck={2})
+
+    errors = produce_and_wait(producer, _records(4), exact_reports=True)  # type: ignore[arg-type]
+
+    assert errors[:2] == [None, None] and errors[3] is None
+    assert errors[2] is not None and errors[2].code() == KafkaError._TIMED_OUT
+
+
+def test_exact_reports_give_each_record_its_own_callback() -> None:
+    producer = ReportingProducer(stuck=set())
+    produce_and_wait(producer, _records(3), exact_reports=True)  # type: ignore[arg-type]
+    assert len({id(c["on_delivery"]) for c in producer.calls}) == 3
+
+
+def _settings() -> Settings:
+    return Settings(kafka_bootstrap_servers="127.0.0.1:1")
+
+
+class Factory:
+    """Builds fake producers for KafkaProducer and remembers them."""
+
+    def __init__(self, make: Callable[[int], FakeProducer]) -> None:
+        self.built: list[FakeProducer] = []
+        self.overrides: list[dict[str, Any]] = []
+        self._make = make
+
+    def __call__(self, _settings: Settings, _suffix: str, **overrides: Any) -> Any:
+        producer = self._make(len(self.built))
+        producer.purge = lambda *a, **k: None  # type: ignore[attr-defined]
+        self.built.append(producer)
+        self.overrides.append(overrides)
+        return producer
+
+
+def test_the_healing_producer_builds_one_producer_and_reuses_it() -> None:
+    factory = Factory(lambda _n: FakeProducer())
+    producer = KafkaProducer(_settings(), "test", factory=factory)
+
+    assert producer.produce_and_wait(_records(2)) == [None, None]
+    assert producer.produce_and_wait(_records(2)) == [None, None]
+
+    assert len(factory.built) == 1
+    assert producer.rebuilds == 0
+
+
+def test_a_fatal_producer_reports_its_records_failed_with_a_service_error_and_is_rebuilt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fatal = KafkaError(KafkaError._FATAL, "idempotence: out of order sequence", fatal=True)
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+
+    def make(n: int) -> FakeProducer:
+        if n == 0:
+            dying = ReportingProducer(
+                stuck=set(), fail=lambda i, _c: too_large if i == 1 else None
+            )
+            dying.fatal_error = fatal  # what error_cb records (see build_producer)
+            return dying
+        return FakeProducer()
+
+    factory = Factory(make)
+    producer = KafkaProducer(_settings(), "test", factory=factory)
+    caplog.set_level(logging.WARNING, "sinks.kafka_producer")
+
+    first = producer.produce_and_wait(_records(3))
+
+    # only-error mode: nothing is known to be acknowledged -> every record is retried, except
+    # the one the broker refused for what it is
+    assert first[1] is too_large
+    assert all(e is not None and e.code() == KafkaError._FATAL for e in (first[0], first[2]))
+    assert not any(is_record_error(e) for e in (first[0], first[2]) if e is not None)
+
+    assert producer.produce_and_wait(_records(2)) == [None, None]
+    assert len(factory.built) == 2
+    assert producer.rebuilds == 1
+    rebuilt = [r for r in caplog.records if r.getMessage() == "kafka-producer-rebuilt"]
+    assert len(rebuilt) == 1 and rebuilt[0].code == "_FATAL"  # type: ignore[attr-defined]
+
+
+def test_with_exact_reports_records_acknowledged_before_a_fatal_error_count_as_delivered() -> None:
+    fatal = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
+
+    def make(_n: int) -> FakeProducer:
+        dying = ReportingProducer(stuck={2})
+        dying.fatal_error = fatal
+        return dying
+
+    factory = Factory(make)
+    producer = KafkaProducer(_settings(), "test", exact_reports=True, factory=factory)
+
+    errors = producer.produce_and_wait(_records(3))
+
+    assert errors[:2] == [None, None]
+    assert errors[2] is not None and errors[2].code() == KafkaError._FATAL
+    assert factory.overrides[0]["delivery.report.only.error"] is False
+
+
+def test_a_fatal_error_raised_by_produce_marks_the_producer_dead_too() -> None:
+    fatal = KafkaError(KafkaError._FATAL, "dead", fatal=True)
+    factory = Factory(lambda n: RefusingProducer({b"k0": fatal, b"k1": fatal}) if n == 0
+                      else FakeProducer())
+    producer = KafkaProducer(_settings(), "test", factory=factory)
+
+    first = producer.produce_and_wait(_records(2))
+
+    assert all(e is not None and e.code() == KafkaError._FATAL for e in first)
+    assert producer.produce_and_wait(_records(2)) == [None, None]
+    assert len(factory.built) == 2
+
+
+def test_build_producer_installs_an_error_callback_that_marks_a_fatal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configs: list[dict[str, Any]] = []
+
+    class Captured(ObservedProducer):
+        def __init__(self, config: dict[str, Any]) -> None:  # no librdkafka handle
+            configs.append(config)
+
+    monkeypatch.setattr(kafka_producer, "ObservedProducer", Captured)
+    seen: list[KafkaError] = []
+    producer = build_producer(_settings(), "test", error_cb=seen.append)
+    on_error = configs[0]["error_cb"]
+
+    on_error(KafkaError(KafkaError._TRANSPORT))
+    assert fatal_error_of(producer) is None
+    fatal = KafkaError(KafkaError._FATAL, "boom", fatal=True)
+    on_error(fatal)
+
+    assert fatal_error_of(producer) is fatal
+    assert [e.code() for e in seen] == [KafkaError._TRANSPORT, KafkaError._FATAL]
+
+
+def test_close_flushes_and_drops_the_producer() -> None:
+    factory = Factory(lambda _n: FakeProducer())
+    producer = KafkaProducer(_settings(), "test", factory=factory)
+    assert producer.flush(1) == 0  # nothing built yet
+    producer.produce_and_wait(_records(1))
+    producer.close(1)
+    producer.produce_and_wait(_records(1))
+    assert len(factory.built) == 2
