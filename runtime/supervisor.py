@@ -29,12 +29,15 @@ _HEALTHY_RUN_SECONDS = 60.0
 def report_crash(thread: str, exc: BaseException, attempt: int, delay: float) -> None:
     """Log ``exc`` with its traceback and count the restart of ``thread``."""
     BACKGROUND_RESTARTS.labels(thread=thread).inc()
-    logger.error(
-        "background-loop-crashed",
-        exc_info=(type(exc), exc, exc.__traceback__),
-        extra={"thread": thread, "error": type(exc).__name__, "attempt": attempt,
-               "restart_in_s": round(delay, 2)},
-    )
+    try:
+        logger.error(
+            "background-loop-crashed",
+            exc_info=(type(exc), exc, exc.__traceback__),
+            extra={"loop": thread, "error": type(exc).__name__, "attempt": attempt,
+                   "restart_in_s": round(delay, 2)},
+        )
+    except Exception:  # noqa: BLE001, S110 - reporting must never kill the supervisor
+        pass
 
 
 class SupervisedThread:

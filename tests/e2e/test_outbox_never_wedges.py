@@ -1,0 +1,241 @@
+"""The outbox can never wedge: refused rows are parked, the loop is supervised, stalls are seen."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+
+from runtime.health import HEALTH
+from runtime.metrics import BACKGROUND_RESTARTS, OUTBOX_PARKED
+from schemas.outbox import OutboxRow
+from sinks.outbox import PURGE_CHUNK_ROWS, OutboxPublisher, OutboxWatchdog, parked_rows
+from tests.conftest import SettingsFactory
+from tests.jobs import ROOT, base_env, settings_env
+from tests.support import consume_all
+
+pytestmark = pytest.mark.e2e
+
+
+def _rows(topic: str, count: int, *, big: dict[int, int] | None = None) -> list[OutboxRow]:
+    """``count`` rows; ``big[i]`` makes row i's value that many (incompressible) bytes."""
+    rows = []
+    for i in range(count):
+        size = (big or {}).get(i)
+        value = os.urandom(size) if size else orjson.dumps({"n": i})
+        rows.append(OutboxRow(uuid.uuid4(), topic, f"key-{i}".encode(), value, {}))
+    return rows
+
+
+def _insert(db: psycopg.Connection[Any], rows: list[OutboxRow], age_s: float = 60) -> None:
+    """Insert ``rows`` as committed ``age_s`` seconds ago (a crash left them unpublished)."""
+    with db.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO user_activity.outbox (id, topic, key, value, headers, created_at)
+               VALUES (%s, %s, %s, %s, '{}'::jsonb, now() - make_interval(secs => %s))""",
+            [(r.id, r.topic, r.key, r.value, age_s) for r in rows],
+        )
+
+
+def _state(db: psycopg.Connection[Any], rows: list[OutboxRow]) -> dict[uuid.UUID, tuple[Any, ...]]:
+    found = db.execute(
+        """SELECT id, published_at IS NOT NULL, parked_at IS NOT NULL, attempts, last_error
+             FROM user_activity.outbox WHERE id = ANY(%s)""",
+        ([r.id for r in rows],),
+    ).fetchall()
+    return {row[0]: row[1:] for row in found}
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _parked(topic: str) -> float:
+    return OUTBOX_PARKED.labels(topic=topic)._value.get()
+
+
+def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings(outbox_sweep_grace_seconds=1)
+    topic = settings.topic_action_tracked
+    rows = _rows(topic, 30, big={10: 2_500_000})  # over the producer's 1 MB limit
+    _insert(db, rows)
+    parked_before = _parked(topic)
+    publisher = OutboxPublisher(settings)
+
+    publisher.start()
+    consumed = consume_all(settings, topic, expect_at_least=29, timeout=30)
+    _wait(lambda: _state(db, rows)[rows[10].id][1], 10, "the big row to be parked")
+    publisher.stop()
+
+    assert sorted(c.key or b"" for c in consumed) == sorted(
+        r.key for i, r in enumerate(rows) if i != 10
+    )
+    state = _state(db, rows)
+    assert all(state[r.id][0] for i, r in enumerate(rows) if i != 10)
+    assert state[rows[10].id] == (False, True, 1, "MSG_SIZE_TOO_LARGE")
+    assert _parked(topic) == parked_before + 1
+    assert [row[0] for row in parked_rows(db) if row[1] == topic] == [rows[10].id]
+
+
+def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings(outbox_sweep_grace_seconds=30)  # no sweep: only the fast path
+    topic = settings.topic_action_tracked
+    rows = _rows(topic, 5, big={2: 1_500_000})
+    _insert(db, rows, age_s=0)
+    publisher = OutboxPublisher(settings)
+
+    publisher.start()
+    publisher.offer(rows)
+    consumed = consume_all(settings, topic, expect_at_least=4, timeout=30)
+    _wait(lambda: _state(db, rows)[rows[2].id][1], 10, "the big row to be parked")
+    publisher.stop()
+
+    assert len(consumed) == 4
+    assert _state(db, rows)[rows[2].id] == (False, True, 1, "MSG_SIZE_TOO_LARGE")
+
+
+def test_requeue_publishes_a_parked_row_once_the_topic_accepts_it(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], database_url: str
+) -> None:
+    settings = make_settings(outbox_sweep_grace_seconds=1)
+    admin = AdminClient(settings.kafka_client_config())
+    small = f"{settings.topic_action_tracked}.small"
+    admin.create_topics([NewTopic(small, 1, 1, config={"max.message.bytes": "20000"})])[
+        small].result(30)
+    row = _rows(small, 1, big={0: 60_000})  # the broker refuses it: over the topic's limit
+    _insert(db, row)
+    publisher = OutboxPublisher(settings)
+    publisher.start()
+    try:
+        _wait(lambda: _state(db, row)[row[0].id][1], 30, "the row to be parked")
+        assert _state(db, row)[row[0].id][3] == "MSG_SIZE_TOO_LARGE"
+        # the operator fixes the cause, then re-queues the row with the operator command
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC, small,
+            incremental_configs=[ConfigEntry("max.message.bytes", "2000000",
+                                             incremental_operation=AlterConfigOpType.SET)],
+        )
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(30)
+        env = {**base_env(), **settings_env(settings)}
+        done = subprocess.run(
+            [sys.executable, "-m", "runtime", "outbox", "requeue", "--id", str(row[0].id)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True,
+        )
+        assert "requeued 1 parked outbox row(s)" in done.stdout
+        _wait(lambda: _state(db, row)[row[0].id][0], 30, "the requeued row to be published")
+    finally:
+        publisher.stop()
+    assert [c.value for c in consume_all(settings, small, expect_at_least=1)] == [row[0].value]
+    assert _state(db, row)[row[0].id][:3] == (True, False, 1)
+
+
+def test_an_exception_inside_the_publish_loop_is_logged_counted_and_the_loop_restarts(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = make_settings(outbox_sweep_grace_seconds=1, retry_initial_seconds=0.2)
+    topic = settings.topic_action_tracked
+    publisher = OutboxPublisher(settings)
+    original = publisher.publish_pending
+    calls = {"n": 0}
+
+    def failing_once(grace_seconds: float = 0.0) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault inside the publish loop")
+        return original(grace_seconds)
+
+    publisher.publish_pending = failing_once  # type: ignore[method-assign]
+    restarts = BACKGROUND_RESTARTS.labels(thread="outbox-publisher")
+    before = restarts._value.get()
+    rows = _rows(topic, 20)
+    _insert(db, rows)
+
+    publisher.start()
+    consumed = consume_all(settings, topic, expect_at_least=20, timeout=30)
+    publisher.stop()
+
+    assert len({c.key for c in consumed}) == 20
+    assert restarts._value.get() == before + 1
+    crashed = [r for r in caplog.records if r.getMessage() == "background-loop-crashed"]
+    assert crashed and crashed[0].exc_info is not None
+    assert "injected fault" in str(crashed[0].exc_info[1])
+
+
+def test_readyz_reports_the_stall_while_a_committed_row_waits_unpublished(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings(outbox_stall_seconds=2)
+    rows = _rows(settings.topic_action_tracked, 1)
+    _insert(db, rows, age_s=10)  # older than the threshold, and nobody publishes it
+    watchdog = OutboxWatchdog(settings).start()
+    try:
+        _wait(lambda: HEALTH.snapshot().state == "stalled", 10, "the stall to be reported")
+        assert "oldest unpublished outbox row" in dict(HEALTH.snapshot().stalled)["outbox"]
+        db.execute("UPDATE user_activity.outbox SET published_at = now() WHERE id = %s",
+                   (rows[0].id,))
+        # other tests' rows may still wait: clear every unpublished row older than the threshold
+        db.execute("UPDATE user_activity.outbox SET published_at = now()"
+                   " WHERE published_at IS NULL AND parked_at IS NULL")
+        _wait(lambda: HEALTH.snapshot().state != "stalled", 10, "the stall to clear")
+    finally:
+        watchdog.stop()
+
+
+def test_old_published_rows_are_purged_in_bounded_chunks(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings(outbox_retention_seconds=60)
+    count = PURGE_CHUNK_ROWS * 2 + 500
+    db.execute(
+        """INSERT INTO user_activity.outbox (id, topic, key, value, created_at, published_at)
+           SELECT gen_random_uuid(), %s, '\\x00', '\\x00',
+                  now() - interval '2 hours', now() - interval '2 hours'
+             FROM generate_series(1, %s)""",
+        (settings.topic_action_tracked, count),
+    )
+    publisher = OutboxPublisher(settings)
+    statements: list[int] = []
+    conn = publisher._db.connection()
+    original = conn.execute
+
+    def counting(query: Any, params: Any = None, **kwargs: Any) -> Any:
+        cursor = original(query, params, **kwargs)
+        if "DELETE" in str(query):
+            statements.append(cursor.rowcount)
+        return cursor
+
+    conn.execute = counting  # type: ignore[method-assign]
+    publisher._purge_if_due()
+    publisher._db.close()
+
+    left = db.execute(
+        "SELECT count(*) FROM user_activity.outbox WHERE topic = %s",
+        (settings.topic_action_tracked,),
+    ).fetchone()
+    assert left == (0,)
+    assert max(statements) <= PURGE_CHUNK_ROWS
+    assert sum(statements) >= count
