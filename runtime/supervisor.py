@@ -11,6 +11,7 @@ keeps its own guarantees (e.g. the outbox publisher's rows stay in the table unt
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,15 +30,13 @@ _HEALTHY_RUN_SECONDS = 60.0
 def report_crash(thread: str, exc: BaseException, attempt: int, delay: float) -> None:
     """Log ``exc`` with its traceback and count the restart of ``thread``."""
     BACKGROUND_RESTARTS.labels(thread=thread).inc()
-    try:
+    with contextlib.suppress(Exception):  # reporting must never kill the supervisor
         logger.error(
             "background-loop-crashed",
             exc_info=(type(exc), exc, exc.__traceback__),
             extra={"loop": thread, "error": type(exc).__name__, "attempt": attempt,
                    "restart_in_s": round(delay, 2)},
         )
-    except Exception:  # noqa: BLE001, S110 - reporting must never kill the supervisor
-        pass
 
 
 class SupervisedThread:
