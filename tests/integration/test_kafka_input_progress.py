@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -19,7 +20,7 @@ from tests.support import Produced, produce
 pytestmark = pytest.mark.integration
 
 
-def _committed(settings_config: dict[str, object], group: str, topic: str) -> int:
+def _committed(settings_config: dict[str, Any], group: str, topic: str) -> int:
     admin = AdminClient(settings_config)
     request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])
     result = admin.list_consumer_group_offsets([request])[group].result(30)
