@@ -9,9 +9,11 @@ A dead letter can always be written:
   ``max.message.bytes``, read at first use (``DescribeConfigs``; retried while Kafka is
   unreachable, 1,000,000 with a warning if it cannot be read, e.g. no DescribeConfigs ACL);
 - a letter refused with a record error (``sinks.errors.is_record_error``: too large, invalid)
-  is sent again at once in a reduced form (:class:`~schemas.dlq_letter.LetterForm`): the value
-  cut to what fits, ``x-dlq-truncated: true`` and ``x-original-size``; then without the original
-  headers; then without the key. Each reduction is logged with the source coordinates; the
+  is first sent again alone (the broker refuses a whole batch for one bad record, so it may
+  have been an innocent batch-mate); refused alone, it is sent again at once in a reduced
+  form (:class:`~schemas.dlq_letter.LetterForm`): the value cut to what fits,
+  ``x-dlq-truncated: true`` and ``x-original-size``; then without the original headers; then
+  without the key. Each reduction is logged with the source coordinates; the
   letter is counted once, when delivered. The full original stays on the source topic;
 - letters of a batch that were delivered are never sent again when the rest is retried (the
   producer keeps exact per-record reports).
@@ -78,6 +80,7 @@ class _Pending:
     letter: DeadLetter
     form: LetterForm = LetterForm.WHOLE
     delivered: bool = False
+    alone: bool = False  # refused in a batch with others: sent alone from now on
 
 
 class DeadLetterPublisher:
@@ -114,27 +117,28 @@ class DeadLetterPublisher:
 
         def attempt() -> None:
             while pending:
-                records = []
-                for p in pending:
-                    rendered = p.letter.render(p.form, limit)
-                    records.append(
-                        OutgoingRecord(self._topic, rendered.key, rendered.value, rendered.headers)
-                    )
-                errors = producer.produce_and_wait(records)
+                together = [p for p in pending if not p.alone]
+                groups = ([together] if together else []) + [[p] for p in pending if p.alone]
                 still: list[_Pending] = []
                 service: KafkaError | None = None
-                for p, err in zip(pending, errors, strict=True):
-                    if err is None:
-                        p.delivered = True
-                        settled.append(p)
-                    elif is_record_error(err):
-                        if self._reduce(p, err, limit):
+                for group in groups:
+                    errors = producer.produce_and_wait([self._record(p, limit) for p in group])
+                    for p, err in zip(group, errors, strict=True):
+                        if err is None:
+                            p.delivered = True
+                            settled.append(p)
+                        elif not is_record_error(err):
+                            service = service or err
+                            still.append(p)
+                        elif len(group) > 1:
+                            # The broker refuses a whole batch for one bad record: this letter
+                            # may be an innocent batch-mate. Sent again alone before reducing.
+                            p.alone = True
+                            still.append(p)
+                        elif self._reduce(p, err, limit):
                             still.append(p)
                         else:
                             settled.append(p)
-                    else:
-                        service = service or err
-                        still.append(p)
                 pending[:] = still
                 if service is not None:
                     raise DeliveryFailedError(service)
@@ -154,6 +158,10 @@ class DeadLetterPublisher:
                     source=p.letter.record.where(),
                     form=None if p.form is LetterForm.WHOLE else p.form.name.lower(),
                 )
+
+    def _record(self, p: _Pending, limit: int) -> OutgoingRecord:
+        rendered = p.letter.render(p.form, limit)
+        return OutgoingRecord(self._topic, rendered.key, rendered.value, rendered.headers)
 
     def _reduce(self, p: _Pending, err: KafkaError, limit: int) -> bool:
         """Move ``p`` to its next form after ``err``; False when there is none left."""

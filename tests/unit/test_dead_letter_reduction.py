@@ -222,14 +222,47 @@ def test_an_oversized_letter_is_resent_truncated_at_once_and_counted_once(
 
     pub.publish([letter(b"ok", offset=1), letter(b"x" * 1_200_000, offset=2)])
 
-    assert [offsets(c) for c in fake.calls] == [[b"1", b"2"], [b"2"]]  # the good one once
-    assert header(fake.calls[1][0].headers, HEADER_TRUNCATED) == b"true"
+    # the good one once; the big one alone (whole), then alone truncated
+    assert [offsets(c) for c in fake.calls] == [[b"1", b"2"], [b"2"], [b"2"]]
+    assert header(fake.calls[1][0].headers, HEADER_TRUNCATED) is None
+    assert header(fake.calls[2][0].headers, HEADER_TRUNCATED) == b"true"
     assert registry.get_sample_value("dlq_total") == 2
     assert registry.get_sample_value("retries_total") == 0  # no back-off for a record error
     reduced = [r for r in caplog.records if r.getMessage() == "dead-letter-reduced"]
     assert [r.source for r in reduced] == [  # type: ignore[attr-defined]
         "pin.favorites.favorite-added.v1[3]@2"
     ]
+
+
+class BatchRefusingProducer(FakeDlqProducer):
+    """Like the broker: one record over ``size`` fails every record of the call."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__([ok])
+        self._size = size
+
+    def produce_and_wait(
+        self, records: Sequence[OutgoingRecord], timeout: float = 35.0
+    ) -> list[KafkaError | None]:
+        self.calls.append(list(records))
+        if any(len(r.value or b"") > self._size for r in records):
+            return [KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)] * len(records)
+        return [None] * len(records)
+
+
+def test_an_innocent_batch_mate_of_a_refused_letter_is_delivered_whole() -> None:
+    fake = BatchRefusingProducer(LIMIT)
+    pub, registry = publisher(fake)
+
+    pub.publish([letter(b"ok", offset=1), letter(b"x" * 1_200_000, offset=2)])
+
+    sent = {header(c[0].headers, HEADER_SOURCE_OFFSET): c[0] for c in fake.calls[1:]}
+    assert sent[b"1"].value == b"ok"
+    assert header(sent[b"1"].headers, HEADER_TRUNCATED) is None  # not reduced
+    delivered_truncated = fake.calls[-1][0]
+    assert header(delivered_truncated.headers, HEADER_SOURCE_OFFSET) == b"2"
+    assert header(delivered_truncated.headers, HEADER_TRUNCATED) == b"true"
+    assert registry.get_sample_value("dlq_total") == 2
 
 
 def test_a_service_error_retries_only_the_letters_not_yet_delivered() -> None:
@@ -269,7 +302,7 @@ def test_a_letter_refused_in_every_form_is_logged_loudly_not_stalled(
 
     pub.publish([letter(offset=9)])
 
-    assert len(fake.calls) == len(LetterForm)  # whole, then each smaller form once
+    assert len(fake.calls) == len(LetterForm)  # alone from the start: each form once
     unwritable = [r for r in caplog.records if r.getMessage() == "dead-letter-unwritable"]
     assert len(unwritable) == 1 and unwritable[0].levelno == logging.ERROR
     assert registry.get_sample_value("dlq_total") == 1
