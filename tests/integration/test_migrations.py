@@ -154,6 +154,35 @@ def test_a_duplicate_idempotency_key_is_rejected(conn: psycopg.Connection[Any]) 
         )
 
 
+def _outbox_row(conn: psycopg.Connection[Any], **columns: Any) -> None:
+    values = {"id": uuid.uuid4(), "topic": "t", "value": b"{}", **columns}
+    names = ", ".join(values)
+    placeholders = ", ".join(f"%({name})s" for name in values)
+    conn.execute(f"INSERT INTO user_activity.outbox ({names}) VALUES ({placeholders})", values)
+
+
+def test_a_parked_outbox_row_keeps_its_error_and_attempts(conn: psycopg.Connection[Any]) -> None:
+    _outbox_row(conn, parked_at=datetime.now(UTC), attempts=1, last_error="MSG_SIZE_TOO_LARGE")
+    found = conn.execute(
+        "SELECT count(*) FROM user_activity.outbox WHERE parked_at IS NOT NULL"
+    ).fetchone()
+    assert found is not None and found[0] >= 1
+
+
+@pytest.mark.parametrize("columns", [
+    {"parked_at": datetime.now(UTC), "attempts": 1},  # parked without the error
+    {"parked_at": datetime.now(UTC), "last_error": "MSG_SIZE_TOO_LARGE"},  # without an attempt
+    {"parked_at": datetime.now(UTC), "attempts": 1, "last_error": "MSG_SIZE_TOO_LARGE",
+     "published_at": datetime.now(UTC)},  # parked and published
+    {"attempts": -1},
+], ids=["no-error", "no-attempt", "published", "negative-attempts"])
+def test_an_inconsistent_parked_outbox_row_is_rejected(
+    conn: psycopg.Connection[Any], columns: dict[str, Any]
+) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation):
+        _outbox_row(conn, **columns)
+
+
 def test_an_action_must_reference_an_existing_session(conn: psycopg.Connection[Any]) -> None:
     with pytest.raises(psycopg.errors.ForeignKeyViolation):
         _action(conn, uuid.uuid4(), uuid.uuid4())
