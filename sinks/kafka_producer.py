@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -102,12 +103,15 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
     """
     client_id = f"{settings.kafka_client_id}-{client_suffix}"
     chained: Callable[[KafkaError], None] | None = overrides.pop("error_cb", None)
-    holder: list[ObservedProducer] = []  # the callback needs the producer it is given to
+    # the callback needs the producer it is given to; a weak reference, no cycle through
+    # librdkafka's config
+    holder: list[weakref.ref[ObservedProducer]] = []
 
     def on_error(err: KafkaError) -> None:
         if err.fatal():
-            if holder:
-                holder[0].mark_fatal(err)
+            target = holder[0]() if holder else None
+            if target is not None:
+                target.mark_fatal(err)
             log_event(logger, "kafka-producer-fatal", logging.ERROR, client=client_id,
                       code=err.name(), detail=err.str())
         else:
@@ -131,7 +135,7 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
     }
     config.update(overrides)
     producer = ObservedProducer(config)
-    holder.append(producer)
+    holder.append(weakref.ref(producer))
     return producer
 
 
