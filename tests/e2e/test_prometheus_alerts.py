@@ -1,0 +1,219 @@
+"""The alert rules and the dashboard, live: a real Prometheus scrapes the real jobs.
+
+Debian's ``prometheus`` (tests/prometheus_server.py) scrapes the favorites job and the
+session-linking job (tests/jobs.py, Bytewax's API server enabled) every second and evaluates
+k8s/prometheus-rules.yaml as it is, every second. A publisher stall is caused the way it happens
+in production: the broker refuses writes to the action-tracked topic while reads go on and
+favorites keep coming. Prometheus must report
+UserActivityOutboxStalled firing while the job's ``/readyz`` is 503; once the topic accepts
+writes again every row is published and the alert resolves. Every query of the generated
+dashboard (k8s/grafana-dashboard.json) must return data from that Prometheus.
+
+How the broker refuses: a DENY WRITE ACL on the topic (TOPIC_AUTHORIZATION_FAILED, retried by
+the publisher like any service error), on a broker of this module started with Kafka's
+StandardAuthorizer (everything else allowed). ``min.insync.replicas=2`` on a one-replica topic
+does not work for this: since Kafka 3.7 the broker uses min(min.insync.replicas, replica count)
+as the effective minimum ISR, so Kafka 4.1 accepts those ``acks=all`` writes (checked).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from runtime.settings import Settings
+from tests.conftest import SettingsFactory
+from tests.jobs import supervised_jobs
+from tests.prometheus_server import ApiJob, PrometheusServer
+from tests.support import (
+    Produced,
+    consume_all,
+    envelope_record,
+    favorite_envelope,
+    insert_session,
+    new_id,
+    produce,
+)
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES_FILE = ROOT / "k8s" / "prometheus-rules.yaml"
+DASHBOARD_FILE = ROOT / "k8s" / "grafana-dashboard.json"
+SESSION_LINKING_FLOW = "dataflows.session_linking:flow"
+STALLED = "UserActivityOutboxStalled"
+# The dashboard's template variables as Grafana substitutes them (All = ".*").
+VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*", "$pod": ".*"}
+# Targets that have data only after something rare happened (nothing is parked here).
+MAY_BE_EMPTY = ("user_activity_outbox_parked_total",)
+
+
+def _signed_in(user_id: uuid.UUID, anonymous_id: uuid.UUID) -> dict[str, Any]:
+    return {
+        "MessageId": str(new_id()),
+        "CreatedAt": datetime.now(UTC).isoformat(),
+        "Version": 1,
+        "AggregateId": str(user_id),
+        "AggregateType": "User",
+        "CorrelationId": "corr-prometheus",
+        "Payload": {"UserId": str(user_id), "AnonymousId": str(anonymous_id),
+                    "SignedInAt": datetime.now(UTC).isoformat()},
+    }
+
+
+def _favorites(settings: Settings, db: psycopg.Connection[Any], count: int) -> list[Produced]:
+    records = []
+    for _ in range(count):
+        anonymous = new_id()
+        insert_session(db, anonymous_id=anonymous)
+        records.append(envelope_record(settings.topic_favorite_added,
+                                       favorite_envelope(anonymous_id=anonymous)))
+    return records
+
+
+AUTHORIZER = {
+    "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "allow.everyone.if.no.acl.found": "true",
+}
+
+
+@pytest.fixture(scope="module")
+def authorizing_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker of this module's own that enforces ACLs (none at first: everything allowed)."""
+    from devenv.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka-acl"), server_properties=AUTHORIZER)
+    broker.start()
+    try:
+        yield str(broker.bootstrap)
+    finally:
+        broker.stop()
+
+
+def _write_denial(topic: str) -> AclBinding:
+    return AclBinding(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:ANONYMOUS",
+                      "*", AclOperation.WRITE, AclPermissionType.DENY)
+
+
+def _refuse_writes(settings: Settings) -> None:
+    admin = AdminClient(settings.kafka_client_config())
+    for future in admin.create_acls([_write_denial(settings.topic_action_tracked)]).values():
+        future.result(30)
+
+
+def _accept_writes(settings: Settings) -> None:
+    admin = AdminClient(settings.kafka_client_config())
+    denial = AclBindingFilter(
+        ResourceType.TOPIC, settings.topic_action_tracked, ResourcePatternType.LITERAL,
+        "User:ANONYMOUS", "*", AclOperation.WRITE, AclPermissionType.DENY,
+    )
+    for future in admin.delete_acls([denial]).values():
+        assert len(future.result(30)) == 1
+
+
+def _dashboard_queries() -> Iterator[tuple[str, str]]:
+    model = json.loads(DASHBOARD_FILE.read_text())
+    for panel in model["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for name, value in VARIABLES.items():
+                expr = expr.replace(name, value)
+            yield panel["title"], expr
+
+
+def _readyz(job: ApiJob) -> tuple[int | None, str]:
+    answer = job.get("/readyz")
+    return (None, "") if answer is None else (answer.status, answer.body.decode())
+
+
+def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query_has_data(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
+    authorizing_kafka: str,
+) -> None:
+    settings = make_settings(kafka_bootstrap_servers=authorizing_kafka, outbox_stall_seconds=3)
+    with supervised_jobs(tmp_path / "jobs") as jobs:
+        favorites = ApiJob(settings, tmp_path / "jobs" / "favorites")
+        linking = ApiJob(settings, tmp_path / "jobs" / "session-linking",
+                         flow=SESSION_LINKING_FLOW)
+        jobs.jobs += [favorites, linking]
+        favorites.start()
+        linking.start()
+        targets = [*favorites.scrape_targets("user-activity-favorites-0"),
+                   *linking.scrape_targets("user-activity-session-linking-0")]
+        with PrometheusServer(tmp_path / "prometheus", targets, [RULES_FILE]) as prom:
+            prom.wait_until(prom.targets_up, 60, "every target to be scraped")
+            assert {r["name"] for r in prom.rules() if r["health"] != "ok"} == set()
+
+            # Traffic that makes every dashboard series exist: recorded rows, a dead letter,
+            # a sign-in linked to a guest session.
+            anonymous = new_id()
+            insert_session(db, anonymous_id=anonymous)
+            before = _favorites(settings, db, 3)
+            produce(settings, [
+                *before,
+                Produced(settings.topic_favorite_added, b"poison", b"not json"),
+                envelope_record(settings.topic_user_signed_in, _signed_in(new_id(), anonymous)),
+            ])
+            published_rows = (
+                f'sum(user_activity_outbox_published_total{{topic="{settings.topic_action_tracked}"}})'
+            )
+            prom.wait_until(
+                lambda: (prom.value(published_rows) or 0) >= len(before),
+                90, "the first rows to be published",
+            )
+            prom.wait_until(
+                lambda: (prom.value('sum(user_activity_favorites_dlq_total'
+                                    '{pod="user-activity-favorites-0"})') or 0) >= 1,
+                60, "the poison record to be dead-lettered",
+            )
+            prom.wait_until(
+                lambda: bool(prom.query("user_activity_session_linking_outcomes_total")),
+                60, "a session-linking outcome",
+            )
+            favorites.wait_until(lambda: _readyz(favorites)[0] == 200, 30, "/readyz 200")
+            assert prom.firing(STALLED) == []
+
+            # The stall: Kafka refuses writes to action-tracked; favorites keep coming.
+            _refuse_writes(settings)
+            during = _favorites(settings, db, 3)
+            produce(settings, during)
+            prom.wait_until(lambda: bool(prom.firing(STALLED)), 90, f"{STALLED} to fire")
+            [alert] = prom.firing(STALLED)
+            assert alert["labels"]["severity"] == "critical"
+            status, body = _readyz(favorites)
+            assert status == 503, body
+            assert "outbox" in body
+            stalled_age = prom.value("max(user_activity_outbox_oldest_unpublished_seconds)")
+            assert stalled_age is not None and stalled_age > 3
+
+            # Kafka accepts writes again: every row is published, the alert resolves.
+            _accept_writes(settings)
+            published = consume_all(settings, settings.topic_action_tracked,
+                                    expect_at_least=len(before) + len(during), timeout=120)
+            message_ids = [record.json()["MessageId"] for record in published]
+            assert len(message_ids) == len(before) + len(during)
+            assert len(set(message_ids)) == len(message_ids)
+            prom.wait_until(lambda: prom.firing(STALLED) == [], 60, f"{STALLED} to resolve")
+            favorites.wait_until(lambda: _readyz(favorites)[0] == 200, 30, "/readyz 200 again")
+
+            # Every dashboard query has data in this Prometheus.
+            empty = [(title, expr) for title, expr in _dashboard_queries()
+                     if not prom.query(expr) and not any(m in expr for m in MAY_BE_EMPTY)]
+            assert empty == []
+            assert prom.firing("UserActivityStreamDown") == []

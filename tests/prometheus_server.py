@@ -1,0 +1,273 @@
+"""Debian's real Prometheus server on loopback, for tests that evaluate the alert rules live.
+
+:class:`PrometheusServer` writes a config into a temporary directory (scrape and evaluation
+interval 1 s by default), starts ``prometheus`` on a free port of 127.0.0.1 with its own TSDB
+there, waits for ``/-/ready``, and answers PromQL and alert questions through Prometheus' own
+HTTP API (``/api/v1/query``, ``/api/v1/alerts``, ``/api/v1/rules``). Each :class:`ScrapeTarget`
+becomes one scrape job whose ``job`` label is rewritten to ``job_label`` and which carries the
+target labels the Prometheus Operator's PodMonitor would add (``namespace``, ``pod``,
+``endpoint``), so the rule files of k8s/ load and match as they are.
+
+:class:`ApiJob` is a :class:`~tests.jobs.FavoritesJob` (or, with ``flow=``, another dataflow)
+with Bytewax's API server enabled on a free port (its ``/metrics`` has the ``bytewax_*``
+metrics) and its working directory in the job's own directory (the API server writes
+``dataflow.json`` there).
+
+Nothing outlives a test: the server runs in its own process group under
+``setpriv --pdeathsig KILL`` and :meth:`PrometheusServer.close` kills that group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import orjson
+import yaml
+
+from runtime.settings import Settings
+from tests.jobs import FavoritesJob, free_port
+
+JOB_LABEL = "user-activity/user-activity-stream"
+"""The ``job`` label the repository's PodMonitor gives both endpoints (see k8s/podmonitor.yaml)."""
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One ``host:port`` to scrape at ``path``, with its target labels."""
+
+    address: str
+    labels: dict[str, str] = field(default_factory=dict)
+    path: str = "/metrics"
+    keep: str | None = None
+    """A regex of metric names to keep (``metric_relabel_configs``), None for all."""
+    job_label: str = JOB_LABEL
+
+
+class ApiJob(FavoritesJob):
+    """A dataflow job with Bytewax's API server enabled (``api_port``); ``flow`` to choose it."""
+
+    def __init__(
+        self, settings: Settings, workdir: Path, *, flow: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(settings, workdir, **kwargs)
+        self.flow = flow
+        self.api_port = free_port()
+        self._env.update({
+            "BYTEWAX_DATAFLOW_API_ENABLED": "true",
+            "BYTEWAX_DATAFLOW_API_PORT": str(self.api_port),
+            "BYTEWAX_DATAFLOW_API_CACHE_PATH": str(self.workdir),
+        })
+
+    def command(self) -> list[str]:
+        """The job's command line, run from its own directory (``env -C``)."""
+        command = super().command()
+        if self.flow is not None:
+            command[command.index("bytewax.run") + 1] = self.flow
+        return ["env", "-C", str(self.workdir), *command]
+
+    def scrape_targets(self, pod: str, namespace: str = "user-activity") -> list[ScrapeTarget]:
+        """The two endpoints as the PodMonitor scrapes them (``bytewax_*`` only from 3030)."""
+        labels = {"namespace": namespace, "pod": pod, "container": "stream"}
+        return [
+            ScrapeTarget(f"127.0.0.1:{self.port}", {**labels, "endpoint": "http"}),
+            ScrapeTarget(f"127.0.0.1:{self.api_port}", {**labels, "endpoint": "bytewax-api"},
+                         keep="bytewax_.*"),
+        ]
+
+
+class PrometheusServer:
+    """``prometheus`` on 127.0.0.1:``port`` scraping ``targets`` and evaluating ``rule_files``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Iterable[ScrapeTarget],
+        rule_files: Sequence[Path] = (),
+        *,
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+        binary: str | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.targets = list(targets)
+        self.rule_files = [Path(p).resolve() for p in rule_files]
+        self.scrape_interval = scrape_interval
+        self.evaluation_interval = evaluation_interval
+        found = binary or shutil.which("prometheus")
+        if found is None:
+            raise RuntimeError("prometheus is missing: scripts/bootstrap.sh installs Debian's")
+        self.binary = found
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = self.workdir / "prometheus.yml"
+        self.log_path = self.workdir / "prometheus.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """The configuration file's content."""
+        scrape_configs = []
+        for number, target in enumerate(self.targets):
+            job: dict[str, Any] = {
+                "job_name": f"target-{number}",
+                "metrics_path": target.path,
+                "scrape_timeout": self.scrape_interval,
+                "static_configs": [{"targets": [target.address], "labels": target.labels}],
+                "relabel_configs": [
+                    {"target_label": "job", "replacement": target.job_label},
+                ],
+            }
+            if target.keep is not None:
+                job["metric_relabel_configs"] = [
+                    {"source_labels": ["__name__"], "regex": target.keep, "action": "keep"},
+                ]
+            scrape_configs.append(job)
+        return {
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.evaluation_interval,
+            },
+            "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": scrape_configs,
+        }
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Write the config, start the server, wait until it is ready."""
+        if self._proc is not None:
+            raise RuntimeError("prometheus is already running")
+        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False))
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                ["setpriv", "--pdeathsig", "KILL", "--", self.binary,
+                 f"--config.file={self.config_path}",
+                 f"--storage.tsdb.path={self.workdir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}",
+                 "--storage.tsdb.retention.time=1d",
+                 "--log.level=warn"],
+                cwd=self.workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_until(self._ready, timeout, "prometheus to be ready")
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        """Stop the server (SIGTERM, SIGKILL after 10 s) and reap it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    def __enter__(self) -> Self:
+        return self.start() if self._proc is None else self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ---- HTTP API --------------------------------------------------------------------------
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET ``/api/v1/<path>``; its ``data`` (raises on an error answer)."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=10) as answer:
+                body = orjson.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{path} {params}: {exc.code} {exc.read()[:500]!r}") from exc
+        if body.get("status") != "success":
+            raise AssertionError(f"{path} {params}: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query: its vector's samples (``metric``, ``value``)."""
+        data = self.api("query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        if data["resultType"] == "scalar":
+            return [{"metric": {}, "value": result}]
+        return result
+
+    def value(self, expr: str) -> float | None:
+        """The single value of ``expr`` now (None when the vector is empty)."""
+        result = self.query(expr)
+        if not result:
+            return None
+        assert len(result) == 1, result
+        return float(result[0]["value"][1])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending or firing) as ``/api/v1/alerts`` reports them."""
+        alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return alerts
+
+    def firing(self, alertname: str) -> list[dict[str, Any]]:
+        """The firing alerts named ``alertname``."""
+        return [a for a in self.alerts()
+                if a["labels"].get("alertname") == alertname and a["state"] == "firing"]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded rule with its health and state (``/api/v1/rules``)."""
+        groups = self.api("rules")["groups"]
+        return [rule for group in groups for rule in group["rules"]]
+
+    def targets_up(self) -> bool:
+        """True once every target has been scraped successfully."""
+        active = self.api("targets", state="active")["activeTargets"]
+        return len(active) == len(self.targets) and all(t["health"] == "up" for t in active)
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the server's log, for failure messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str,
+                   interval: float = 0.5) -> float:
+        """Poll ``condition`` until true; the seconds it took. Fails if the server exits."""
+        started = time.monotonic()
+        while True:
+            if condition():
+                return time.monotonic() - started
+            if self._proc is not None and self._proc.poll() is not None:
+                raise AssertionError(f"prometheus exited ({self._proc.returncode}) while waiting "
+                                     f"for {what}:\n{self.log_tail()}")
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(interval)
