@@ -29,6 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
     AclBindingFilter,
@@ -158,6 +159,11 @@ def _dashboard_queries() -> Iterator[tuple[str, str]]:
             yield panel["title"], expr
 
 
+def _alert_names() -> set[str]:
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return {rule["alert"] for group in groups for rule in group["rules"]}
+
+
 def _readyz(job: ApiJob) -> tuple[int | None, str]:
     answer = job.get("/readyz")
     return (None, "") if answer is None else (answer.status, answer.body.decode())
@@ -179,7 +185,9 @@ def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query
                    *linking.scrape_targets("user-activity-session-linking-0")]
         with PrometheusServer(tmp_path / "prometheus", targets, [RULES_FILE]) as prom:
             prom.wait_until(prom.targets_up, 60, "every target to be scraped")
-            assert {r["name"] for r in prom.rules() if r["health"] != "ok"} == set()
+            loaded = prom.rules()
+            assert {r["name"] for r in loaded} == _alert_names()
+            assert [r["name"] for r in loaded if r["health"] != "ok"] == []
 
             # Traffic that makes every dashboard series exist: recorded rows, a dead letter,
             # a sign-in linked to a guest session.
@@ -217,6 +225,7 @@ def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query
             prom.wait_until(lambda: bool(prom.firing(STALLED)), 90, f"{STALLED} to fire")
             [alert] = prom.firing(STALLED)
             assert alert["labels"]["severity"] == "critical"
+            assert [r["state"] for r in prom.rules() if r["name"] == STALLED] == ["firing"]
             status, body = _readyz(favorites)
             assert status == 503, body
             assert "outbox" in body
