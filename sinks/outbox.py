@@ -58,7 +58,7 @@ from runtime.supervisor import SupervisedThread
 from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
-from sinks.kafka_producer import OutgoingRecord, build_producer, produce_and_wait
+from sinks.kafka_producer import KafkaProducer, OutgoingRecord, Producible
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class OutboxPublisher:
     def __init__(self, settings: Settings, name: str = "outbox") -> None:
         self._settings = settings
         self._db = Database(settings, f"user-activity-{name}")
-        self._producer = build_producer(settings, name)
+        self._producer = KafkaProducer(settings, name)
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._stop = threading.Event()
         self._thread: SupervisedThread | None = None
@@ -151,7 +151,7 @@ class OutboxPublisher:
             except Exception as exc:  # noqa: BLE001 - left rows are sent by the next publisher
                 log_event(logger, "outbox-final-drain-failed", logging.WARNING,
                           error=type(exc).__name__)
-        self._producer.flush(5)
+        self._producer.close(5)
         self._db.close()
         HEALTH.resumed("outbox")  # a stopped publisher waits for nothing
 
@@ -171,7 +171,7 @@ class OutboxPublisher:
             return 0
         # Rows are produced as they are: no record object per row; the headers dict goes to
         # confluent-kafka unchanged (it sends str values UTF-8 encoded, like ``str.encode()``).
-        errors = produce_and_wait(self._producer, rows)
+        errors = self._produce(rows)
         delivered: list[UUID] = []
         per_topic: dict[str, int] = {}
         refused: list[tuple[UUID, str, KafkaError]] = []
@@ -220,7 +220,7 @@ class OutboxPublisher:
                 )
                 for _id, topic, key, value, headers in rows
             ]
-            errors = produce_and_wait(self._producer, records)
+            errors = self._produce(records)
             delivered = [row[0] for row, err in zip(rows, errors, strict=True) if err is None]
             if delivered:
                 conn.execute(self._mark_statement(), (delivered,))
@@ -240,7 +240,7 @@ class OutboxPublisher:
                 failed, sum(1 for e in errors if e is not None and not is_record_error(e)),
                 "swept",
             )
-            raise DeliveryFailedError(failed.name())
+            raise DeliveryFailedError(failed)
         return len(rows)
 
     def drain(self) -> int:
@@ -256,6 +256,20 @@ class OutboxPublisher:
         if self._settings.outbox_retention_seconds == 0:
             return _DELETE_PUBLISHED
         return _MARK_PUBLISHED
+
+    def _produce(self, records: Sequence[Producible]) -> list[KafkaError | None]:
+        """Produce ``records``; a record error is confirmed by sending that record alone.
+
+        The broker refuses a whole batch for one bad record, so its batch-mates come back with
+        the same record error: each refused record is produced again on its own, and only a
+        refusal of the record alone stands (it is then parked by the caller).
+        """
+        errors = self._producer.produce_and_wait(records)
+        refused = [i for i, err in enumerate(errors) if err is not None and is_record_error(err)]
+        if len(refused) > 1 or (refused and len(records) > 1):
+            for index in refused:
+                errors[index] = self._producer.produce_and_wait([records[index]])[0]
+        return errors
 
     def _delivery_failed(self, error: KafkaError, rows: int, path: str) -> None:
         """Count a failed delivery; log it at most every few seconds (throttled)."""
