@@ -49,7 +49,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 RETRIES = "user_activity_favorites_retries_total"
 DLQ_TOTAL = "user_activity_favorites_dlq_total"
 PAUSED_SECONDS = "user_activity_paused_seconds"
-NUL_TRACEPARENT = b"00-4bf92f3577b34da6\x00a3ce929d0e0e4736-00f067aa0ba902b7-01"
 GOOD_TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 POSTGRES_DOWN_SECONDS = 22.0
 KAFKA_DOWN_SECONDS = 35.0
@@ -129,6 +128,37 @@ def good_record(
     )
 
 
+def refuse_in_the_database(database_url: str, records: Sequence[Outgoing]) -> None:
+    """Make PostgreSQL refuse the action rows of ``records`` (fault injection, SQLSTATE 23514).
+
+    A trigger on ``action_events`` raises ``check_violation`` for a FavoriteId listed in
+    ``chaos.refused_favorites``; rows of every other test are untouched.
+    """
+    favorite_ids = [
+        uuid.UUID(orjson.loads(r.value or b"{}")["Payload"]["FavoriteId"]) for r in records
+    ]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(4242)")  # concurrent tests create it once
+        conn.execute("CREATE SCHEMA IF NOT EXISTS chaos")
+        conn.execute("CREATE TABLE IF NOT EXISTS chaos.refused_favorites (id uuid PRIMARY KEY)")
+        conn.execute("""
+            CREATE OR REPLACE FUNCTION chaos.refuse_favorite() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM chaos.refused_favorites WHERE id = NEW.favorite_id) THEN
+                    RAISE EXCEPTION 'refused by the chaos test' USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN NEW;
+            END;
+            $$""")
+        conn.execute("""CREATE OR REPLACE TRIGGER trg_chaos_refuse_favorite
+                        BEFORE INSERT ON user_activity.action_events
+                        FOR EACH ROW EXECUTE FUNCTION chaos.refuse_favorite()""")
+        conn.execute("SELECT pg_advisory_unlock(4242)")
+        conn.execute("INSERT INTO chaos.refused_favorites (id) SELECT unnest(%s::uuid[])"
+                     " ON CONFLICT DO NOTHING", (favorite_ids,))
+
+
 def poison_records(settings: Settings, rng: random.Random, devices: Sequence[uuid.UUID],
                    users: Sequence[uuid.UUID], per_kind: int) -> list[Outgoing]:
     """``per_kind`` records of each poison kind, each with a unique key and value."""
@@ -152,10 +182,11 @@ def poison_records(settings: Settings, rng: random.Random, devices: Sequence[uui
                      reason=DlqReason.INVALID_JSON),
             Outgoing(topic, key + b"-schema", orjson.dumps(misfits[index % len(misfits)]),
                      reason=DlqReason.SCHEMA_MISMATCH),
-            # Decodes and has a session, but its traceparent (copied into the outbox row's
-            # jsonb headers) holds a NUL: PostgreSQL refuses it with SQLSTATE 22P05.
+            # Decodes and has a session, but the database refuses its row (SQLSTATE 23514, see
+            # refuse_in_the_database): what a data error looks like, since every field we
+            # write is bounded and checked before the write.
             good_record(settings, rng, devices, users,
-                        headers=(("traceparent", NUL_TRACEPARENT),), reason=DlqReason.DATA_ERROR),
+                        headers=(("traceparent", GOOD_TRACEPARENT),), reason=DlqReason.DATA_ERROR),
         ]
     return records
 
@@ -688,6 +719,7 @@ def test_five_percent_poison_of_every_kind_is_dead_lettered_and_good_messages_al
     devices, users = seed_owners(database_url, 400, 100)
     per_kind = 40
     poison = poison_records(settings, rng, devices, users, per_kind)
+    refuse_in_the_database(database_url, [p for p in poison if p.reason is DlqReason.DATA_ERROR])
     records = [
         good_record(settings, rng, devices, users,
                     headers=(("traceparent", GOOD_TRACEPARENT),) if i % 10 == 0 else ())
@@ -715,22 +747,18 @@ def test_five_percent_poison_of_every_kind_is_dead_lettered_and_good_messages_al
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
     failed = [e for e in job.log_events() if e.get("event") == "record-failed"]
     assert len(failed) == per_kind
-    assert {(e["sqlstate"], e["error"]) for e in failed} == {("22P05", "UntranslatableCharacter")}
+    assert {(e["sqlstate"], e["error"]) for e in failed} == {("23514", "CheckViolation")}
     data_errors = [c for c in counts.letters if c.header(HEADER_REASON) == b"data-error"]
     assert len(data_errors) == per_kind
-    assert {c.header(HEADER_EXCEPTION_TYPE) for c in data_errors} == {b"UntranslatableCharacter"}
-    assert {c.header("traceparent") for c in data_errors} == {NUL_TRACEPARENT}
-    headers_json = orjson.dumps({"traceparent": NUL_TRACEPARENT.decode()}).decode()
-    with pytest.raises(psycopg.errors.UntranslatableCharacter) as refused:
-        db.execute("SELECT %s::text::jsonb", (headers_json,))
-    assert refused.value.sqlstate == "22P05"
+    assert {c.header(HEADER_EXCEPTION_TYPE) for c in data_errors} == {b"CheckViolation"}
+    assert {c.header("traceparent") for c in data_errors} == {GOOD_TRACEPARENT}
     assert retries == 0
     assert job.leftover_pids() == []
     reasons = Counter(str(p.reason) for p in poison)
     report(record_property, "d-poison", {
         "messages": len(records), "good": counts.good, "poison": len(poison),
         "poison_by_reason": dict(sorted(reasons.items())),
-        "data_error_sqlstate": "22P05",
+        "data_error_sqlstate": "23514",
         "drained_s": round(drained_after, 1),
         "produce_s": producer.seconds,
         "rows": counts.rows, "action_tracked_records": counts.tracked_records,

@@ -24,6 +24,8 @@ from tests.support import (
 
 pytestmark = pytest.mark.e2e
 
+TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
 
 def _tracked(settings: Any, expect: int) -> list[ActionTrackedEnvelope]:
     return [
@@ -40,7 +42,7 @@ def test_favorite_added_with_an_active_session_records_a_row_and_publishes_actio
     session = insert_session(db, anonymous_id=anonymous, user_id=user)
     envelope = favorite_envelope(anonymous_id=anonymous)
     produce(settings, [envelope_record(settings.topic_favorite_added, envelope,
-                                       headers=(("traceparent", b"00-abc-def-01"),))])
+                                       headers=(("traceparent", TRACEPARENT),))])
 
     run_main(build_flow(settings))
 
@@ -57,7 +59,7 @@ def test_favorite_added_with_an_active_session_records_a_row_and_publishes_actio
     assert tracked.payload.user_id == user
     assert tracked.correlation_id == "corr-1"
     assert consumed[0].key == str(row["id"]).encode()
-    assert consumed[0].header("traceparent") == b"00-abc-def-01"
+    assert consumed[0].header("traceparent") == TRACEPARENT
 
 
 def test_favorite_removed_records_remove_from_favorites_and_publishes_it(
