@@ -37,7 +37,7 @@ from dataflows.favorite_actions.decode import (
 )
 from dataflows.favorite_actions.records import SessionSnapshot, build_recorded_action
 from runtime.logs import BufferedStderrHandler, configure_logging, log_event, log_events
-from runtime.metrics import FAVORITES_CONSUME_DURATION_MS, FAVORITES_LAG_SECONDS
+from runtime.metrics import FAVORITES_CONSUME_DURATION_MS
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks.action_history import (
@@ -56,7 +56,6 @@ def old_report(outcome: BatchOutcome) -> None:
     """The sink's ``report`` before batching (verbatim, for comparison)."""
     logger = sink_logger
     now_mono = time.monotonic()
-    now = datetime.now(UTC)
     oldest = None
     for action in outcome.recorded:
         message = action.message
@@ -85,8 +84,6 @@ def old_report(outcome: BatchOutcome) -> None:
                 logger, SKIP_OUTCOMES[reason], outcome=SKIP_OUTCOMES[reason],
                 **message_fields(message),
             )
-    if oldest is not None:
-        FAVORITES_LAG_SECONDS.set(max(0.0, (now - oldest).total_seconds()))
 
 
 def make_outcomes(

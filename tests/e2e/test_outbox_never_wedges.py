@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from confluent_kafka.admin import (
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
@@ -85,7 +85,7 @@ def _small_topic(admin: AdminClient, topic: str) -> str:
 
 
 def _parked(topic: str) -> float:
-    return OUTBOX_PARKED.labels(topic=topic)._value.get()
+    return float(OUTBOX_PARKED.labels(topic=topic)._value.get())
 
 
 def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published(

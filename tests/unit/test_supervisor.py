@@ -14,7 +14,7 @@ from runtime.supervisor import SupervisedThread
 
 
 def _restarts(name: str) -> float:
-    return BACKGROUND_RESTARTS.labels(thread=name)._value.get()
+    return float(BACKGROUND_RESTARTS.labels(thread=name)._value.get())
 
 
 def test_a_crashing_loop_is_counted_logged_with_its_traceback_and_started_again(
@@ -38,7 +38,7 @@ def test_a_crashing_loop_is_counted_logged_with_its_traceback_and_started_again(
     assert supervised.crashes == 2
     assert _restarts("test-crashing") == 2
     crashed = [r for r in caplog.records if r.getMessage() == "background-loop-crashed"]
-    assert [r.exc_info[1].args[0] for r in crashed if r.exc_info] == ["crash 1", "crash 2"]
+    assert [str(r.exc_info[1]) for r in crashed if r.exc_info] == ["crash 1", "crash 2"]
     assert not supervised.alive()
 
 
