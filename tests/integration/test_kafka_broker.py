@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from devenv.kafka_broker import KAFKA_VERSION, POM_FILE, KafkaBroker, create_topics
+from devenv.kafka_broker import KAFKA_VERSION, POM_FILE, KafkaBroker, create_topics, fetch_jars
 
 ROOT = Path(__file__).resolve().parents[2]
 N_MESSAGES = 100
@@ -27,7 +27,9 @@ Records = dict[tuple[int, int], tuple[bytes, bytes]]  # (partition, offset) -> (
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    began = time.monotonic()
     with KafkaBroker(tmp_path_factory.mktemp("kafka")) as b:
+        print(f"format + start + ready: {time.monotonic() - began:.2f}s")
         yield b
 
 
@@ -104,6 +106,14 @@ def test_pom_pins_the_module_version() -> None:
     assert pinned == KAFKA_VERSION
 
 
+def test_fetch_jars_is_a_no_op_once_done() -> None:
+    lib = fetch_jars()  # what scripts/bootstrap.sh runs (python -m devenv.kafka_broker fetch)
+    began = time.monotonic()
+    assert fetch_jars() == lib
+    assert time.monotonic() - began < 0.5
+    assert (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file()
+
+
 @pytest.mark.e2e
 def test_produce_consume_100_messages(broker: KafkaBroker) -> None:
     topic = _topic()
@@ -132,12 +142,16 @@ def test_stop_and_restart_on_same_port_keeps_messages(broker: KafkaBroker) -> No
     broker.stop()  # SIGTERM: clean shutdown
     assert not broker.is_running()
     assert not _port_open(port)
+    began = time.monotonic()
     assert broker.start() == bootstrap
+    restart = time.monotonic() - began
     assert _consume(bootstrap, topic, N_MESSAGES) == delivered
 
     broker.kill()  # SIGKILL: crash
     assert not broker.is_running()
+    began = time.monotonic()
     assert broker.start() == bootstrap
+    print(f"restart after stop: {restart:.2f}s, after kill: {time.monotonic() - began:.2f}s")
     assert _consume(bootstrap, topic, N_MESSAGES) == delivered
 
     more = _produce(bootstrap, topic, _messages(10, "c"))  # still writable after restarts
@@ -158,6 +172,7 @@ def test_cli_start_status_create_topics_stop(tmp_path: Path) -> None:
         )
 
     started = cli("start")
+    pid = KafkaBroker(tmp_path).pid
     try:
         assert started.returncode == 0, started.stderr
         bootstrap = started.stdout.strip().splitlines()[-1]
@@ -176,3 +191,4 @@ def test_cli_start_status_create_topics_stop(tmp_path: Path) -> None:
     assert stopped.returncode == 0, stopped.stderr
     assert cli("status").returncode == 1
     assert not _port_open(int(bootstrap.rsplit(":", 1)[1]))
+    assert pid is not None and not KafkaBroker(tmp_path).is_running()
