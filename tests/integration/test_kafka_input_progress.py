@@ -42,17 +42,17 @@ def test_snapshotted_offsets_are_committed_to_the_consumer_group_for_lag_tools(
         deadline = time.monotonic() + 30
         while seen < 25 and time.monotonic() < deadline:
             seen += sum(isinstance(i, SourceRecord) for i in part.next_batch())
+        progress = {(p.topic, p.partition): p for p in INPUT_PROGRESS.partitions()}
+        assert progress[(topic, 0)].next_offset == 25
+        assert progress[(topic, 0)].behind() == 15
+        assert progress[(topic, 0)].last_record_time is not None
         snapshot = part.snapshot()
         assert snapshot == 25
         deadline = time.monotonic() + 20
         while _committed(settings.kafka_client_config(), group, topic) != 25:
             assert time.monotonic() < deadline, "the snapshot was not committed to the group"
-            part.next_batch()  # serves the commit callback
+            part.next_batch()  # serves the commit callback (and reads on)
             time.sleep(0.2)
-        progress = {(p.topic, p.partition): p for p in INPUT_PROGRESS.partitions()}
-        assert progress[(topic, 0)].next_offset == 25
-        assert progress[(topic, 0)].behind() == 15
-        assert progress[(topic, 0)].last_record_time is not None
     finally:
         part.close()
     assert (topic, 0) not in {(p.topic, p.partition) for p in INPUT_PROGRESS.partitions()}
