@@ -253,6 +253,9 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6, *,
                     raise KafkaBrokerError(f"cannot create topic {topic!r}: {exc}") from exc
                 pending.append(topic)
                 last = err
+            except TimeoutError:
+                pending.append(topic)
+                last = "CreateTopics request timed out"
         if pending:
             time.sleep(0.2)
     try:
