@@ -32,9 +32,6 @@ DedupState = tuple[bytes, bytes]
 of one width; ``expiries`` is one little-endian uint32 per id (Unix time in whole seconds),
 non-decreasing. The width is ``len(ids) // (len(expiries) // 4)``."""
 
-LegacyDedupState = dict[bytes, float]
-"""The snapshot of the previous implementation (id -> expiry), still accepted on restore."""
-
 INDEX_ABOVE = 1024
 """Above this many ids an owner's window also keeps a hash index (see :class:`DedupWindow`)."""
 
@@ -78,13 +75,13 @@ class DedupWindow:
     def __init__(
         self,
         ttl: float,
-        state: DedupState | LegacyDedupState | None = None,
+        state: DedupState | None = None,
         *,
         index_above: int = INDEX_ABOVE,
     ) -> None:
         """A window remembering ids for ``ttl`` seconds, restored from ``state`` if given.
 
-        ``state`` is a :meth:`snapshot` (copied) or the old ``dict[bytes, float]`` format.
+        ``state`` is a :meth:`snapshot` (copied).
         """
         self._ttl = ttl
         self._index_above = index_above
@@ -95,8 +92,6 @@ class DedupWindow:
             self._width = _UNKNOWN_WIDTH  # fixed by the first id
             self._ids = bytearray()
             self._exp: array[int] = array(_EXPIRY_TYPE)
-        elif isinstance(state, dict):
-            self._width, self._ids, self._exp = _from_legacy(state)
         else:
             self._width, self._ids, self._exp = _from_snapshot(state)
         if len(self) > index_above:
@@ -239,13 +234,3 @@ def _from_snapshot(state: DedupState) -> tuple[int, bytearray, array[int]]:
         raise ValueError(f"dedup snapshot: {len(ids)} bytes of ids for {len(exp)} expiries")
     return width, bytearray(ids), exp
 
-
-def _from_legacy(state: LegacyDedupState) -> tuple[int, bytearray, array[int]]:
-    entries = sorted(state.items(), key=lambda entry: entry[1])  # it was in expiry order
-    if not entries:
-        return _UNKNOWN_WIDTH, bytearray(), array(_EXPIRY_TYPE)
-    width = len(entries[0][0])
-    if not width or any(len(dedup_id) != width for dedup_id, _ in entries):
-        raise ValueError("dedup state: ids of different lengths")
-    ids = bytearray(b"".join(dedup_id for dedup_id, _ in entries))
-    return width, ids, array(_EXPIRY_TYPE, [math.ceil(expiry) for _, expiry in entries])

@@ -1,4 +1,11 @@
-"""The lazy module attributes every flow package exposes to ``python -m bytewax.run``."""
+"""The lazy module attributes every flow package exposes to ``python -m bytewax.run``.
+
+``flow`` is the job's entry point, so the process services start here, never in ``build_flow``
+(which stays free of side effects, so tests run the real flow on Bytewax's testing source and
+sink): the settings (a bad one is one line and exit code 2), JSON logging, the health/metrics
+server, the malloc trimmer, garbage-collector tuning, and SIGTERM / Ctrl-C as a clean stop of
+the whole cluster.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +13,29 @@ import importlib
 from typing import Any
 
 
-def flow_attribute(wiring_module: str, name: str) -> Any:
-    """``build_flow`` from ``wiring_module``, or ``flow`` built from the environment.
-
-    Building ``flow`` (the job's entry point) also tunes the garbage collector for the
-    process (:mod:`runtime.gc_tuning`) and makes SIGTERM and Ctrl-C a clean stop
-    (:mod:`runtime.shutdown`) of the whole cluster (:mod:`runtime.cluster_stop`).
+def flow_attribute(flow_module: str, name: str) -> Any:
+    """``build_flow`` from ``flow_module``, or ``flow`` built from the environment.
 
     Called from a package's ``__getattr__``: importing the package (or its pure step modules)
     has no side effects; the flow, its settings and JSON logging exist only once asked for.
     """
-    wiring = importlib.import_module(wiring_module)
+    module = importlib.import_module(flow_module)
     if name == "build_flow":
-        return wiring.build_flow
+        return module.build_flow
     if name == "flow":
         from runtime.cluster_stop import ClusterStop
+        from runtime.configuration import load_settings
         from runtime.gc_tuning import tune_gc
+        from runtime.health import serve_http
         from runtime.logs import configure_logging
-        from runtime.settings import Settings
+        from runtime.memory import start_trimmer
         from runtime.shutdown import install_signal_handlers
 
-        settings = Settings()
+        settings = load_settings()
         configure_logging(settings.log_level)
-        flow = wiring.build_flow(settings)
+        serve_http(settings.http_host, settings.http_port)
+        start_trimmer(settings.malloc_trim_interval_seconds)
+        flow = module.build_flow(settings)
         tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
         if install_signal_handlers():
             ClusterStop(settings.database_dsn(), flow.flow_id).start()

@@ -25,9 +25,9 @@ import orjson
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from runtime.migrate import apply_migrations
+from cli.migrate import apply_migrations
+from cli.topics import ensure_topics
 from runtime.settings import ENV_PREFIX, Settings
-from runtime.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_DIR = ROOT / ".run"
@@ -127,7 +127,7 @@ def _job_command(recovery: Path) -> list[str]:
 def _ensure_recovery(recovery: Path) -> None:
     if not recovery.exists() or not any(recovery.iterdir()):
         subprocess.run(
-            [sys.executable, "-m", "runtime", "init-recovery", str(recovery), "--partitions", "1"],
+            [sys.executable, "-m", "cli", "init-recovery", str(recovery), "--partitions", "1"],
             check=True,
         )
 

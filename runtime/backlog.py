@@ -2,11 +2,11 @@
 
 The Kafka source reports every poll (:meth:`BacklogSignal.polled`); a poll that returned as many
 records as it asked for means more are waiting. The favorites sink defers a commit only while
-that is so (:mod:`sinks.action_history`): under a backlog the next batch follows at once and
-collects the commit, while the last batch of a burst, written after the polls came back short,
-commits before ``write_batch`` returns and is logged and published at once, instead of waiting
-for the epoch's end. A batch still in flight when the thread's inputs catch up (it may sit in a
-sink partition that gets no more items) is finished then: the sink registers
+that is so (:mod:`dataflows.favorite_actions.sink`): under a backlog the next batch follows at
+once and collects the commit, while the last batch of a burst, written after the polls came back
+short, commits before ``write_batch`` returns and is logged and published at once, instead of
+waiting for the epoch's end. A batch still in flight when the thread's inputs catch up (it may sit
+in a sink partition that gets no more items) is finished then: the sink registers
 :meth:`BacklogSignal.when_caught_up`, which the source's poll runs on the worker thread.
 
 Kept per thread: a Bytewax worker is one thread that both polls its source partitions and

@@ -76,7 +76,7 @@ CONSUMER_ERRORS = Counter(
 OUTBOX_PARKED = Counter(
     "user_activity_outbox_parked",
     "Outbox rows parked: the broker refused the record itself (too large, invalid), so it is kept"
-    " aside for an operator (python -m runtime outbox requeue) and the rows behind it go on.",
+    " aside for an operator (python -m cli outbox requeue) and the rows behind it go on.",
     ["topic"],
 )
 OUTBOX_OLDEST_UNPUBLISHED_SECONDS = Gauge(

@@ -66,10 +66,9 @@ class Settings(BaseSettings):
     dedup_ttl_seconds: float = Field(default=86_400.0, gt=0)
     sink_batch_max: int = Field(default=2000, ge=1)
     sink_partitions: int = Field(default=2, ge=1)
-    sink_max_pending: int = Field(default=0, ge=0)
     # A favorites batch of at least this many messages commits while the worker goes on: the
     # insert is sent, write_batch returns, and the next write_batch or the epoch's snapshot
-    # waits for the commit (sinks/action_history.py). 0: every batch commits synchronously.
+    # waits for the commit (dataflows/favorite_actions/sink.py). 0: every batch commits at once.
     sink_defer_min_batch: int = Field(default=500, ge=0)
 
     # Memory: glibc malloc_trim(0) every N seconds gives the heap freed after a burst back to

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole suite: lint, types, unit, integration (real PostgreSQL), e2e (real Kafka + PostgreSQL).
+# The whole suite: lint, types, import layers, schema and docs drift, unit, integration (real
+# PostgreSQL), e2e (real Kafka + PostgreSQL).
 # Starts its own services on loopback (or uses USER_ACTIVITY_TEST_* ones) and stops them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,6 +11,7 @@ export PYTHONDONTWRITEBYTECODE=1
 start=$(date +%s)
 echo "== ruff" && .venv/bin/ruff check .
 echo "== mypy" && .venv/bin/mypy .
+echo "== import layers" && .venv/bin/lint-imports
 echo "== schemas" && .venv/bin/python -m schemas.export --check
 echo "== pytest"
 set +e

@@ -16,7 +16,7 @@ Two paths, one guarantee:
   too large, invalid) is parked: ``parked_at``, ``attempts`` and ``last_error`` are set, the
   sweep no longer reads it, it is counted (``user_activity_outbox_parked_total``) and logged with
   its id, and the rows behind it are published. An operator re-queues it once the cause is
-  fixed (``python -m runtime outbox requeue --id ID | --all``). A row is never parked for a
+  fixed (``python -m cli outbox requeue --id ID | --all``). A row is never parked for a
   failure of the service (broker down, timeouts, authorization): those are retried.
 - Supervised: the publish loop runs under :class:`runtime.supervisor.SupervisedThread` (an
   unexpected exception is logged with its traceback, counted, and the loop restarts after

@@ -1,18 +1,12 @@
 """The shared Bytewax sink partition of the flows: batches -> one transaction each, or the DLQ.
 
 Guarantees every flow's sink inherits (SPEC §4-§5):
-- By default (``sink_max_pending = 0``) ``write_batch`` returns only after the batch's
-  transaction(s) committed and its poison, if any, was acknowledged by the DLQ topic; Bytewax
-  snapshots input offsets only at the end of an epoch whose batches all returned.
-- Pipelined (``sink_max_pending > 0``, opt-in): ``write_batch`` hands the batch to the
-  partition's writer thread (:mod:`sinks.pipelined_writer`) and returns; ``snapshot()``, which
-  Bytewax calls at the end of every epoch in which the partition was written, returns only once
-  every batch handed over so far is committed. Either way an epoch, and with it the input
-  offsets of its recovery snapshot, closes only after its rows are committed; a crash loses
-  nothing. (Off by default: under Bytewax 0.21 the writer thread gets the GIL late while the
-  worker is idle, which measured seconds of latency at a steady rate.)
+- ``write_batch`` returns only after the batch's transaction(s) committed and its poison, if
+  any, was acknowledged by the DLQ topic; Bytewax snapshots input offsets only at the end of an
+  epoch whose batches all returned (a subclass that defers a commit, the favorites sink, makes
+  ``snapshot()`` wait for it), so a crash loses nothing.
 - Partitions: items are routed by their key (the owner, the AnonymousId) to one of
-  ``sink_partitions`` fixed partitions, each with its own connection and writer thread; one
+  ``sink_partitions`` fixed partitions, each with its own connection; one
   key's messages are written in order by one partition. Bytewax spreads the partitions
   evenly over the workers.
 - Infrastructure failures (classified by :mod:`sinks.errors`: PostgreSQL unreachable, timeouts,
@@ -40,7 +34,6 @@ from typing_extensions import override
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.logs import log_event
-from runtime.poison import Poisoned, write_isolating_poison
 from runtime.settings import Settings
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
@@ -50,7 +43,7 @@ from sinks.db import Connection, Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
 from sinks.outbox import acquire_shared_publisher, release_shared_publisher
-from sinks.pipelined_writer import PipelinedWriter
+from sinks.poison import Poisoned, write_isolating_poison
 
 
 class FromRecord(Protocol):
@@ -111,17 +104,6 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         self._logger = logger
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._publisher = acquire_shared_publisher(settings)
-        # sink_max_pending = 0: no writer thread; write_batch commits before it returns.
-        self._writer: PipelinedWriter[M] | None = (
-            PipelinedWriter(
-                self._write_now,
-                max_pending=settings.sink_max_pending,
-                max_batch=settings.sink_batch_max,
-                name=f"{name}-writer",
-            )
-            if settings.sink_max_pending > 0
-            else None
-        )
 
     @abstractmethod
     def write(self, conn: Connection, batch: Sequence[M]) -> R:
@@ -141,21 +123,16 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     @override
     def write_batch(self, values: list[M]) -> None:
-        """Hand ``values`` to the writer thread (blocks while it is too far behind)."""
-        if self._writer is None:
-            self._write_now(values)
-        else:
-            self._writer.submit(values)
+        """Commit ``values`` (retrying outages, isolating poison); return after the commit."""
+        self._write_now(values)
         HEALTH.beat()
 
     @override
     def snapshot(self) -> None:
-        """The epoch barrier: return once everything handed over so far is committed."""
-        if self._writer is not None:
-            self._writer.wait_idle()
+        """The epoch barrier: every batch written so far is committed already."""
 
     def _write_now(self, messages: list[M]) -> None:
-        """On the writer thread: transactions, DLQ, outbox offer, report (in this order)."""
+        """Transactions, DLQ, outbox offer, report (in this order)."""
         size = self._settings.sink_batch_max
         for start in range(0, len(messages), size):
             results, poisoned = write_isolating_poison(
@@ -174,11 +151,9 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     @override
     def close(self) -> None:
         try:
-            if self._writer is not None:
-                self._writer.close()
-        finally:
             self._dlq.close()
             self._db.close()
+        finally:
             if self._publisher is not None:
                 release_shared_publisher()
 

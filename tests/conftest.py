@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from runtime.migrate import apply_migrations
+from cli.migrate import apply_migrations
+from cli.topics import ensure_topics
 from runtime.settings import Settings
-from runtime.topics import ensure_topics
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 ``FavoritesJob`` starts ``python -m bytewax.run dataflows.favorite_actions:flow -r DIR -s 1 -b 10``
 with the ``USER_ACTIVITY_*`` environment of a :class:`~runtime.settings.Settings` object (tailing,
 with the health/metrics server on a free port), against a recovery directory made once with
-``python -m runtime init-recovery DIR --partitions 1``. It can SIGKILL the job and start it again
+``python -m cli init-recovery DIR --partitions 1``. It can SIGKILL the job and start it again
 on the same recovery directory, scrape ``/metrics``, ``/livez`` and ``/readyz``, and read the
 job's log (one file per start).
 
@@ -135,7 +135,7 @@ class FavoritesJob:
         if self.recovery_dir.exists() and any(self.recovery_dir.iterdir()):
             return
         subprocess.run(
-            [sys.executable, "-m", "runtime", "init-recovery", str(self.recovery_dir),
+            [sys.executable, "-m", "cli", "init-recovery", str(self.recovery_dir),
              "--partitions", "1"],
             cwd=ROOT, env=self._env, check=True, capture_output=True, timeout=60,
         )

@@ -17,4 +17,4 @@ __all__ = ["build_flow", "flow"]
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(name)
-    return flow_attribute("dataflows.session_linking.wiring", name)
+    return flow_attribute("dataflows.session_linking.flow", name)

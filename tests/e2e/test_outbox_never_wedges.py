@@ -155,7 +155,7 @@ def test_requeue_publishes_a_parked_row_once_the_topic_accepts_it(
             future.result(30)
         env = {**base_env(), **settings_env(settings)}
         done = subprocess.run(
-            [sys.executable, "-m", "runtime", "outbox", "requeue", "--id", str(row[0].id)],
+            [sys.executable, "-m", "cli", "outbox", "requeue", "--id", str(row[0].id)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True,
         )
         assert "requeued 1 parked outbox row(s)" in done.stdout

@@ -259,7 +259,7 @@ def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query
             ).fetchall()
             assert len(rows) == 1
             subprocess.run(
-                [sys.executable, "-m", "runtime", "outbox", "requeue", "--id", str(rows[0][0])],
+                [sys.executable, "-m", "cli", "outbox", "requeue", "--id", str(rows[0][0])],
                 cwd=ROOT, env={**base_env(), **settings_env(settings)}, check=True,
                 capture_output=True, timeout=60,
             )

@@ -13,8 +13,8 @@ import pytest
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 
+from cli.replay import replay
 from dataflows.favorite_actions import build_flow
-from runtime.replay import replay
 from sources.kafka_input import StartPosition
 from tests.conftest import SettingsFactory
 from tests.support import (
@@ -132,10 +132,10 @@ def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
     run_main(build_flow(settings), epoch_interval=None,
              recovery_config=RecoveryConfig(str(recovery)))
 
-    sink_lines = [r for r in caplog.records if r.name == "sinks.action_history"]
+    sink_lines = [r for r in caplog.records if r.name == "dataflows.favorite_actions.sink"]
     dedup_lines = [
         r for r in caplog.records
-        if r.name == "dataflows.favorite_actions.wiring" and r.msg == "skipped-duplicate"
+        if r.name == "dataflows.favorite_actions.flow" and r.msg == "skipped-duplicate"
     ]
     # Offsets kept: only the two new records were read; the window (restored from the
     # snapshot) dropped the redelivery before it reached the database.

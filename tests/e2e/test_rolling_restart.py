@@ -94,7 +94,7 @@ def split_recovery_store(members: Sequence[ClusterMember]) -> dict[str, list[str
     """``init-recovery --partitions 2``, then ``part-i*`` into member i's directory."""
     scratch = members[0].workdir.parent / "recovery-scratch"
     subprocess.run(
-        [sys.executable, "-m", "runtime", "init-recovery", str(scratch),
+        [sys.executable, "-m", "cli", "init-recovery", str(scratch),
          "--partitions", str(len(members))],
         cwd=ROOT, env=base_env(), check=True, capture_output=True, timeout=60,
     )

@@ -21,10 +21,10 @@ from dataflows.favorite_actions import build_flow as build_favorites_flow
 from dataflows.session_linking import build_flow
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import LinkOutcome, SessionTopics
+from dataflows.session_linking.sink import SessionLinksStore
 from runtime.settings import Settings
 from schemas.kafka_record import SourceRecord
 from schemas.sessions import SessionEndedEnvelope, SessionLinkedEnvelope, SessionStartedEnvelope
-from sinks.session_links import SessionLinksStore
 from tests.conftest import SettingsFactory
 from tests.support import (
     Consumed,

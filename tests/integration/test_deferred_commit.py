@@ -21,13 +21,13 @@ import psycopg
 import pytest
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from dataflows.favorite_actions.sink import _ActionHistoryPartition
+from dataflows.favorite_actions.store import FavoritesStore
 from runtime.backlog import BACKLOG
 from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks import deferred_statement
-from sinks.action_history import _ActionHistoryPartition
-from sinks.favorites_store import FavoritesStore
 from tests.support import favorite_envelope, insert_session
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ import pytest
 from psycopg.rows import dict_row
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from dataflows.favorite_actions.store import FavoritesStore
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.favorites_store import FavoritesStore
 from tests.support import favorite_envelope, insert_session
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import psycopg.errors
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from runtime.migrate import MIGRATIONS_DIR, apply_migrations
+from cli.migrate import MIGRATIONS_DIR, apply_migrations
 
 pytestmark = pytest.mark.integration
 

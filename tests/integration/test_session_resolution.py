@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from dataflows.favorite_actions.store import FavoritesStore, owner_of
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.favorites_store import FavoritesStore, owner_of
 from tests.support import insert_session
 
 pytestmark = pytest.mark.integration

@@ -1,8 +1,7 @@
-"""The sink partition's commit guarantees against a real PostgreSQL, pipelined and synchronous.
+"""The shared sink partition's commit guarantee against a real PostgreSQL.
 
-Pipelined (``sink_max_pending > 0``): ``write_batch`` may return before the commit, but
-``snapshot()`` (Bytewax's end-of-epoch call) returns only once every handed-over batch is
-committed. Synchronous (``sink_max_pending = 0``): ``write_batch`` returns after the commit.
+``write_batch`` returns after the commit, so ``snapshot()`` (Bytewax's end-of-epoch call) finds
+everything committed (the favorites sink's deferred commits: test_deferred_commit.py).
 """
 
 from __future__ import annotations
@@ -88,39 +87,19 @@ def _count(database_url: str, table: str) -> int:
         return int(row[0]) if row else -1
 
 
-def _settings(database_url: str, max_pending: int) -> Settings:
+def _settings(database_url: str) -> Settings:
     return Settings(
         database_url=database_url,
         kafka_bootstrap_servers="127.0.0.1:1",  # never used: no poison, no outbox
         outbox_enabled=False,
         http_port=0,
-        sink_max_pending=max_pending,
     )
 
 
-def test_pipelined_snapshot_returns_only_after_the_commit(database_url: str, table: str) -> None:
-    part = TablePartition(_settings(database_url, 1000), table)
-    try:
-        part.hold.clear()
-        part.write_batch([Item(i) for i in range(10)])  # returns before the commit
-        assert _count(database_url, table) == 0
-        snapped = threading.Event()
-        t = threading.Thread(target=lambda: (part.snapshot(), snapped.set()))  # type: ignore[func-returns-value]
-        t.start()
-        assert not snapped.wait(0.5)  # the epoch cannot close while the batch is uncommitted
-        part.hold.set()
-        assert snapped.wait(10)
-        t.join()
-        assert _count(database_url, table) == 10
-    finally:
-        part.hold.set()
-        part.close()
-
-
-def test_synchronous_mode_commits_before_write_batch_returns(
+def test_write_batch_returns_after_the_commit(
     database_url: str, table: str
 ) -> None:
-    part = TablePartition(_settings(database_url, 0), table)
+    part = TablePartition(_settings(database_url), table)
     try:
         part.write_batch([Item(i) for i in range(7)])
         assert _count(database_url, table) == 7
@@ -130,7 +109,7 @@ def test_synchronous_mode_commits_before_write_batch_returns(
 
 
 def test_close_commits_what_was_handed_over(database_url: str, table: str) -> None:
-    part = TablePartition(_settings(database_url, 1000), table)
+    part = TablePartition(_settings(database_url), table)
     for start in range(0, 50, 10):
         part.write_batch([Item(i) for i in range(start, start + 10)])
     part.close()

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.backoff import Backoff, retry_forever
-from runtime.poison import Poisoned, write_isolating_poison
+from sinks.poison import Poisoned, write_isolating_poison
 
 
 class HighestJitter(random.Random):

@@ -6,6 +6,7 @@ import itertools
 import math
 import pickle
 import struct
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -20,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from dataflows.common import DedupLogic, deduplicated
 from dataflows.dedup import DedupState, DedupWindow
+from dataflows.operators import DedupLogic, deduplicated
 
 TTL = 60.0
 A = b"A" + bytes(16)
@@ -273,22 +274,8 @@ def test_window_restored_from_a_snapshot_remembers_its_ids_and_owns_its_state() 
     assert decode(state) == {A: 10.0 + TTL, B: 20.0 + TTL}, "restoring must copy the snapshot"
 
 
-def test_window_restores_the_old_dict_snapshot_format() -> None:
-    legacy = {A: 70.0, B: 80.5, C: 75.0}  # the old window's dict (ids to float expiries)
-
-    restored = DedupWindow(TTL, legacy)
-
-    assert entries(restored) == {A: 70.0, C: 75.0, B: 81.0}
-    assert restored.next_expiry() == 70.0
-    assert [restored.admit(dedup_id, now=69.0) for dedup_id in (A, B, C)] == [False] * 3
-    restored.evict(now=75.0)
-    assert entries(restored) == {B: 81.0}
-    assert restored.admit(A, now=76.0) is True
-    assert legacy == {A: 70.0, B: 80.5, C: 75.0}
-
-
 def test_empty_states_restore_an_empty_window() -> None:
-    states: list[DedupState | dict[bytes, float]] = [{}, (b"", b""), DedupWindow(TTL).snapshot()]
+    states: list[DedupState] = [(b"", b""), DedupWindow(TTL).snapshot()]
     for state in states:
         window = DedupWindow(TTL, state)
 
@@ -300,8 +287,6 @@ def test_inconsistent_snapshots_are_refused() -> None:
     for state in ((A, b"\x00\x00\x00"), (A, b""), (A[:5], struct.pack("<2I", 1, 2))):
         with pytest.raises(ValueError, match="dedup snapshot"):
             DedupWindow(TTL, state)
-    with pytest.raises(ValueError, match="different lengths"):
-        DedupWindow(TTL, {A: 1.0, A[1:]: 2.0})
 
 
 def test_a_large_window_uses_its_index_and_stays_exact() -> None:
@@ -335,11 +320,11 @@ class _Message:
     dedup_id: bytes
 
 
-def test_dedup_logic_resumes_from_an_old_recovery_snapshot_and_snapshots_packed() -> None:
+def test_dedup_logic_resumes_from_a_recovery_snapshot_and_snapshots_packed() -> None:
     duplicates: list[_Message] = []
-    logic: DedupLogic[_Message] = DedupLogic(
-        TTL, {A: 4_000_000_000.0}, duplicates.append
-    )
+    earlier = DedupWindow(TTL)
+    earlier.admit(A, now=time.time())
+    logic: DedupLogic[_Message] = DedupLogic(TTL, earlier.snapshot(), duplicates.append)
 
     fresh, discard = logic.on_batch([_Message(A), _Message(B), _Message(B)])
 
@@ -351,36 +336,22 @@ def test_dedup_logic_resumes_from_an_old_recovery_snapshot_and_snapshots_packed(
     assert DedupLogic(TTL, snapshot, duplicates.append).on_batch([_Message(A)]) == ([], False)
 
 
-class _LegacyDedupLogic(DedupLogic[_Message]):
-    """The logic as it snapshotted before the packed window: a ``dict`` of id -> expiry."""
-
-    def snapshot(self) -> dict[bytes, float]:  # type: ignore[override]
-        return entries(self._window)
-
-
 def _dedup_flow(
     inputs: list[object], out: list[tuple[str, _Message]], duplicates: list[_Message],
-    legacy: bool = False,
 ) -> Dataflow:
     flow = Dataflow("dedup_resume")
     keyed: Any = op.key_on("key", op.input("in", flow, TestingSource(inputs)), lambda m: "owner")
-    if legacy:
-        fresh = op.stateful_batch(
-            "dedup_by_message_id", keyed,
-            lambda state: _LegacyDedupLogic(TTL, state, duplicates.append),
-        )
-    else:
-        fresh = deduplicated("dedup_by_message_id", keyed, TTL, duplicates.append)
+    fresh = deduplicated("dedup_by_message_id", keyed, TTL, duplicates.append)
     op.output("out", fresh, TestingSink(out))
     return flow
 
 
-def test_a_recovery_store_written_with_the_old_dict_snapshots_resumes(tmp_path: Path) -> None:
+def test_a_flow_resumed_from_its_recovery_store_remembers_the_ids_it_saw(tmp_path: Path) -> None:
     init_db_dir(tmp_path, 1)
     recovery = RecoveryConfig(str(tmp_path))
     inputs = [_Message(A), _Message(B), TestingSource.ABORT(), _Message(A), _Message(C)]
     first_out: list[tuple[str, _Message]] = []
-    run_main(_dedup_flow(inputs, first_out, [], legacy=True),  # stops at the ABORT
+    run_main(_dedup_flow(inputs, first_out, []),  # stops at the ABORT
              epoch_interval=timedelta(0), recovery_config=recovery)
     out: list[tuple[str, _Message]] = []
     duplicates: list[_Message] = []
@@ -436,11 +407,6 @@ class DedupWindowMachine(RuleBasedStateMachine):
     def snapshot_and_restore(self) -> None:
         state = pickle.loads(pickle.dumps(self.window.snapshot()))
         self.window = DedupWindow(self.ttl, state, index_above=self.index_above)
-
-    @precondition(lambda self: len(self.window) > 0)
-    @rule()
-    def restore_from_the_old_format(self) -> None:
-        self.window = DedupWindow(self.ttl, entries(self.window), index_above=self.index_above)
 
     @invariant()
     def live_state_matches_the_model(self) -> None:

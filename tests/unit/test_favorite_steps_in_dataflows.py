@@ -13,9 +13,9 @@ import pytest
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
-from dataflows.common import deduplicated
 from dataflows.favorite_actions.decode import FavoriteMessage
-from dataflows.favorite_actions.wiring import decoder, is_keyed
+from dataflows.favorite_actions.flow import decoder, is_keyed
+from dataflows.operators import deduplicated
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import ConsumerError, SourceRecord

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from runtime import replay
+from cli import replay
 from runtime.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -405,10 +405,10 @@ def test_every_main_container_reads_settings_from_the_configmap_and_the_secret(
 
 def test_jobs_run_the_operator_commands() -> None:
     assert _pod_spec(_one("Job", "user-activity-migrate"))["containers"][0]["args"] == [
-        "-m", "runtime", "migrate",
+        "-m", "cli", "migrate",
     ]
     assert _pod_spec(_one("Job", "user-activity-create-topics"))["containers"][0]["args"] == [
-        "-m", "runtime", "create-topics",
+        "-m", "cli", "create-topics",
     ]
 
 
@@ -418,8 +418,8 @@ def test_backfill_job_is_a_dry_run_replay_with_its_own_recovery_store_on_a_volum
     parser = argparse.ArgumentParser()
     replay.add_arguments(parser)
 
-    assert container["args"][:3] == ["-m", "runtime", "replay"]
-    args = parser.parse_args(container["args"][3:])  # the flags exist in runtime/replay.py
+    assert container["args"][:3] == ["-m", "cli", "replay"]
+    args = parser.parse_args(container["args"][3:])  # the flags exist in cli/replay.py
     assert args.dry_run is True
     assert args.from_ts is not None
     mounts = {m["mountPath"] for m in container["volumeMounts"]}

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
-from dataflows.common import DedupLogic
+from dataflows.dedup import DedupWindow
+from dataflows.operators import DedupLogic
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from schemas.kafka_record import SourceRecord
 
@@ -63,7 +64,9 @@ def test_dedup_step_passes_a_message_id_once_per_device() -> None:
 
 
 def test_dedup_step_forgets_expired_ids_and_discards_an_empty_device() -> None:
-    logic = DedupLogic(ttl=60.0, state={uuid4().bytes: 0.0}, on_duplicate=print)
+    expired = DedupWindow(60.0)
+    expired.admit(uuid4().bytes, now=0.0)  # expired long ago
+    logic = DedupLogic(ttl=60.0, state=expired.snapshot(), on_duplicate=print)
 
     emitted, discard = logic.on_notify()
 

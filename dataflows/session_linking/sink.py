@@ -46,6 +46,7 @@ from dataflows.session_linking.linking import (
     build_session_event,
     decide,
 )
+from dataflows.session_linking.sql import query
 from runtime.logs import log_event
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
@@ -56,7 +57,6 @@ from runtime.metrics import (
 from runtime.settings import Settings
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
-from sinks.sql import query
 from sinks.transactional import PartitionedSink, TransactionalPartition
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Replay / backfill the favorites topics: a bounded run that exits, safe by construction.
 
-    python -m runtime replay --from 2026-11-01T00:00:00Z [--dry-run]
-    python -m runtime replay --offsets pin.favorites.favorite-added.v1:0=1200 --topic added
+    python -m cli replay --from 2026-11-01T00:00:00Z [--dry-run]
+    python -m cli replay --offsets pin.favorites.favorite-added.v1:0=1200 --topic added
 
 Reads from a timestamp (``offsets_for_times``) or explicit per-partition offsets up to the end
 offsets seen at start, through the same steps and sinks as the main job. Idempotent writes mean
@@ -28,8 +28,8 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 from prometheus_client import REGISTRY
 
+from dataflows.favorite_actions.dry_run import Tally
 from runtime.settings import Settings
-from sinks.dry_run import Tally
 from sources.kafka_input import StartPosition
 
 _SKIPPED = "user_activity_favorites_skipped_total"
@@ -86,7 +86,7 @@ def replay(
     out: TextIO = sys.stdout,
 ) -> dict[str, int]:
     """Run one bounded replay; return the outcome counts (also printed as a table)."""
-    from dataflows.favorite_actions.wiring import build_flow
+    from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
 
     # bounded, and no commits to the consumer groups: a replay's old offsets must not move
     # the lag tools' view of the main job
@@ -94,7 +94,8 @@ def replay(
         update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
     )
     tally = Tally() if dry_run else None
-    flow = build_flow(bounded, start, topics=topics, dry_run=tally)
+    sinks = None if tally is None else FavoritesSinks.dry_run(bounded, tally)
+    flow = build_flow(bounded, start=start, topics=topics, sinks=sinks)
     directory = recovery_dir or Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     if not any(directory.glob("part-*.sqlite3")):
         directory.mkdir(parents=True, exist_ok=True)

@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
-from bytewax.outputs import DynamicSink, Sink
+from bytewax.inputs import Source
+from bytewax.outputs import Sink
 
-from dataflows.common import (
-    configured_start,
-    deduplicated,
-    kafka_inputs,
-    log_consumer_error,
-    warn_version_mismatch,
-)
 from dataflows.favorite_actions.decode import (
     SKIP_OUTCOMES,
     FavoriteMessage,
@@ -39,9 +34,16 @@ from dataflows.favorite_actions.decode import (
     SkipReason,
     decode_favorite,
 )
-from runtime.health import serve_http
+from dataflows.favorite_actions.dry_run import DryRunActionSink, DryRunDeadLetterSink, Tally
+from dataflows.favorite_actions.sink import ActionHistorySink, message_fields
+from dataflows.operators import (
+    configured_start,
+    deduplicated,
+    kafka_inputs,
+    log_consumer_error,
+    warn_version_mismatch,
+)
 from runtime.logs import log_event
-from runtime.memory import start_trimmer
 from runtime.metrics import (
     FAVORITES_DLQ,
     FAVORITES_RETRIES,
@@ -51,9 +53,7 @@ from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.action_history import ActionHistorySink, message_fields
 from sinks.dead_letters import DeadLetterSink
-from sinks.dry_run import DryRunActionSink, DryRunDeadLetterSink, Tally
 from sources.kafka_input import InputItem, StartPosition
 
 logger = logging.getLogger(__name__)
@@ -116,52 +116,72 @@ def is_keyed(item: Routed) -> bool:
     return type(item) is tuple
 
 
+@dataclass(frozen=True)
+class FavoritesSinks:
+    """Where the flow's two outputs go: the action history (with its outbox) and the DLQ."""
+
+    history: Sink[tuple[str, FavoriteMessage]]
+    dead_letters: Sink[DeadLetter]
+
+    @classmethod
+    def of(cls, settings: Settings) -> FavoritesSinks:
+        """PostgreSQL (one transaction per batch, outbox) and the favorites DLQ topic."""
+        return cls(
+            ActionHistorySink(settings),
+            DeadLetterSink(
+                settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES
+            ),
+        )
+
+    @classmethod
+    def dry_run(cls, settings: Settings, tally: Tally) -> FavoritesSinks:
+        """Read-only sinks that tally would-be outcomes into ``tally`` (replay ``--dry-run``)."""
+        return cls(DryRunActionSink(settings, tally), DryRunDeadLetterSink(tally))
+
+
 def build_flow(
     settings: Settings,
-    start: StartPosition | None = None,
     *,
+    source: Source[InputItem] | None = None,
+    sinks: FavoritesSinks | None = None,
+    start: StartPosition | None = None,
     topics: Sequence[str] | None = None,
-    dry_run: Tally | None = None,
 ) -> Dataflow:
-    """The favorites dataflow for ``settings``.
+    """The favorites dataflow for ``settings``; building it has no side effects.
 
-    ``start`` overrides the starting position; ``topics`` limits the input to some of the two
-    favorites topics (a replay of one topic); ``dry_run`` swaps the sinks for read-only ones
-    that tally would-be outcomes into the given :class:`~sinks.dry_run.Tally`.
+    ``source`` replaces the two Kafka inputs (tests: a ``TestingSource`` of
+    :class:`~schemas.kafka_record.SourceRecord` items whose ``topic`` names the favorites topic
+    they came from); ``sinks`` replaces the PostgreSQL and DLQ sinks. With the Kafka inputs,
+    ``start`` overrides the starting position and ``topics`` limits them to some of the two
+    favorites topics (a replay of one topic).
     """
-    serve_http(settings.http_host, settings.http_port)
-    start_trimmer(settings.malloc_trim_interval_seconds)
     flow = Dataflow("favorite_actions")
-    inputs = [
-        (step_id, topic)
-        for step_id, topic in (
-            ("favorite_added_input", settings.topic_favorite_added),
-            ("favorite_removed_input", settings.topic_favorite_removed),
+    if source is not None:
+        consumed: Stream[InputItem] = op.input("favorites_input", flow, source)
+    else:
+        inputs = [
+            (step_id, topic)
+            for step_id, topic in (
+                ("favorite_added_input", settings.topic_favorite_added),
+                ("favorite_removed_input", settings.topic_favorite_removed),
+            )
+            if topics is None or topic in topics
+        ]
+        consumed = kafka_inputs(
+            flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
+            flow_name="favorites", consumer_group=settings.consumer_group_favorites,
         )
-        if topics is None or topic in topics
-    ]
-    consumed = kafka_inputs(
-        flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
-        flow_name="favorites", consumer_group=settings.consumer_group_favorites,
-    )
+    outputs = sinks or FavoritesSinks.of(settings)
     action_types = {
         settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
         settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES,
     }
     routed = op.flat_map_batch("decode_favorites", consumed, decoder(action_types))
     by_kind = op.branch("route_poison", routed, is_keyed)
-    dead_letters: DynamicSink[DeadLetter] = (
-        DeadLetterSink(settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES)
-        if dry_run is None
-        else DryRunDeadLetterSink(dry_run)
-    )
-    op.output("dead_letter_poison", by_kind.falses, dead_letters)  # type: ignore[misc]
+    op.output("dead_letter_poison", by_kind.falses, outputs.dead_letters)  # type: ignore[misc]
     keyed: Stream[tuple[str, FavoriteMessage]] = by_kind.trues  # type: ignore[assignment]
     fresh = deduplicated(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
     )
-    history: Sink[tuple[str, FavoriteMessage]] = (
-        ActionHistorySink(settings) if dry_run is None else DryRunActionSink(settings, dry_run)
-    )
-    op.output("record_action_history", fresh, history)
+    op.output("record_action_history", fresh, outputs.history)
     return flow

@@ -1,8 +1,8 @@
 """The Bytewax sink of the favorites flow: batches -> one transaction each -> outbox -> Kafka.
 
 Offsets advance only after the commit, outages pause and poison is isolated as described in
-:mod:`sinks.transactional`; writes are idempotent (:mod:`sinks.favorites_store`): redelivered
-messages change nothing.
+:mod:`sinks.transactional`; writes are idempotent (:mod:`dataflows.favorite_actions.store`):
+redelivered messages change nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
+from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch
 from runtime.backlog import BACKLOG
 from runtime.health import HEALTH
 from runtime.logs import log_event, log_events
@@ -31,7 +32,6 @@ from schemas.favorites import ActionType
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.errors import is_infrastructure_error
-from sinks.favorites_store import BatchOutcome, FavoritesStore, SentBatch
 from sinks.transactional import PartitionedSink, TransactionalPartition
 
 logger = logging.getLogger(__name__)
@@ -89,8 +89,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             logger=logger,
         )
         self._store = FavoritesStore(settings.topic_action_tracked)
-        # the pipelined writer (sink_max_pending > 0) already decouples the commits
-        self._defer_min = settings.sink_defer_min_batch if settings.sink_max_pending == 0 else 0
+        self._defer_min = settings.sink_defer_min_batch
         self._in_flight: tuple[list[FavoriteMessage], SentBatch] | None = None
 
     @override
@@ -149,7 +148,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         self._write_now(values)
 
     def write(self, conn: Connection, batch: Sequence[FavoriteMessage]) -> BatchOutcome:
-        """One transaction: sessions, rows, marks, outbox (:mod:`sinks.favorites_store`)."""
+        """One transaction: sessions, rows, marks, outbox (:class:`FavoritesStore`)."""
         return self._store.record_batch(conn, batch)
 
     def fields(self, message: FavoriteMessage) -> dict[str, Any]:

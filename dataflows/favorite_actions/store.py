@@ -32,10 +32,10 @@ from dataflows.favorite_actions.records import (
     SessionSnapshot,
     uuid7,
 )
+from dataflows.favorite_actions.sql import query
 from schemas.favorites import ActionType
 from sinks import deferred_statement
 from sinks.db import Connection
-from sinks.sql import query
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""Operator commands: ``python -m runtime migrate|create-topics|init-recovery|replay|outbox``."""
+"""Operator commands: ``user-activity migrate|create-topics|init-recovery|replay|outbox``.
+
+Also ``python -m cli …``. Settings come from ``USER_ACTIVITY_*``; a bad one stops the command with
+one line naming the variable and exit code 2.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,17 @@ import sys
 from pathlib import Path
 from uuid import UUID
 
+from runtime.configuration import load_settings
 from runtime.logs import configure_logging
 from runtime.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one operator command; settings come from ``USER_ACTIVITY_*``."""
-    parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="user-activity", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("migrate", help="apply pending SQL migrations (USER_ACTIVITY_DATABASE_URL)")
     commands.add_parser("create-topics", help="create every topic of the service (idempotent)")
@@ -37,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--id", dest="ids", action="append", type=UUID, metavar="ID",
                        help="a parked row's id (repeatable)")
     which.add_argument("--all", action="store_true", help="every parked row")
-    from runtime import replay
+    from cli import replay
 
     replay_parser = commands.add_parser(
         "replay",
@@ -46,16 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     replay.add_arguments(replay_parser)
     args = parser.parse_args(argv)
-    settings = Settings()
+    settings = load_settings()
     configure_logging(settings.log_level)
 
     if args.command == "migrate":
-        from runtime.migrate import apply_migrations
+        from cli.migrate import apply_migrations
 
         applied = apply_migrations(settings.database_dsn())
         print(f"applied {len(applied)} migration(s): {', '.join(applied) or '-'}")
     elif args.command == "create-topics":
-        from runtime.topics import ensure_topics
+        from cli.topics import ensure_topics
 
         ensure_topics(
             settings.kafka_client_config(), settings.all_topics(), settings.topic_partitions

@@ -1,6 +1,6 @@
-"""Wiring shared by the flows: Kafka input with routed consumer errors, and the dedup window.
+"""Bytewax operators shared by the flows: Kafka inputs with routed consumer errors, the dedup step.
 
-Only wiring modules (this one and each flow's ``wiring``) import ``bytewax.operators``.
+Only this module and each flow's ``flow`` module import ``bytewax.operators``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators import StatefulBatchLogic
 from prometheus_client import Counter
 
-from dataflows.dedup import DedupState, DedupWindow, LegacyDedupState
+from dataflows.dedup import DedupState, DedupWindow
 from runtime.backoff import Backoff
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS
@@ -130,14 +130,13 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     reported to ``on_duplicate``, not passed on as ``None``. Expired ids are evicted by a timer;
     a key whose window empties is discarded. The snapshot is the key's packed window (two
     ``bytes``, ``len(dedup_id) + 4`` bytes per id), so snapshot cost follows the keys touched in
-    an epoch, not the total number of ids remembered. A recovery store written by the previous
-    ``dict[bytes, float]`` window is still restored.
+    an epoch, not the total number of ids remembered.
     """
 
     def __init__(
         self,
         ttl: float,
-        state: DedupState | LegacyDedupState | None,
+        state: DedupState | None,
         on_duplicate: Callable[[M], None],
     ) -> None:
         self._window = DedupWindow(ttl, state)

@@ -15,11 +15,11 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import FavoriteMessage
+from dataflows.favorite_actions.sql import query
+from dataflows.favorite_actions.store import FavoritesStore, owner_of
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from sinks.db import Connection, Database
-from sinks.favorites_store import FavoritesStore, owner_of
-from sinks.sql import query
 
 
 class Tally:

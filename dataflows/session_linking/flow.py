@@ -16,11 +16,14 @@ input (offsets in Bytewax snapshots) + the idempotency mark in the linking trans
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import bytewax.operators as op
-from bytewax.dataflow import Dataflow
+from bytewax.dataflow import Dataflow, Stream
+from bytewax.inputs import Source
+from bytewax.outputs import Sink
 
-from dataflows.common import (
+from dataflows.operators import (
     configured_start,
     deduplicated,
     kafka_records,
@@ -33,9 +36,8 @@ from dataflows.session_linking.decode import (
     sign_in_fields,
 )
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
-from runtime.health import serve_http
+from dataflows.session_linking.sink import SessionLinkSink
 from runtime.logs import log_event
-from runtime.memory import start_trimmer
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
     SESSION_LINKING_OUTCOMES,
@@ -45,7 +47,6 @@ from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
-from sinks.session_links import SessionLinkSink
 from sources.kafka_input import StartPosition
 
 logger = logging.getLogger(__name__)
@@ -74,34 +75,58 @@ def _log_duplicate(message: SignInMessage) -> None:
     _log_outcome(LinkOutcome.DUPLICATE, message.record, message)
 
 
-def build_flow(settings: Settings, start: StartPosition | None = None) -> Dataflow:
-    """The session-linking dataflow for ``settings`` (``start`` overrides the start position)."""
-    serve_http(settings.http_host, settings.http_port)
-    start_trimmer(settings.malloc_trim_interval_seconds)
+@dataclass(frozen=True)
+class SessionLinkingSinks:
+    """Where the flow's two outputs go: the session changes (with their outbox) and the DLQ."""
+
+    links: Sink[tuple[str, SignInMessage]]
+    dead_letters: Sink[DeadLetter]
+
+    @classmethod
+    def of(cls, settings: Settings) -> SessionLinkingSinks:
+        """PostgreSQL (one transaction per batch, outbox) and the session-linking DLQ topic."""
+        return cls(
+            SessionLinkSink(settings),
+            DeadLetterSink(
+                settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
+                SESSION_LINKING_RETRIES,
+            ),
+        )
+
+
+def build_flow(
+    settings: Settings,
+    *,
+    source: Source[SourceRecord] | None = None,
+    sinks: SessionLinkingSinks | None = None,
+    start: StartPosition | None = None,
+) -> Dataflow:
+    """The session-linking dataflow for ``settings``; building it has no side effects.
+
+    ``source`` replaces the Kafka input (tests: a ``TestingSource`` of records), ``sinks`` the
+    PostgreSQL and DLQ sinks; ``start`` overrides the Kafka input's starting position.
+    """
     flow = Dataflow("session_linking")
-    records = kafka_records(
-        flow,
-        settings,
-        [("user_signed_in_input", settings.topic_user_signed_in)],
-        start or configured_start(settings),
-        SESSION_LINKING_RETRIES,
-        flow_name="session-linking",
-        consumer_group=settings.consumer_group_session_linking,
-    )
+    outputs = sinks or SessionLinkingSinks.of(settings)
+    if source is not None:
+        records: Stream[SourceRecord] = op.input("user_signed_in_input", flow, source)
+    else:
+        records = kafka_records(
+            flow,
+            settings,
+            [("user_signed_in_input", settings.topic_user_signed_in)],
+            start or configured_start(settings),
+            SESSION_LINKING_RETRIES,
+            flow_name="session-linking",
+            consumer_group=settings.consumer_group_session_linking,
+        )
 
     decoded = op.map("decode_sign_in", records, decode_sign_in)
     valid = op.branch("route_decoded", decoded, lambda d: isinstance(d, SignInMessage))
     rejected = op.branch(
         "route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter)
     )
-    op.output(
-        "dead_letter_poison",
-        rejected.trues,  # type: ignore[misc]
-        DeadLetterSink(
-            settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
-            SESSION_LINKING_RETRIES,
-        ),
-    )
+    op.output("dead_letter_poison", rejected.trues, outputs.dead_letters)  # type: ignore[misc]
     op.inspect("log_invalid_sign_in", rejected.falses, _log_invalid)  # type: ignore[arg-type]
 
     messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
@@ -109,6 +134,6 @@ def build_flow(settings: Settings, start: StartPosition | None = None) -> Datafl
     fresh = deduplicated(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
     )
-    op.output("link_sessions", fresh, SessionLinkSink(settings))
+    op.output("link_sessions", fresh, outputs.links)
     return flow
 

@@ -1,0 +1,1 @@
+"""Operator commands on the top floor: ``user-activity <command>`` / ``python -m cli``."""
