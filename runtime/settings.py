@@ -24,87 +24,141 @@ class StartingOffset(StrEnum):
 
 
 class Settings(BaseSettings):
-    """Every setting of the service; see README's table for what each one does."""
+    """Every setting of the service (docs/configuration.md is generated from these fields)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
     # Kafka connection (applies to every client the job creates: consumers, outbox, DLQ).
-    kafka_bootstrap_servers: str = "127.0.0.1:9092"
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_ssl_ca_location: str | None = None
-    kafka_ssl_certificate_location: str | None = None
-    kafka_ssl_key_location: str | None = None
-    kafka_ssl_key_password: SecretStr | None = None
-    kafka_client_id: str = "user-activity-stream"
+    kafka_bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers (every client of the job).")
+    kafka_security_protocol: str = Field(
+        "PLAINTEXT", description="`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`.")
+    kafka_sasl_mechanism: str | None = Field(
+        None, description="SASL mechanism of the m2m ACL credentials (e.g. `SCRAM-SHA-512`).")
+    kafka_sasl_username: str | None = Field(None, description="SASL user name.")
+    kafka_sasl_password: SecretStr | None = Field(
+        None, description="SASL password (secret: never logged).")
+    kafka_ssl_ca_location: str | None = Field(None, description="CA bundle file for TLS.")
+    kafka_ssl_certificate_location: str | None = Field(
+        None, description="Client certificate file for TLS.")
+    kafka_ssl_key_location: str | None = Field(None, description="Client key file for TLS.")
+    kafka_ssl_key_password: SecretStr | None = Field(
+        None, description="Password of the client key (secret).")
+    kafka_client_id: str = Field(
+        "user-activity-stream", description="Prefix of every Kafka client id.")
 
     # PostgreSQL.
-    database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/user_activity")
-    db_statement_timeout_ms: int = Field(default=30_000, ge=100)
+    database_url: SecretStr = Field(
+        SecretStr("postgresql://postgres@127.0.0.1:5432/user_activity"),
+        description="PostgreSQL DSN (secret: never logged).")
+    db_statement_timeout_ms: int = Field(
+        30_000, ge=100,
+        description="Statement timeout; a timeout is an infrastructure failure (retried).")
 
-    # Topics (defaults: SPEC §2).
-    topic_favorite_added: str = "pin.favorites.favorite-added.v1"
-    topic_favorite_removed: str = "pin.favorites.favorite-removed.v1"
-    topic_action_tracked: str = "pin.user-activity.action-tracked.v1"
-    topic_favorites_dlq: str = "pin.user-activity.favorites-dlq.v1"
-    topic_user_signed_in: str = "pin.identity.user-signed-in.v1"
-    topic_session_linked: str = "pin.user-activity.session-linked.v1"
+    # Topics (defaults: the specification, docs/spec.md).
+    topic_favorite_added: str = Field(
+        "pin.favorites.favorite-added.v1", description="Input: favorite-added.")
+    topic_favorite_removed: str = Field(
+        "pin.favorites.favorite-removed.v1", description="Input: favorite-removed.")
+    topic_action_tracked: str = Field(
+        "pin.user-activity.action-tracked.v1", description="Output (outbox): action-tracked.")
+    topic_favorites_dlq: str = Field(
+        "pin.user-activity.favorites-dlq.v1", description="Dead letters of the favorites flow.")
+    topic_user_signed_in: str = Field(
+        "pin.identity.user-signed-in.v1", description="Input of session linking.")
+    topic_session_linked: str = Field(
+        "pin.user-activity.session-linked.v1", description="Output (outbox): session-linked.")
     # Assumption: the session-started/ended contracts are not among our documents.
-    topic_session_started: str = "pin.user-activity.session-started.v1"
-    topic_session_ended: str = "pin.user-activity.session-ended.v1"
-    topic_session_linking_dlq: str = "pin.user-activity.session-linking-dlq.v1"
-    topic_partitions: int = Field(default=6, ge=1)
+    topic_session_started: str = Field(
+        "pin.user-activity.session-started.v1",
+        description="Output (outbox): session-started (assumed contract).")
+    topic_session_ended: str = Field(
+        "pin.user-activity.session-ended.v1",
+        description="Output (outbox): session-ended (assumed contract).")
+    topic_session_linking_dlq: str = Field(
+        "pin.user-activity.session-linking-dlq.v1",
+        description="Dead letters of session linking.")
+    topic_partitions: int = Field(6, ge=1, description="Partitions `create-topics` makes.")
 
     # Input.
-    starting_offset: StartingOffset = StartingOffset.EARLIEST
-    tail: bool = True
-    source_batch_size: int = Field(default=1000, ge=1)
+    starting_offset: StartingOffset = Field(
+        StartingOffset.EARLIEST,
+        description="`earliest` or `latest`: where a partition without a snapshot starts.")
+    tail: bool = Field(
+        True, description="`false`: stop at the end offsets seen at start (a bounded run).")
+    source_batch_size: int = Field(1000, ge=1, description="Records per poll per partition.")
 
     # Favorites flow.
-    dedup_ttl_seconds: float = Field(default=86_400.0, gt=0)
-    sink_batch_max: int = Field(default=2000, ge=1)
-    sink_partitions: int = Field(default=2, ge=1)
-    # A favorites batch of at least this many messages commits while the worker goes on: the
-    # insert is sent, write_batch returns, and the next write_batch or the epoch's snapshot
-    # waits for the commit (dataflows/favorite_actions/sink.py). 0: every batch commits at once.
-    sink_defer_min_batch: int = Field(default=500, ge=0)
+    dedup_ttl_seconds: float = Field(
+        86_400.0, gt=0, description="How long the in-memory dedup window remembers a MessageId.")
+    sink_batch_max: int = Field(2000, ge=1, description="Messages per transaction at most.")
+    sink_partitions: int = Field(
+        2, ge=1,
+        description="Fixed sink partitions (one connection each), spread over all workers;"
+                    " keep it at least the total worker count.")
+    sink_defer_min_batch: int = Field(
+        500, ge=0,
+        description="A favorites batch of at least this many messages, written while the"
+                    " inputs read a backlog, commits while the worker goes on (the next write"
+                    " or the epoch's snapshot waits for it); `0`: every batch commits before"
+                    " `write_batch` returns.")
 
-    # Memory: glibc malloc_trim(0) every N seconds gives the heap freed after a burst back to
-    # the OS (runtime/memory.py); 0 disables.
-    malloc_trim_interval_seconds: float = Field(default=5.0, ge=0)
-    # The cyclic garbage collector (runtime/gc_tuning.py): a young collection every N net
-    # allocations once the flow is built (0: Python's defaults) and a full one every N seconds.
-    gc_young_threshold: int = Field(default=100_000, ge=0)
-    gc_full_collect_interval_seconds: float = Field(default=60.0, ge=0)
-    poison_attempts: int = Field(default=3, ge=1)
+    # Memory and the garbage collector.
+    malloc_trim_interval_seconds: float = Field(
+        5.0, ge=0,
+        description="Give heap freed after a burst back to the OS (`malloc_trim(0)`) this"
+                    " often; `0` disables.")
+    gc_young_threshold: int = Field(
+        100_000, ge=0,
+        description="Once the flow is built: start-up heap frozen, a young collection every N"
+                    " net allocations, no automatic full collection; `0`: Python's defaults.")
+    gc_full_collect_interval_seconds: float = Field(
+        60.0, ge=0,
+        description="A full `gc.collect()` this often instead (frees reference cycles);"
+                    " `0`: never.")
+    poison_attempts: int = Field(
+        3, ge=1, description="Immediate attempts before a message is dead-lettered.")
 
     # Back-off for infrastructure failures: retried forever.
-    retry_initial_seconds: float = Field(default=1.0, gt=0)
-    retry_max_seconds: float = Field(default=60.0, gt=0)
+    retry_initial_seconds: float = Field(
+        1.0, gt=0, description="First back-off delay after an infrastructure failure.")
+    retry_max_seconds: float = Field(60.0, gt=0, description="Longest back-off delay.")
 
     # Outbox publisher.
-    outbox_enabled: bool = True
-    outbox_batch_size: int = Field(default=1000, ge=1)
-    outbox_idle_poll_seconds: float = Field(default=0.5, gt=0)
-    outbox_retention_seconds: float = Field(default=3_600.0, ge=0)
-    outbox_sweep_grace_seconds: float = Field(default=5.0, ge=0)
-    # /readyz turns 503 (and the stall alert fires) when the oldest committed, unpublished and
-    # unparked outbox row is older than this.
-    outbox_stall_seconds: float = Field(default=60.0, gt=0)
+    outbox_enabled: bool = Field(
+        True, description="Run the outbox publisher (and its stall watchdog) in this process.")
+    outbox_batch_size: int = Field(1000, ge=1, description="Rows per publish cycle.")
+    outbox_idle_poll_seconds: float = Field(
+        0.5, gt=0, description="How often the publisher sweeps the table when idle.")
+    outbox_retention_seconds: float = Field(
+        3_600.0, ge=0,
+        description="Published rows are kept this long, then purged in bounded chunks;"
+                    " `0`: deleted on publish.")
+    outbox_sweep_grace_seconds: float = Field(
+        5.0, ge=0,
+        description="Rows unpublished this long (a crash, a failed delivery, another"
+                    " process's rows) are swept from the table.")
+    outbox_stall_seconds: float = Field(
+        60.0, gt=0,
+        description="`/readyz` is 503 (and the stall alert fires) while the oldest committed,"
+                    " unpublished, unparked outbox row is older than this.")
 
-    # Consumer groups the snapshotted input offsets are committed to after each snapshot, for
-    # lag tools only (kafka-consumer-groups, exporters, KEDA): positions come from the recovery
-    # snapshots, never from these commits. Empty: no commits.
-    consumer_group_favorites: str = "pin-user-activity-favorites"
-    consumer_group_session_linking: str = "pin-user-activity-session-linking"
+    # Consumer groups for lag tools only.
+    consumer_group_favorites: str = Field(
+        "pin-user-activity-favorites",
+        description="Snapshotted offsets of the favorites inputs are also committed here after"
+                    " each snapshot, for lag tools only (positions come from the recovery"
+                    " snapshots); empty: no commits.")
+    consumer_group_session_linking: str = Field(
+        "pin-user-activity-session-linking",
+        description="The same for the user-signed-in input.")
 
-    # HTTP (Prometheus /metrics, /livez, /readyz); 0 disables it.
-    http_port: int = Field(default=9100, ge=0, le=65535)
-    http_host: str = "0.0.0.0"
+    # HTTP (Prometheus /metrics, /livez, /readyz).
+    http_port: int = Field(
+        9100, ge=0, le=65535, description="`/metrics`, `/livez`, `/readyz`; `0` disables.")
+    http_host: str = Field("0.0.0.0", description="Address the HTTP server binds.")
 
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="JSON log lines on stderr at this level.")
 
     def kafka_client_config(self) -> dict[str, Any]:
         """Librdkafka settings shared by every client (connection, TLS, SASL)."""

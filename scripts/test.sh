@@ -13,6 +13,7 @@ echo "== ruff" && .venv/bin/ruff check .
 echo "== mypy" && .venv/bin/mypy .
 echo "== import layers" && .venv/bin/lint-imports
 echo "== schemas" && .venv/bin/python -m schemas.export --check
+echo "== configuration reference" && .venv/bin/python -m cli.configuration_doc --check
 echo "== pytest"
 set +e
 .venv/bin/pytest -p no:cacheprovider --durations=15 "$@"
