@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 import psycopg
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
@@ -101,13 +101,23 @@ def _on_topic(consumer: Consumer, topic: str) -> int:
     """Records on ``topic`` (the sum of its partitions' end offsets): what CRM can read.
 
     Counted on the topic itself, not from the outbox table, whose published rows the job purges.
+    A just-created topic may answer NOT_LEADER for a moment: asked again for up to 30 s.
     """
-    metadata = consumer.list_topics(topic, timeout=10)
-    total = 0
-    for partition in metadata.topics[topic].partitions:
-        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        total += int(high)
-    return total
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            metadata = consumer.list_topics(topic, timeout=10)
+            total = 0
+            for partition in metadata.topics[topic].partitions:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                total += int(high)
+            return total
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _env(settings: Settings) -> dict[str, str]:
