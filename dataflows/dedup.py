@@ -15,7 +15,7 @@ more than half of the buffer (each record is copied O(1) times, amortised). A sn
 Memory per id: ``width + 4`` bytes (21 for the favorites' 17-byte ids, 20 for the
 session-linking 16-byte MessageIds) plus the containers' growth slack (at most about 12%), about
 250 bytes per owner, and, for an owner above :data:`INDEX_ABOVE` ids only, 5 to 16 bytes per id
-of hash index. Measured (``python -m bench.dedup_memory``, 1M ids over 10k owners): 24 bytes per
+of hash index. Measured (1M ids over 10k owners; docs/performance.md): 24 bytes per
 id held, 22 per id for a snapshot of every owner, 21 per id pickled; the previous
 ``dict[bytes, float]`` held 121 bytes per id (snapshots 47, pickled 29).
 """

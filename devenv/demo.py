@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
+from runtime.configuration import load_settings
 from runtime.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{ENV_PREFIX}{name}" in os.environ for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")
     )
     if configured:
-        return run_configured(Settings())
+        return run_configured(load_settings())
     return run_demo(args.events, args.sessions, args.linger, args.timeout)
 
 

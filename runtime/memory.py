@@ -7,7 +7,7 @@ free space at the very top of a heap is returned automatically; free chunks belo
 stay resident until ``malloc_trim(0)``, which ``madvise(MADV_DONTNEED)``-s every free page of
 every arena. Nothing live is moved or touched: it only lowers RSS (the pages come back, zeroed,
 when reused; a later burst pays the page faults again). Measured after a 1M-message burst
-(``python -m bench.rss_attrib``): 345 -> 223 MB, in 16 ms.
+(docs/performance.md): 345 -> 223 MB, in 16 ms.
 
 It does not reach pymalloc's arenas (Python objects up to 512 bytes live in 1 MiB arenas that
 Python maps itself and returns only once entirely empty).

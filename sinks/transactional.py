@@ -81,7 +81,7 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
 
 
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
-    """One partition's connection, writer thread, DLQ producer and share of the publisher.
+    """One partition's connection, DLQ producer and share of the outbox publisher.
 
     Subclasses say how a batch is written in one transaction (``write``), how a committed
     result is reported (``report``) and which log fields name a message (``fields``).

@@ -41,7 +41,7 @@ from confluent_kafka.admin import AdminClient
 from typing_extensions import override
 
 from runtime.backlog import BACKLOG
-from runtime.backoff import Backoff
+from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
@@ -374,25 +374,28 @@ T = TypeVar("T")
 def _retrying(
     call: Callable[[], T], topic: str, backoff: Backoff, count_retry: Callable[[], None]
 ) -> T:
-    """Run a metadata call until Kafka answers (a leader moving, a broker restarting)."""
-    attempt = 0
-    while True:
-        try:
-            result = call()
-        except KafkaException as exc:
-            delay = backoff.delay(attempt)
-            attempt += 1
-            count_retry()
-            HEALTH.paused("kafka", attempt, type(exc).__name__)
-            log_event(
-                logger, "kafka-metadata-retry", logging.WARNING, topic=topic,
-                error=str(exc), attempt=attempt, delay_s=round(delay, 2),
-            )
-            time.sleep(delay)
-            continue
-        if attempt:
-            HEALTH.resumed("kafka")
-        return result
+    """Run a metadata call until Kafka answers (a leader moving, a broker restarting).
+
+    The one retry loop of the service (:func:`runtime.backoff.retry_forever`): every
+    ``KafkaException`` is retried with back-off, counted, reported to health and logged.
+    """
+
+    def on_retry(exc: BaseException, attempt: int, delay: float) -> None:
+        count_retry()
+        HEALTH.paused("kafka", attempt, type(exc).__name__)
+        log_event(
+            logger, "kafka-metadata-retry", logging.WARNING, topic=topic,
+            error=str(exc), attempt=attempt, delay_s=round(delay, 2),
+        )
+
+    return retry_forever(
+        call,
+        is_transient=lambda exc: isinstance(exc, KafkaException),
+        backoff=backoff,
+        on_retry=on_retry,
+        on_recovered=lambda _attempts: HEALTH.resumed("kafka"),
+        sleep=time.sleep,
+    )
 
 
 def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:

@@ -12,18 +12,14 @@ On any exception the transaction is rolled back and nothing of the batch is writ
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain
-from typing import Any, ClassVar, cast
+from typing import Any
 from uuid import UUID
 
 import orjson
 from psycopg.abc import Buffer
-from psycopg.adapt import AdaptersMap, Dumper, PyFormat, Transformer
-from psycopg.pq import Format
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.records import (
@@ -35,6 +31,19 @@ from dataflows.favorite_actions.records import (
 from dataflows.favorite_actions.sql import query
 from schemas.favorites import ActionType
 from sinks import deferred_statement
+from sinks.binary_codec import (
+    LENGTH_8,
+    NULL,
+    UUID_FRAME,
+    ByteaArray,
+    TextArray,
+    TimestamptzArray,
+    UuidArray,
+    frame,
+    register_binary_arrays,
+    timestamptz,
+    uuid_element,
+)
 from sinks.db import Connection
 
 
@@ -61,83 +70,8 @@ def owner_of(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
     return (None, payload.user_id)
 
 
-# ---- binary array parameters -----------------------------------------------------------------
-# PostgreSQL's binary array format (array_recv): ndim, has-null flag, element type oid, then per
-# dimension its length and lower bound, then per element its byte length (-1: NULL) and bytes.
-
-
-class _Array:
-    """A one-dimensional array parameter already in PostgreSQL's binary format."""
-
-    __slots__ = ("data",)
-    element_oid: ClassVar[int]
-    array_oid: ClassVar[int]
-
-    def __init__(self, parts: Iterable[Buffer], count: int, has_null: bool = False) -> None:
-        """``parts``: the ``count`` elements, each framed (length, then bytes; or ``_NULL``)."""
-        head = (_HEAD.pack(1, has_null, self.element_oid, count, 1) if count
-                else _EMPTY_HEAD.pack(0, 0, self.element_oid))
-        self.data = b"".join(chain((head,), parts))
-
-
-class _UuidArray(_Array):
-    __slots__ = ()
-    element_oid, array_oid = 2950, 2951
-
-
-class _TextArray(_Array):
-    __slots__ = ()
-    element_oid, array_oid = 25, 1009
-
-
-class _ByteaArray(_Array):
-    __slots__ = ()
-    element_oid, array_oid = 17, 1001
-
-
-class _TimestamptzArray(_Array):
-    __slots__ = ()
-    element_oid, array_oid = 1184, 1185
-
-
-class _ArrayDumper(Dumper):
-    format = Format.BINARY
-
-    def dump(self, obj: _Array) -> Buffer:
-        return obj.data
-
-
-_DUMPERS = [
-    (cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
-    for cls in (_UuidArray, _TextArray, _ByteaArray, _TimestamptzArray)
-]
-_HEAD = struct.Struct("!iiIii")
-_EMPTY_HEAD = struct.Struct("!iiI")
-_NULL = b"\xff\xff\xff\xff"
-_LENGTH_8 = b"\x00\x00\x00\x08"
-_UUID_FRAME = 16 << 128  # OR-ed with UUID.int: the 4-byte length 16, then the 16 bytes
-
-
-def _frame(data: bytes) -> bytes:
-    return len(data).to_bytes(4, "big") + data
-
-
-def _uuid(value: UUID | None) -> bytes:
-    return _NULL if value is None else (_UUID_FRAME | value.int).to_bytes(20, "big")
-
-
-_ACTION_TYPES = {action: _frame(action.value.encode()) for action in ActionType}
-_NO_HEADERS = _frame(b"{}")
-_timestamptz = cast(  # psycopg's own (C) dumper of an aware datetime as timestamptz
-    "Callable[[datetime], Buffer]",
-    Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump,
-)
-
-
-def register_binary_arrays(adapters: AdaptersMap) -> None:
-    """Let ``adapters`` (a cursor's, a connection's) send the pre-encoded array parameters."""
-    for array, dumper in _DUMPERS:
-        adapters.register_dumper(array, dumper)
+_ACTION_TYPES = {action: frame(action.value.encode()) for action in ActionType}
+_NO_HEADERS = frame(b"{}")
 
 
 class FavoritesStore:
@@ -150,7 +84,7 @@ class FavoritesStore:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._topic = action_tracked_topic
-        self._topic_element = _frame(action_tracked_topic.encode())
+        self._topic_element = frame(action_tracked_topic.encode())
         self._new_id = new_id
         self._clock = clock
 
@@ -242,21 +176,21 @@ class FavoritesStore:
             key = message.idempotency_key.encode()
             keys.append(len(key).to_bytes(4, "big"))
             keys.append(key)
-            ids.append((_UUID_FRAME | event_id.int).to_bytes(20, "big"))
+            ids.append((UUID_FRAME | event_id.int).to_bytes(20, "big"))
             action_types.append(_ACTION_TYPES[message.action_type])
-            session_ids.append((_UUID_FRAME | session_id.int).to_bytes(20, "big"))
-            anonymous_ids.append((_UUID_FRAME | anonymous_id.int).to_bytes(20, "big"))
+            session_ids.append((UUID_FRAME | session_id.int).to_bytes(20, "big"))
+            anonymous_ids.append((UUID_FRAME | anonymous_id.int).to_bytes(20, "big"))
             if user_id is None:
-                user_ids.append(_NULL)
+                user_ids.append(NULL)
                 users_null = True
             else:
-                user_ids.append((_UUID_FRAME | user_id.int).to_bytes(20, "big"))
-            occurred_ats.append(_LENGTH_8)
-            occurred_ats.append(_timestamptz(occurred_at))
-            property_object_ids.append((_UUID_FRAME | property_object_id.int).to_bytes(20, "big"))
-            favorite_ids.append((_UUID_FRAME | favorite_id.int).to_bytes(20, "big"))
-            source_message_ids.append((_UUID_FRAME | source_message_id.int).to_bytes(20, "big"))
-            outbox_ids.append((_UUID_FRAME | outbox.id.int).to_bytes(20, "big"))
+                user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
+            occurred_ats.append(LENGTH_8)
+            occurred_ats.append(timestamptz(occurred_at))
+            property_object_ids.append((UUID_FRAME | property_object_id.int).to_bytes(20, "big"))
+            favorite_ids.append((UUID_FRAME | favorite_id.int).to_bytes(20, "big"))
+            source_message_ids.append((UUID_FRAME | source_message_id.int).to_bytes(20, "big"))
+            outbox_ids.append((UUID_FRAME | outbox.id.int).to_bytes(20, "big"))
             key = outbox.key
             outbox_keys.append(len(key).to_bytes(4, "big"))
             outbox_keys.append(key)
@@ -271,21 +205,21 @@ class FavoritesStore:
                 outbox_headers.append(_NO_HEADERS)
         count = len(actions)
         params = {
-            "idempotency_keys": _TextArray(keys, count),
-            "ids": _UuidArray(ids, count),
-            "action_types": _TextArray(action_types, count),
-            "session_ids": _UuidArray(session_ids, count),
-            "anonymous_ids": _UuidArray(anonymous_ids, count),
-            "user_ids": _UuidArray(user_ids, count, users_null),
-            "occurred_ats": _TimestamptzArray(occurred_ats, count),
-            "property_object_ids": _UuidArray(property_object_ids, count),
-            "favorite_ids": _UuidArray(favorite_ids, count),
-            "source_message_ids": _UuidArray(source_message_ids, count),
-            "outbox_ids": _UuidArray(outbox_ids, count),
-            "outbox_topics": _TextArray([topic] * count, count),
-            "outbox_keys": _ByteaArray(outbox_keys, count),
-            "outbox_values": _ByteaArray(outbox_values, count),
-            "outbox_headers": _TextArray(outbox_headers, count),
+            "idempotency_keys": TextArray(keys, count),
+            "ids": UuidArray(ids, count),
+            "action_types": TextArray(action_types, count),
+            "session_ids": UuidArray(session_ids, count),
+            "anonymous_ids": UuidArray(anonymous_ids, count),
+            "user_ids": UuidArray(user_ids, count, users_null),
+            "occurred_ats": TimestamptzArray(occurred_ats, count),
+            "property_object_ids": UuidArray(property_object_ids, count),
+            "favorite_ids": UuidArray(favorite_ids, count),
+            "source_message_ids": UuidArray(source_message_ids, count),
+            "outbox_ids": UuidArray(outbox_ids, count),
+            "outbox_topics": TextArray([topic] * count, count),
+            "outbox_keys": ByteaArray(outbox_keys, count),
+            "outbox_values": ByteaArray(outbox_values, count),
+            "outbox_headers": TextArray(outbox_headers, count),
         }
         return actions, params
 
@@ -321,12 +255,12 @@ class FavoritesStore:
         for message in messages:
             if message.owner_key not in owners:
                 owners[message.owner_key] = owner_of(message)
-        anonymous_ids = [_uuid(anonymous) for anonymous, _ in owners.values()]
-        user_ids = [_uuid(user) for _, user in owners.values()]
+        anonymous_ids = [uuid_element(anonymous) for anonymous, _ in owners.values()]
+        user_ids = [uuid_element(user) for _, user in owners.values()]
         count = len(owners)
         return list(owners), {
-            "anonymous_ids": _UuidArray(anonymous_ids, count, _NULL in anonymous_ids),
-            "user_ids": _UuidArray(user_ids, count, _NULL in user_ids),
+            "anonymous_ids": UuidArray(anonymous_ids, count, NULL in anonymous_ids),
+            "user_ids": UuidArray(user_ids, count, NULL in user_ids),
         }
 
     @staticmethod

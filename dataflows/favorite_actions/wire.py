@@ -7,9 +7,9 @@ msgspec first and asks pydantic only when msgspec says no:
 
 * :func:`decode_fast` returns a :class:`FavoriteWire` only for input the contract accepts, with
   the very values pydantic would produce; anything else (invalid JSON, a schema mismatch, or
-  valid input outside the fast subset: braced GUIDs, fields under their snake_case names, which
-  the contract accepts too (``populate_by_name``), ``12:00Z`` times) returns
-  ``None`` and the caller decodes with pydantic, which gives the verdict and the DLQ reason.
+  valid input outside the fast subset: braced GUIDs, ``12:00Z`` times) returns ``None`` and
+  the caller decodes with pydantic, which gives the verdict and the DLQ reason. Both read the
+  PascalCase wire names only.
 * Timestamps are the one place the two libraries differ: msgspec rounds fractions beyond
   microseconds (.NET writes seven digits), pydantic truncates them. So ``CreatedAt`` and
   ``OccurredAt`` are decoded as text and parsed here: an RFC 3339 form (``T``, ``Z`` or
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 import msgspec
@@ -66,27 +66,12 @@ class FavoriteWire(msgspec.Struct, frozen=True, rename="pascal"):
     correlation_id: str | None = None
 
 
-def _by_name(name: str) -> Any:
-    """A field that fails the decode when the snake_case ``name`` is present.
-
-    The contract accepts a field under its Python name too (``populate_by_name``); msgspec
-    would ignore it as unknown, so its presence sends the message to pydantic. ``UnsetType``
-    admits no JSON value: the decoder itself does the check, at no cost when absent.
-    """
-    return msgspec.field(default=msgspec.UNSET, name=name)
-
-
 class _RawPayload(msgspec.Struct, frozen=True, rename="pascal"):
     favorite_id: UUID
     property_object_id: UUID
     occurred_at: str
     user_id: UUID | None = None
     anonymous_id: UUID | None = None
-    by_name: msgspec.UnsetType = _by_name("favorite_id")
-    by_name2: msgspec.UnsetType = _by_name("property_object_id")
-    by_name3: msgspec.UnsetType = _by_name("occurred_at")
-    by_name4: msgspec.UnsetType = _by_name("user_id")
-    by_name5: msgspec.UnsetType = _by_name("anonymous_id")
 
 
 class _RawEnvelope(msgspec.Struct, frozen=True, rename="pascal"):
@@ -97,13 +82,6 @@ class _RawEnvelope(msgspec.Struct, frozen=True, rename="pascal"):
     aggregate_type: str
     payload: _RawPayload
     correlation_id: _CorrelationId | None = None
-    by_name: msgspec.UnsetType = _by_name("message_id")
-    by_name2: msgspec.UnsetType = _by_name("created_at")
-    by_name3: msgspec.UnsetType = _by_name("version")
-    by_name4: msgspec.UnsetType = _by_name("aggregate_id")
-    by_name5: msgspec.UnsetType = _by_name("aggregate_type")
-    by_name6: msgspec.UnsetType = _by_name("payload")
-    by_name7: msgspec.UnsetType = _by_name("correlation_id")
 
 
 _decode_raw = msgspec.json.Decoder(_RawEnvelope).decode

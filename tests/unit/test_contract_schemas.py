@@ -56,12 +56,16 @@ int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 
 
 def models(model: type[BaseModel], **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Instances of ``model`` built from its snake_case field names.
+    """Instances of ``model`` from strategies for its snake_case fields (passed as the aliases).
 
     Not ``st.builds``: a pydantic model's signature names its aliases, so builds() would also
-    invent the PascalCase arguments from their annotations.
+    invent the PascalCase arguments from their annotations. The contracts take the wire names
+    only (no ``populate_by_name``), so the values are passed under the aliases.
     """
-    return st.fixed_dictionaries(fields).map(lambda kwargs: model(**kwargs))
+    aliases = {name: info.alias or name for name, info in model.model_fields.items()}
+    return st.fixed_dictionaries(fields).map(
+        lambda kwargs: model(**{aliases[name]: value for name, value in kwargs.items()})
+    )
 
 
 def envelopes(model: type[BaseModel], payloads: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
