@@ -61,7 +61,10 @@ logger = logging.getLogger(__name__)
 
 def _log_skip(reason: SkipReason, fields: dict[str, Any]) -> None:
     FAVORITES_SKIPPED.labels(reason=reason.value).inc()
-    log_event(logger, SKIP_OUTCOMES[reason], outcome=SKIP_OUTCOMES[reason], **fields)
+    # invalid-owner is the producer breaking its contract (INV-FAV-001): an error log, as the
+    # seed asks, though the message is acknowledged (a retry cannot repair the data).
+    level = logging.ERROR if reason is SkipReason.INVALID_OWNER else logging.INFO
+    log_event(logger, SKIP_OUTCOMES[reason], level, outcome=SKIP_OUTCOMES[reason], **fields)
 
 
 def _log_duplicate(message: FavoriteMessage) -> None:
