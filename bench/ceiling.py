@@ -16,9 +16,9 @@ import psycopg
 
 from bench.workload import Backlog
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from dataflows.favorite_actions.store import FavoritesStore
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.favorites_store import FavoritesStore
 
 
 def wal_lsn(conn: psycopg.Connection[Any]) -> int:

@@ -123,9 +123,8 @@ class JobProcess:
             "PYTHONUNBUFFERED": "1",
             **(extra_env or {}),
         }
-        # bench.job_entry runs bytewax.run unchanged unless an experiment's env asks otherwise
-        entry = "bench.job_entry" if "BENCH_CONSUMER_OVERRIDES" in env else "bytewax.run"
-        cmd = [sys.executable, "-m", entry, "dataflows.favorite_actions:flow", "-w", str(workers)]
+        cmd = [sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
+               "-w", str(workers)]
         if recovery_dir is not None:
             cmd += ["-r", str(recovery_dir), "-s", str(round(snapshot_interval)), "-b", "0"]
         setpriv = shutil.which("setpriv")

@@ -25,10 +25,10 @@ from dataflows.favorite_actions.records import (
     SessionSnapshot,
     build_recorded_action,
 )
+from dataflows.favorite_actions.sql import query
 from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.sql import query
 
 
 def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int) -> dict[str, Any]:

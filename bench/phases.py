@@ -392,7 +392,7 @@ def _round(value: float | None, digits: int = 1) -> float | None:
 def dedup_fill(
     services: Services, sessions: Sequence[Session], db_url: str, *, prefix: str, ids: int,
     owners: int, rng: random.Random, log: Log, snapshot_interval: float = 5.0,
-    settle: bool = True, extra_env: dict[str, str] | None = None, recovery: bool = True,
+    settle: bool = True,
 ) -> tuple[dict[str, Any], JobProcess | None, Settings, Path]:
     """Fill a tailing job's dedup window with ``ids`` MessageIds; its RSS afterwards.
 
@@ -404,7 +404,7 @@ def dedup_fill(
     settings = services.settings(prefix, db_url)
     recovery_dir = services.run_dir / f"{prefix}-recovery"
     subprocess.run(
-        [sys.executable, "-m", "runtime", "init-recovery", str(recovery_dir), "--partitions", "1"],
+        [sys.executable, "-m", "cli", "init-recovery", str(recovery_dir), "--partitions", "1"],
         cwd=ROOT, check=True, capture_output=True,
     )
     devices = [uuid4_from(rng) for _ in range(owners)]
@@ -422,8 +422,7 @@ def dedup_fill(
     produce_s = time.monotonic() - t0
     log(f"  {prefix}: produced {ids:,} messages over {owners:,} owners in {produce_s:.1f}s")
     job = JobProcess(settings, services.run_dir / f"{prefix}-1.log", tail=True,
-                     recovery_dir=recovery_dir if recovery else None,
-                     snapshot_interval=snapshot_interval, extra_env=extra_env)
+                     recovery_dir=recovery_dir, snapshot_interval=snapshot_interval)
     sampler = CpuSampler(job, services.postmaster_pid, services.kafka_pid)
     timeout = max(300.0, ids / 500)
     t_done: float | None = None
@@ -438,7 +437,7 @@ def dedup_fill(
         time.sleep(0.5 if last is None or ids < 100_000 else 2.0)  # scraping costs the job CPU
     cpu = sampler.stop()
     dedup: dict[str, Any] = {"ids": ids, "owners": owners, "produce_s": round(produce_s, 1),
-                             "resources": cpu, "extra_env": extra_env or {}}
+                             "resources": cpu}
     if t_done is None:
         dedup.update(ok=False, failure="not all ids processed",
                      processed=metric_sum(last, SKIPPED, reason="no-session"),
@@ -464,75 +463,6 @@ def dedup_fill(
     log(f"  {prefix}: {ids:,} ids in {dedup['process_s']}s, RSS {dedup['rss_mb']} MB "
         f"(peak {dedup['hwm_mb']} MB), recovery store {dedup['recovery_store_mb']} MB")
     return dedup, job, settings, recovery_dir
-
-
-_JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-_JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
-
-RSS_VARIANTS: dict[str, dict[str, str]] = {
-    "production": {},
-    # without -r/-s: no snapshots of the dedup state at all
-    "no_recovery": {"_RECOVERY": "off"},
-    # librdkafka prefetches up to queued.max.messages.kbytes (default 65536 = 64 MB) per
-    # consumer, and the Kafka input opens one consumer per partition (12 for two 6-partition
-    # topics): up to 768 MB of prefetched records during a backlog.
-    "consumer_queue_4MB": {"BENCH_CONSUMER_OVERRIDES": '{"queued.max.messages.kbytes": 4096}'},
-    "malloc_arena_max_2": {"MALLOC_ARENA_MAX": "2"},
-    # Controls and allocator/queue variants of the RSS investigation (bench/rss_attrib.py).
-    # A window that forgets every id after 1 s: the RSS that is not the dedup state.
-    "ttl_1s": {"USER_ACTIVITY_DEDUP_TTL_SECONDS": "1"},
-    # Fixed glibc thresholds: frees of >= 128 KiB blocks go back to the OS (mmap'd), the top
-    # of every heap is trimmed above 128 KiB (the dynamic threshold otherwise climbs to 32 MB).
-    "malloc_fixed_thresholds": {"MALLOC_MMAP_THRESHOLD_": "131072",
-                                "MALLOC_TRIM_THRESHOLD_": "131072"},
-    "malloc_arena_max_2_fixed_thresholds": {"MALLOC_ARENA_MAX": "2",
-                                            "MALLOC_MMAP_THRESHOLD_": "131072",
-                                            "MALLOC_TRIM_THRESHOLD_": "131072"},
-    # Every Python allocation through glibc malloc (no pymalloc arenas).
-    "pythonmalloc_malloc": {"PYTHONMALLOC": "malloc"},
-    # Smaller librdkafka prefetch per consumer (12 consumers) and smaller fetch responses.
-    "consumer_queue_small": {"BENCH_CONSUMER_OVERRIDES": json.dumps(
-        {"queued.min.messages": 1000, "queued.max.messages.kbytes": 1024})},
-    "consumer_fetch_small": {"BENCH_CONSUMER_OVERRIDES": json.dumps(
-        {"queued.min.messages": 1000, "queued.max.messages.kbytes": 1024,
-         "max.partition.fetch.bytes": 262144, "fetch.max.bytes": 1048576})},
-    # runtime.memory.start_trimmer(5): malloc_trim(0) every 5 s (loaded by bench/memprobe).
-    "malloc_trim_5s": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                       "MEMPROBE_TRIM_INTERVAL": "5"},
-    "malloc_trim_5s_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                   "MEMPROBE_TRIM_INTERVAL": "5", "MALLOC_ARENA_MAX": "2"},
-    # Input batches of 250 records per partition per poll (default 1000; 12 partitions).
-    "source_batch_250": {"USER_ACTIVITY_SOURCE_BATCH_SIZE": "250"},
-    # jemalloc (Debian libjemalloc2) instead of glibc malloc: purges freed pages by itself
-    # (background thread, decay 1 s); with PYTHONMALLOC=malloc, Python objects too.
-    "jemalloc": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF},
-    "jemalloc_pythonmalloc": {"LD_PRELOAD": _JEMALLOC, "MALLOC_CONF": _JEMALLOC_CONF,
-                              "PYTHONMALLOC": "malloc"},
-    "pythonmalloc_malloc_trim_arena_max_2": {"PYTHONPATH": str(ROOT / "bench" / "memprobe"),
-                                             "PYTHONMALLOC": "malloc",
-                                             "MEMPROBE_TRIM_INTERVAL": "5",
-                                             "MALLOC_ARENA_MAX": "2"},
-}
-
-
-def rss_probe(services: Services, sessions: Sequence[Session], db_url: str, *, ids: int,
-              owners: int, rng: random.Random, log: Log,
-              variants: Sequence[str] = ()) -> dict[str, Any]:
-    """The dedup fill with ``ids`` ids under :data:`RSS_VARIANTS` (job RSS after it)."""
-    results: dict[str, Any] = {}
-    for name, variant_env in RSS_VARIANTS.items():
-        if variants and name not in variants:
-            continue
-        env = dict(variant_env)
-        recovery = env.pop("_RECOVERY", "on") == "on"
-        dedup, job, _settings, _dir = dedup_fill(
-            services, sessions, db_url, prefix=f"rss-{name.replace('_', '-').lower()}", ids=ids,
-            owners=owners, rng=rng, log=log, extra_env=env, recovery=recovery)
-        if job is not None:
-            job.stop()
-        results[name] = {k: dedup.get(k) for k in (
-            "ok", "rss_mb", "hwm_mb", "events_per_s", "extra_env", "failure")}
-    return results
 
 
 def dedup_and_restart(

@@ -21,40 +21,37 @@ BUCKETS: dict[str, str] = {
     "decode: decode_favorite (msgspec, pydantic fallback)": r":decode_favorite",
     "dedup: DedupLogic.on_batch": r":DedupLogic\.on_batch",
     "sink: FavoritesStore.send_batch (deferred: sessions, rows, send)": (
-        r"favorites_store\.py:FavoritesStore\.send_batch"),
+        r"favorite_actions/store\.py:FavoritesStore\.send_batch"),
     "  send_batch: session lookup": (
-        r"favorites_store\.py:FavoritesStore\.send_batch.*_sessions_by_owner_key"),
+        r"favorite_actions/store\.py:FavoritesStore\.send_batch.*_sessions_by_owner_key"),
     "  send_batch: action_rows (rows, outbox JSON, binary arrays)": (
-        r"favorites_store\.py:FavoritesStore\.send_batch.*FavoritesStore\.action_rows"),
+        r"favorite_actions/store\.py:FavoritesStore\.send_batch.*FavoritesStore\.action_rows"),
     "sink: FavoritesStore.finish_batch (waiting for a deferred commit)": (
-        r"favorites_store\.py:FavoritesStore\.finish_batch"),
+        r"favorite_actions/store\.py:FavoritesStore\.finish_batch"),
     "sink: FavoritesStore.record_batch (all)": (
-        r"favorites_store\.py:FavoritesStore\.record_batch"),
+        r"favorite_actions/store\.py:FavoritesStore\.record_batch"),
     "  record_batch: psycopg parameter dump (binary arrays)": (
-        r"favorites_store\.py:FavoritesStore\.record_batch.*_queries\.py:PostgresQuery\.dump"),
+        r"favorite_actions/store\.py:FavoritesStore\.record_batch.*_queries\.py:PostgresQuery\.dump"),
     "  record_batch: waiting for PostgreSQL (Connection.wait)": (
-        r"favorites_store\.py:FavoritesStore\.record_batch.*connection\.py:Connection\.wait"),
+        r"favorite_actions/store\.py:FavoritesStore\.record_batch.*connection\.py:Connection\.wait"),
     "  record_batch: build_recorded_action (orjson, str(uuid), uuid7)": (
-        r":build_recorded_action|favorites_store\.py:FavoritesStore\.record_batch"
+        r":build_recorded_action|favorite_actions/store\.py:FavoritesStore\.record_batch"
         r".*compat/__init__\.py"),
-    "sink writer threads (all: transactions, report, outbox offer)": (
-        r"pipelined_writer\.py:PipelinedWriter\._run"),
     "sink: report (log lines + metrics per batch)": (
-        r"action_history\.py:_ActionHistoryPartition\.report"),
+        r"favorite_actions/sink\.py:_ActionHistoryPartition\.report"),
     "  logging (log_event(s), JSON formatter, stream write)": r"logs\.py:log_event",
     "  metrics (prometheus_client)": r"prometheus_client/",
-    "  message_fields (str(uuid) for logs)": r"action_history\.py:message_fields",
+    "  message_fields (str(uuid) for logs)": r"favorite_actions/sink\.py:message_fields",
     "flow: other skip logs (_log_skip)": r":_log_skip",
     "outbox publisher thread (all)": r"outbox\.py:OutboxPublisher\._run",
     "  publisher: claim SELECT + row conversion": (
         r"outbox\.py:OutboxPublisher\.publish_pending;[^;]*(cursor|connection)\.py"),
     "  publisher: produce_and_wait (produce + delivery reports + flush)": (
         r"kafka_producer\.py:produce_and_wait"),
-    "  publisher: waiting for NOTIFY": r"outbox\.py:OutboxPublisher\._wait_for_notify",
-    "sink: write_batch on the worker (hand-over, back-pressure wait)": (
-        r"transactional\.py:TransactionalPartition\.write_batch"),
-    "sink: snapshot barrier (waiting for commits)": (
-        r"transactional\.py:TransactionalPartition\.snapshot"),
+    "sink: write_batch on the worker (all)": (
+        r"favorite_actions/sink\.py:_ActionHistoryPartition\.write_batch"),
+    "sink: snapshot (finishing a deferred commit)": (
+        r"favorite_actions/sink\.py:_ActionHistoryPartition\.snapshot"),
     "kafka source: next_batch": r"kafka_input\.py:_KafkaPartition\.next_batch",
     "snapshot (DedupLogic.snapshot)": (
         r":DedupLogic\.snapshot|:DedupWindow\.snapshot"),

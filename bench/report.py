@@ -133,18 +133,6 @@ def print_table(results: dict[str, Any]) -> None:
     restart = results.get("restart") or {}
     rows.append(("restart after SIGKILL -> caught up, s", _fmt(restart.get("caught_up_s"), 1),
                  *target("restart_caught_up_s")))
-    for name, variant in ((results.get("experiments") or {}).get("store_variants") or {}).items():
-        rows.append((f"experiment ceiling {name}: events/s, Python CPU us/event",
-                     f"{_fmt(variant.get('events_per_s'))}, "
-                     f"{_fmt(variant.get('python_cpu_us_per_event'), 1)}", "", ""))
-    report = (results.get("experiments") or {}).get("sink_report") or {}
-    if report:
-        rows.append(("experiment sink report: per-message / batched logs, CPU us/msg",
-                     f"{_fmt(report.get('per_message_logging_cpu_us_per_message'), 1)} / "
-                     f"{_fmt(report.get('batched_orjson_lines_cpu_us_per_message'), 1)}", "", ""))
-    for name, variant in (results.get("rss_probe") or {}).items():
-        rows.append((f"rss probe {name}: RSS MB after the ids",
-                     _fmt(variant.get("rss_mb"), 1), "", ""))
     width = max(len(r[0]) for r in rows)
     print()
     print(f"{'measure':<{width}}  {'value':>16}  {'target':>10}  met")

@@ -37,7 +37,6 @@ from typing import Any
 
 from bench import phases
 from bench.ceiling import decode_backlog, run_ceiling
-from bench.experiments import report_cost, store_variants
 from bench.jobproc import CpuSampler, kill_all_jobs
 from bench.naive import run_naive
 from bench.prefill import prefill
@@ -82,13 +81,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="use USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS / _DATABASE_URL")
     parser.add_argument("--profile", action="store_true",
                         help="one more job run under py-spy (svg + raw in --profile-dir)")
-    parser.add_argument("--experiments", action="store_true",
-                        help="also measure candidate fixes of the write path (bench.experiments)")
-    parser.add_argument("--rss-variants", default="",
-                        help="comma list of RSS probe variants (default: all)")
-    parser.add_argument("--rss-probe", type=int, default=0, metavar="IDS",
-                        help="also fill the dedup window with IDS ids under RSS variants "
-                             "(production, smaller consumer queues, MALLOC_ARENA_MAX=2)")
     parser.add_argument("--compare", metavar="REF", default="",
                         help="also run the -w 1 job at commit REF against this tree, "
                              "interleaved (--compare-rounds each), and report the ratio")
@@ -159,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"run {run_id}: starting services (external={args.external})")
         results["meta"]["service_start"] = services.start()
+        results["meta"]["postgres"] = services.durability()
+        if results["meta"]["postgres"]["fsync"] != "on":
+            log(f"WARNING: PostgreSQL runs with {results['meta']['postgres']}: the naive "
+                "consumer's rate and the WAL figures do not measure durable commits")
 
         log(f"template database: migrate, {args.sessions:,} sessions, "
             f"{args.prefill_rows:,} action_events rows")
@@ -236,17 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             results["outbox_publish_db_cost"] = phases.outbox_mark_cost(db)
             log(f"  outbox db cost: {results['outbox_publish_db_cost']}")
             services.drop_database("ceiling")
-            if args.experiments:
-                log("phase experiments (candidate fixes, measured on the same inputs)")
-                results["experiments"] = {
-                    "store_variants": store_variants(
-                        lambda name: services.create_database(name, template="tpl"),
-                        services.drop_database, messages, input_settings.topic_action_tracked),
-                    "sink_report": report_cost(messages),
-                }
-                log(f"  experiments: {results['experiments']}")
 
-        if main_db is None and ({"steady", "dedup"} & set(args.phases) or args.rss_probe):
+        if main_db is None and {"steady", "dedup"} & set(args.phases):
             main_db = services.create_database("main", template="tpl")
 
         if "steady" in args.phases and main_db is not None:
@@ -262,12 +249,6 @@ def main(argv: list[str] | None = None) -> int:
                 services, sessions, main_db, ids=args.dedup_ids, owners=args.dedup_owners,
                 restart_backlog=args.restart_backlog, rng=rng, log=log, settle=not args.small)
             failed |= not (results["dedup"]["ok"] and results["restart"]["ok"])
-
-        if args.rss_probe and main_db is not None:
-            log(f"phase rss-probe ({args.rss_probe:,} ids per variant)")
-            results["rss_probe"] = phases.rss_probe(
-                services, sessions, main_db, ids=args.rss_probe, owners=args.dedup_owners,
-                rng=rng, log=log, variants=[v for v in args.rss_variants.split(",") if v])
 
         if args.profile:
             log("phase profile (py-spy on a -w 1 job run; not a measured number)")

@@ -1,7 +1,8 @@
 """The Kafka broker and PostgreSQL server of a benchmark run, and its databases and topics.
 
 Own services (default): a fresh ``KafkaBroker`` and ``PostgresServer`` in a temporary run dir,
-stopped and removed at the end. ``--external``: the servers named by
+stopped and removed at the end; PostgreSQL runs with ``fsync=on`` (the dev server's default is
+off), checked at start. ``--external``: the servers named by
 ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL``; the DSN's role must be
 allowed to create databases (the benchmark creates ``bench_<run>_*`` databases on that server and
 drops them at the end).
@@ -21,9 +22,22 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from runtime.migrate import apply_migrations
+from cli.migrate import apply_migrations
+from cli.topics import ensure_topics
 from runtime.settings import Settings
-from runtime.topics import ensure_topics
+
+# fsync ON (the dev server's default is off): the naive consumer's one commit per message and
+# the WAL figures are only meaningful when every commit is flushed to disk.
+POSTGRES_SETTINGS = {"fsync": "on"}
+
+
+def server_durability(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """The server's ``fsync`` and ``synchronous_commit`` settings."""
+    found: dict[str, str] = {}
+    for name in ("fsync", "synchronous_commit"):
+        row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+        found[name] = str(row[0]) if row else ""
+    return found
 
 
 def database_url(url: str, name: str) -> str:
@@ -60,17 +74,24 @@ class Services:
         from devenv.postgres_server import PostgresServer
 
         t0 = time.monotonic()
-        self._postgres = PostgresServer(self.run_dir / "postgres")
+        self._postgres = PostgresServer(self.run_dir / "postgres", settings=POSTGRES_SETTINGS)
         self._postgres.start()
         self.server_url = self._postgres.dsn("postgres")
         self.postmaster_pid = self._postgres.pid
         timings["postgres_start_s"] = time.monotonic() - t0
+        if self.durability()["fsync"] != "on":
+            raise RuntimeError("the benchmark's PostgreSQL must run with fsync=on")
         t0 = time.monotonic()
         self._broker = KafkaBroker(self.run_dir / "kafka")
         self.bootstrap = self._broker.start()
         self.kafka_pid = self._broker.pid
         timings["kafka_start_s"] = time.monotonic() - t0
         return timings
+
+    def durability(self) -> dict[str, str]:
+        """The server's ``fsync`` and ``synchronous_commit`` (recorded with every run)."""
+        with self._admin() as conn:
+            return server_durability(conn)
 
     # ---- databases ------------------------------------------------------------------------
 

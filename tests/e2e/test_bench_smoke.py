@@ -16,7 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+
+from bench.services import POSTGRES_SETTINGS, server_durability
+from devenv.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +55,7 @@ def test_bench_small_writes_every_section_with_positive_numbers(
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
     results = json.loads(out.read_text())
     assert "error" not in results
+    assert set(results["meta"]["postgres"]) == {"fsync", "synchronous_commit"}
 
     _positive(results, "prefill", "action_events_rows")
     for workers in ("workers_1", "workers_2"):
@@ -80,3 +85,14 @@ def test_bench_small_writes_every_section_with_positive_numbers(
         assert target["met"] in ("met", "not met"), target
     assert "measure" in proc.stdout  # the table
     print(f"bench --small took {elapsed:.1f}s")
+
+
+@pytest.mark.timeout(120)
+def test_the_benchmarks_own_postgresql_flushes_every_commit(tmp_path: Path) -> None:
+    """The benchmark's PostgreSQL runs with fsync on (the dev server's default is off).
+
+    Its naive consumer commits once per message, and WAL per event is a durable-commit figure.
+    """
+    with PostgresServer(tmp_path / "postgres", settings=POSTGRES_SETTINGS) as server, \
+            psycopg.connect(server.dsn(), autocommit=True) as conn:
+        assert server_durability(conn) == {"fsync": "on", "synchronous_commit": "on"}

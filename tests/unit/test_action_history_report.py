@@ -1,23 +1,40 @@
-"""The favorites sink's batched ``report``: the same lines and metrics as one message at a time."""
+"""The favorites sink's batched ``report``: one JSON line per message, counters moved per batch.
+
+The expected lines are written out: one per message, each outcome's recorded messages first,
+then its duplicates, then its no-session skips, with the SPEC §6 fields only. They must come
+out the same whether ``log_events`` renders a batch itself (the plain JSON handler) or falls
+back to one ``log_event`` per row (a handler with a filter).
+"""
 
 from __future__ import annotations
 
 import io
 import logging
-import random
 import re
+import time
+import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from bench.report_cost import make_outcomes, old_report
+from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
+from dataflows.favorite_actions.records import (
+    RecordedAction,
+    SessionSnapshot,
+    build_recorded_action,
+)
+from dataflows.favorite_actions.sink import _ActionHistoryPartition
+from dataflows.favorite_actions.sink import logger as sink_logger
+from dataflows.favorite_actions.store import BatchOutcome
 from runtime.logs import JsonFormatter
-from sinks.action_history import _ActionHistoryPartition
-from sinks.action_history import logger as sink_logger
-from sinks.favorites_store import BatchOutcome
+from schemas.favorites import ActionType
+from schemas.kafka_record import SourceRecord
 
+ADDED, REMOVED = "favorite-added", "favorite-removed"
+ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}
 _TS = re.compile(r'^\{"ts":"[^"]*",')
 _SAMPLES = [
     ("user_activity_favorites_recorded_total", {"action_type": "AddToFavorites"}),
@@ -28,15 +45,85 @@ _SAMPLES = [
 ]
 
 
-@pytest.fixture
-def sink_log() -> Iterator[Callable[[], io.StringIO]]:
-    """Call it in the test: the sink logger's lines go to a StringIO through the JSON formatter."""
+def _id(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"
+
+
+def _message(n: int, topic: str, offset: int, *, user: bool = False) -> FavoriteMessage:
+    """MessageId ``_id(n)``, FavoriteId ``_id(100 + n)``, PropertyObjectId ``_id(200 + n)``."""
+    owner = _id(300 + n)
+    value = orjson.dumps({
+        "MessageId": _id(n), "CreatedAt": "2026-11-29T08:00:00+00:00", "Version": 1,
+        "AggregateId": "f", "AggregateType": "Favorite", "CorrelationId": "c",
+        "Payload": {
+            "FavoriteId": _id(100 + n).upper(), "PropertyObjectId": _id(200 + n),
+            "AnonymousId": None if user else owner, "UserId": owner if user else None,
+            "OccurredAt": "2026-11-29T07:59:59+00:00",
+        },
+    })
+    record = SourceRecord(topic, n % 3, offset, b"k", value, (), time.monotonic() - 0.05)
+    message = decode_favorite(record, ACTION_TYPES)
+    assert isinstance(message, FavoriteMessage)
+    return message
+
+
+def _recorded(message: FavoriteMessage, session: int) -> RecordedAction:
+    snapshot = SessionSnapshot(uuid.UUID(_id(session)), uuid.UUID(_id(900)), None)
+    return build_recorded_action(
+        message, snapshot, action_event_id=uuid.uuid4(), outbox_message_id=uuid.uuid4(),
+        topic="action-tracked", now=datetime.now(UTC),
+    )
+
+
+def _outcomes() -> list[BatchOutcome]:
+    return [
+        BatchOutcome(
+            recorded=[_recorded(_message(1, ADDED, 10), session=501),
+                      _recorded(_message(2, REMOVED, 11, user=True), session=502)],
+            duplicates=[_message(3, ADDED, 12)],
+            no_session=[_message(4, REMOVED, 13)],
+        ),
+        BatchOutcome(),  # nothing committed: no line, no count
+        BatchOutcome(recorded=[_recorded(_message(5, ADDED, 14), session=505)],
+                     no_session=[_message(6, ADDED, 15, user=True)]),
+    ]
+
+
+def _line(event: str, n: int, topic: str, offset: int, session: int | None = None) -> str:
+    action = "AddToFavorites" if topic == ADDED else "RemoveFromFavorites"
+    session_field = "" if session is None else f'"SessionId":"{_id(session)}",'
+    return (
+        f'{{"level":"INFO","logger":"{sink_logger.name}","event":"{event}",'
+        f'"outcome":"{event}",{session_field}"MessageId":"{_id(n)}",'
+        f'"FavoriteId":"{_id(100 + n)}","PropertyObjectId":"{_id(200 + n)}",'
+        f'"ActionType":"{action}","source":"{topic}[{n % 3}]@{offset}"}}'
+    )
+
+
+EXPECTED_LINES = [
+    _line("recorded", 1, ADDED, 10, session=501),
+    _line("recorded", 2, REMOVED, 11, session=502),
+    _line("skipped-duplicate", 3, ADDED, 12),
+    _line("skipped-no-session", 4, REMOVED, 13),
+    _line("recorded", 5, ADDED, 14, session=505),
+    _line("skipped-no-session", 6, ADDED, 15),
+]
+
+
+@pytest.fixture(params=["batched", "per-record"])
+def sink_log(request: pytest.FixtureRequest) -> Iterator[Callable[[], io.StringIO]]:
+    """Call it in the test: the sink logger's lines go to a StringIO through the JSON formatter.
+
+    ``per-record``: the handler has a filter, so ``log_events`` writes one record per row.
+    """
     saved = sink_logger.handlers[:], sink_logger.propagate, sink_logger.level
     stream = io.StringIO()
 
     def start() -> io.StringIO:
         handler = logging.StreamHandler(stream)
         handler.setFormatter(JsonFormatter())
+        if request.param == "per-record":
+            handler.addFilter(lambda _record: True)
         sink_logger.handlers[:] = [handler]  # alone (pytest attaches its own at each phase)
         sink_logger.propagate = False
         sink_logger.setLevel(logging.INFO)
@@ -47,38 +134,20 @@ def sink_log() -> Iterator[Callable[[], io.StringIO]]:
     sink_logger.setLevel(saved[2])
 
 
-def _run(report: Callable[[BatchOutcome], None], outcomes: list[BatchOutcome],
-         stream: io.StringIO) -> tuple[list[str], list[float]]:
-    stream.seek(0)
-    stream.truncate()
-    before = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in _SAMPLES]
-    for outcome in outcomes:
-        report(outcome)
-    after = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in _SAMPLES]
-    lines = [_TS.sub("{", line) for line in stream.getvalue().splitlines()]
-    return lines, [b - a for a, b in zip(before, after, strict=True)]
-
-
-def test_batched_report_writes_the_same_lines_and_counts_as_per_message_report(
+def test_report_writes_one_line_per_message_and_moves_each_counter_once(
     sink_log: Callable[[], io.StringIO],
 ) -> None:
-    outcomes = make_outcomes(600, 200, random.Random(7), skip_share=0.1)
-    messages = sum(len(o.recorded) + len(o.duplicates) + len(o.no_session) for o in outcomes)
+    outcomes = _outcomes()
     stream = sink_log()
     partition = object.__new__(_ActionHistoryPartition)  # report uses no instance state
+    before = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in _SAMPLES]
 
-    old_lines, old_deltas = _run(old_report, outcomes, stream)
-    new_lines, new_deltas = _run(partition.report, outcomes, stream)
+    for outcome in outcomes:
+        partition.report(outcome)
 
-    assert len(new_lines) == messages
-    assert new_lines == old_lines
-    assert new_deltas == old_deltas
-    assert sum(new_deltas[:4]) == messages
-    assert new_deltas[4] == messages
-    events = {orjson.loads(line)["event"] for line in new_lines}
-    assert events == {"recorded", "skipped-duplicate", "skipped-no-session"}
-    recorded = next(orjson.loads(line) for line in new_lines if '"event":"recorded"' in line)
-    assert list(recorded) == [
-        "level", "logger", "event", "outcome", "SessionId", "MessageId", "FavoriteId",
-        "PropertyObjectId", "ActionType", "source",
-    ]
+    after = [REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in _SAMPLES]
+    lines = [_TS.sub("{", line) for line in stream.getvalue().splitlines()]
+    assert lines == EXPECTED_LINES
+    assert all(_TS.match(line) for line in stream.getvalue().splitlines())
+    # recorded Add / Remove, skipped duplicate / no-session, consume-duration observations
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 1, 1, 2, 6]

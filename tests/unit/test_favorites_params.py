@@ -1,7 +1,8 @@
 """FavoritesStore's statement parameters: the bytes psycopg itself would send for the lists.
 
 The store encodes its binary array parameters itself (fast); these tests hold it to psycopg's
-encoding of the plain lists the previous implementation passed, byte for byte.
+own list dumper (``Transformer().get_dumper(list, BINARY)``) on the same values as plain
+lists, one per column of the rows, byte for byte.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg.adapt import PyFormat, Transformer
 
-from bench.row_cost import previous_record_params
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
-from dataflows.favorite_actions.records import SessionSnapshot
+from dataflows.favorite_actions.records import RecordedAction, SessionSnapshot
+from dataflows.favorite_actions.store import FavoritesStore, owner_of
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.favorites_store import FavoritesStore, owner_of
 
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}
@@ -52,6 +52,29 @@ def _psycopg_binary(value: list[Any]) -> tuple[int, bytes]:
     return dumper.oid, bytes(dumper.dump(value) or b"")
 
 
+def _column_lists(actions: list[RecordedAction]) -> dict[str, list[Any]]:
+    """The ``record_actions`` parameters as plain lists of the rows' values, one per column."""
+    events = [a.event for a in actions]
+    outbox = [a.outbox for a in actions]
+    return {
+        "idempotency_keys": [a.idempotency_key for a in actions],
+        "ids": [e.id for e in events],
+        "action_types": [e.action_type for e in events],
+        "session_ids": [e.session_id for e in events],
+        "anonymous_ids": [e.anonymous_id for e in events],
+        "user_ids": [e.user_id for e in events],
+        "occurred_ats": [e.occurred_at for e in events],
+        "property_object_ids": [e.property_object_id for e in events],
+        "favorite_ids": [e.favorite_id for e in events],
+        "source_message_ids": [e.source_message_id for e in events],
+        "outbox_ids": [o.id for o in outbox],
+        "outbox_topics": [o.topic for o in outbox],
+        "outbox_keys": [o.key for o in outbox],
+        "outbox_values": [o.value for o in outbox],
+        "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
+    }
+
+
 def _encoded(param: Any) -> tuple[int, bytes]:
     return type(param).array_oid, param.data
 
@@ -76,9 +99,9 @@ def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:
 
     assert [a.message for a in actions] == messages[:4]
     assert no_session == messages[4:]
-    previous = previous_record_params(actions)
-    assert set(params) == set(previous)
-    for name, values in previous.items():
+    lists = _column_lists(actions)
+    assert set(params) == set(lists)
+    for name, values in lists.items():
         assert _encoded(params[name]) == _psycopg_binary(values), name
 
 
@@ -99,7 +122,7 @@ def test_record_parameters_match_psycopg_for_any_batch(
 
     actions, params = FavoritesStore("t", clock=lambda: clock).action_rows(messages, sessions, [])
 
-    for name, values in previous_record_params(actions).items():
+    for name, values in _column_lists(actions).items():
         if all(v is None for v in values):  # psycopg cannot tell the type of an all-NULL list
             assert params[name].data.startswith(b"\x00\x00\x00\x01\x00\x00\x00\x01")
             continue
