@@ -99,7 +99,7 @@ class ActionRowBuilder:
         # isoformat() per field (CreatedAt is the very text orjson writes for ``now``). The value
         # is kept as a right-sized copy: holding orjson's own output objects by the thousand
         # makes every later dumps take fresh memory (about twice the cost per value, see
-        # ``orjson_output_retention`` in bench/row_cost.py).
+        # docs/performance.md).
         value = _copy(orjson.dumps(
             {
                 "MessageId": outbox_message_id,
