@@ -31,10 +31,8 @@ import contextlib
 import json
 import logging
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -47,6 +45,8 @@ from typing import TYPE_CHECKING, Any, Self
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+
+from devenv.harness.ports import free_port
 
 if TYPE_CHECKING:
     from confluent_kafka.admin._metadata import ClusterMetadata
@@ -267,26 +267,6 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6, *,
 # ---- the broker process -----------------------------------------------------------------------
 
 
-def _free_port(exclude: int = 0) -> int:
-    """A free port on 127.0.0.1, below the ephemeral range if possible.
-
-    Outgoing connections then cannot take it while the broker is stopped for a restart.
-    """
-    low = 32768
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    below = [random.randint(20000, low - 1) for _ in range(100)] if low > 20100 else []
-    for port in [*below, 0, 0, 0]:  # 0: any port the kernel picks
-        with socket.socket() as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
-            if (chosen := int(sock.getsockname()[1])) != exclude:
-                return chosen
-    raise KafkaBrokerError("no free port on 127.0.0.1")
-
-
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs and is no zombie (PID 1 may reap a detached JVM late, or never)."""
     try:
@@ -321,9 +301,9 @@ class KafkaBroker:
         self._die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         state = self._state()
-        self.port = port or int(state.get("port") or 0) or _free_port()
+        self.port = port or int(state.get("port") or 0) or free_port(HOST, below_ephemeral=True)
         self.controller_port = (controller_port or int(state.get("controller_port") or 0)
-                                or _free_port(self.port))
+                                or free_port(HOST, below_ephemeral=True, exclude=self.port))
 
     @property
     def bootstrap(self) -> str:

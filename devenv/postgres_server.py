@@ -24,7 +24,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,8 @@ import psycopg
 from mirakuru.base import ENV_UUID
 from psycopg import sql
 from pytest_postgresql.executors import PostgreSQLExecutor
+
+from devenv.harness.ports import free_port
 
 __all__ = ["DEFAULT_DATABASE", "DEFAULT_RUN_DIR", "PostgresServer", "main"]
 
@@ -77,12 +78,6 @@ def _ensure_system_user(name: str) -> pwd.struct_passwd:
             check=True, capture_output=True,
         )
         return pwd.getpwnam(name)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class _Executor(PostgreSQLExecutor):
@@ -151,7 +146,7 @@ class PostgresServer:
                 base = Path(tempfile.mkdtemp(prefix="devenv-pgdata-"))
                 os.chown(base, user.pw_uid, user.pw_gid)
         self._relocated = base != self.run_dir
-        self.port: int = state.get("port") or _free_port()
+        self.port: int = state.get("port") or free_port(HOST)
         state_path.write_text(json.dumps({"port": self.port, "base_dir": str(base)}) + "\n")
         self.data_dir = base / "data"
         self.log_path = base / "postgres.log"

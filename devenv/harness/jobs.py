@@ -1,0 +1,397 @@
+"""A dataflow job as a subprocess, the way Kubernetes runs it.
+
+:class:`JobProcess` starts ``python -m bytewax.run FLOW [-w N] [-r DIR -s S -b B]`` with the
+``USER_ACTIVITY_*`` environment of a :class:`~runtime.settings.Settings` object (the
+health/metrics server on a free port of 127.0.0.1 unless told otherwise), against a recovery
+directory made once with ``python -m cli init-recovery DIR --partitions 1``. It can SIGKILL the
+job and start it again on the same recovery directory, stop it as Kubernetes does, scrape
+``/metrics``, ``/livez`` and ``/readyz``, and read the job's log (one file per start, or one
+file for all). Once the job is reaped, ``rusage`` holds its exact CPU time.
+
+Nothing outlives its owner: each job runs in its own process group and under
+``setpriv --pdeathsig KILL`` (it dies with the thread that started it), and
+:class:`JobSupervisor` kills, by process group id, every job still running when it closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from devenv.harness.env import base_env, settings_env
+from devenv.harness.metrics import parse_metrics
+from devenv.harness.ports import free_port
+from runtime.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+FAVORITES_FLOW = "dataflows.favorite_actions:flow"
+SESSION_LINKING_FLOW = "dataflows.session_linking:flow"
+_TAIL_BYTES = 200_000
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    state = next((line for line in status.splitlines() if line.startswith("State:")), "")
+    return "zombie" not in state.lower()
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """One answer of the job's HTTP server."""
+
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        return orjson.loads(self.body)
+
+
+class JobProcess:
+    """A job in a subprocess; start / kill -9 / terminate / restart on one recovery directory.
+
+    ``settings`` are used as given except ``tail`` (when not None) and ``http_host`` /
+    ``http_port`` (a free port of 127.0.0.1 unless ``port`` is given; kept across restarts).
+    ``recovery`` False runs without one; ``recovery_dir`` defaults to ``<workdir>/recovery``.
+    Each start writes its own log ``<workdir>/job-<n>.log``, or appends to ``log_path``.
+    ``env`` is the environment the settings go on top of (:func:`base_env` by default).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        workdir: Path,
+        *,
+        flow: str = FAVORITES_FLOW,
+        workers: int | None = None,
+        tail: bool | None = True,
+        recovery: bool = True,
+        recovery_dir: Path | None = None,
+        snapshot_interval: float = 1,
+        backup_interval: float = 10,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.flow = flow
+        self.workers = workers
+        self.recovery_dir = (recovery_dir or workdir / "recovery") if recovery else None
+        self.port = free_port() if port is None else port
+        update: dict[str, Any] = {"http_port": self.port, "http_host": host}
+        if tail is not None:
+            update["tail"] = tail
+        self.settings = settings.model_copy(update=update)
+        self.cwd = cwd or ROOT
+        self._snapshot_interval = snapshot_interval
+        self._backup_interval = backup_interval
+        self._log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self.pids: list[int] = []
+        self.log_paths: list[Path] = []
+        self.exit_codes: list[int] = []
+        self.started_at: float | None = None
+        self.exited_at: float | None = None
+        self.rusage: Any = None  # the exact CPU time and max RSS of the last reaped start
+        self._env = {**(base_env() if env is None else env), **settings_env(self.settings),
+                     **(extra_env or {})}
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def init_recovery(self) -> None:
+        """Create the recovery store (one SQLite partition) unless it already exists."""
+        if self.recovery_dir is None or (
+            self.recovery_dir.exists() and any(self.recovery_dir.iterdir())
+        ):
+            return
+        subprocess.run(
+            [sys.executable, "-m", "cli", "init-recovery", str(self.recovery_dir),
+             "--partitions", "1"],
+            cwd=ROOT, env=self._env, check=True, capture_output=True, timeout=60,
+        )
+
+    def command(self) -> list[str]:
+        """The job's command line (after ``setpriv``)."""
+        command = [sys.executable, "-m", "bytewax.run", self.flow]
+        if self.workers is not None:
+            command += ["-w", str(self.workers)]
+        if self.recovery_dir is not None:
+            command += ["-r", str(self.recovery_dir),
+                        "-s", _seconds(self._snapshot_interval),
+                        "-b", _seconds(self._backup_interval)]
+        return command
+
+    def start(self, *, wait_http: float = 60.0) -> None:
+        """Start the job (recovery dir created on first start); wait until ``/livez`` answers."""
+        if self.running:
+            raise RuntimeError("the job is already running")
+        self.init_recovery()
+        if self._log_path is None:
+            log_path, mode = self.workdir / f"job-{len(self.log_paths) + 1}.log", "wb"
+        else:
+            log_path, mode = self._log_path, "ab"
+        self.log_paths.append(log_path)
+        setpriv = shutil.which("setpriv")
+        prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+        with log_path.open(mode) as log:
+            self.started_at = time.monotonic()
+            self.exited_at = self.rusage = None
+            self._proc = subprocess.Popen(
+                [*prefix, *self.command()],
+                cwd=self.cwd,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: kill() reaches every child
+            )
+        self.pids.append(self._proc.pid)
+        if wait_http:
+            self.wait_until(lambda: self.get("/livez") is not None, wait_http, "/livez to answer")
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the latest start (``setpriv`` execs the job: the Python process)."""
+        return self.pids[-1] if self.pids else None
+
+    @property
+    def running(self) -> bool:
+        """True while the current job process has not exited."""
+        return self._proc is not None and self._poll() is None
+
+    def _poll(self) -> int | None:
+        """The exit code once the process has exited (reaping it, with its rusage), else None."""
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return None
+            if proc.returncode is None:
+                try:
+                    pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+                except ChildProcessError:
+                    return proc.returncode
+                if pid == 0:
+                    return None
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                self.rusage = rusage
+                self.exited_at = time.monotonic()
+            return proc.returncode
+
+    def _wait_exit(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` s for the current process to exit; its exit code, or None."""
+        deadline = time.monotonic() + timeout
+        while (code := self._poll()) is None:
+            if self._proc is None or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the job's process group while it runs."""
+        proc = self._proc
+        if proc is not None and self._poll() is None:  # alive: its group id is still ours
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+
+    def kill(self) -> int | None:
+        """SIGKILL the job's process group (a crash: no cleanup, no final snapshot) and reap it."""
+        if self._proc is None:
+            return None
+        self.send_signal(signal.SIGKILL)
+        return self.reap(30.0)
+
+    def terminate(
+        self, timeout: float = 20.0, sig: signal.Signals = signal.SIGTERM
+    ) -> int | None:
+        """Stop the job as Kubernetes does: ``sig`` (SIGTERM), SIGKILL after ``timeout``.
+
+        Returns the exit code (negative: the signal that ended it). SIGINT makes Bytewax stop
+        at the next epoch boundary instead (exit code 1, "signal received").
+        """
+        if self._proc is None:
+            return None
+        self.send_signal(sig)
+        if self._wait_exit(timeout) is None:
+            self.send_signal(signal.SIGKILL)
+        return self.reap(30.0)
+
+    def restart(self) -> None:
+        """SIGKILL the job and start it again on the same recovery directory."""
+        self.kill()
+        self.start()
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` s for the job to exit by itself; its exit code, or None."""
+        if self._proc is None:
+            return self.exit_codes[-1] if self.exit_codes else None
+        if self._wait_exit(timeout) is None:
+            return None
+        return self.reap(1.0)
+
+    def reap(self, timeout: float) -> int:
+        """Wait for the current process to exit and record its exit code (``exit_codes``)."""
+        # Signals go to the process group only while its leader is alive or not yet reaped, so
+        # a group id is never reused by then; the job forks no children (checked by
+        # ``leftover_pids``).
+        if self._proc is None:
+            raise RuntimeError("the job is not started")
+        code = self._wait_exit(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.command(), timeout)
+        self.exit_codes.append(code)
+        self._proc = None
+        return code
+
+    def leftover_pids(self) -> list[int]:
+        """Processes of this job still alive: started pids, and any process using its recovery."""
+        left = [pid for pid in self.pids if _alive(pid)]
+        if self.recovery_dir is None:
+            return sorted(set(left))
+        marker = str(self.recovery_dir).encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            with contextlib.suppress(OSError):
+                if marker in (entry / "cmdline").read_bytes() and _alive(int(entry.name)):
+                    left.append(int(entry.name))
+        return sorted(set(left))
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    def get(self, path: str, timeout: float = 2.0) -> HttpAnswer | None:
+        """GET ``path`` from the job's HTTP server; None if it does not answer."""
+        url = f"http://127.0.0.1:{self.port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return HttpAnswer(response.status, response.read())
+        except urllib.error.HTTPError as exc:
+            return HttpAnswer(exc.code, exc.read())
+        except (OSError, ValueError):
+            return None
+
+    def scrape(self, timeout: float = 2.0) -> dict[str, float] | None:
+        """The Prometheus samples, ``name{labels}`` -> value; None if ``/metrics`` is not 200."""
+        answer = self.get("/metrics", timeout)
+        if answer is None or answer.status != 200:
+            return None
+        return parse_metrics(answer.body.decode())
+
+    def metrics(self) -> dict[str, float]:
+        """The Prometheus samples, ``name{labels}`` -> value (empty if unreachable)."""
+        return self.scrape() or {}
+
+    def metric(self, name: str, default: float = 0.0) -> float:
+        """One sample by its full name (with labels, as exposed), or ``default``."""
+        return self.metrics().get(name, default)
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    def log_events(self, run: int | None = None) -> list[dict[str, Any]]:
+        """The JSON log lines of every start (or of start number ``run``, 1-based)."""
+        paths = self.log_paths if run is None else [self.log_paths[run - 1]]
+        events: list[dict[str, Any]] = []
+        for path in dict.fromkeys(paths):
+            for line in _read_lines(path):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    parsed = orjson.loads(line)
+                    if isinstance(parsed, dict):
+                        events.append(parsed)
+        return events
+
+    def log_tail(self, lines: int = 30, *, info: bool = False) -> str:
+        """The end of the latest log (without its INFO lines unless ``info``), for messages."""
+        if not self.log_paths:
+            return ""
+        if info:
+            kept = _read_lines(self.log_paths[-1], _TAIL_BYTES)
+        else:
+            kept = [line for line in _read_lines(self.log_paths[-1])
+                    if b'"level":"INFO"' not in line]
+        return "\n".join(line.decode(errors="replace") for line in kept[-lines:])
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str,
+                   interval: float = 0.2) -> float:
+        """Poll ``condition`` until true; the seconds it took. Fails if the job exits first."""
+        started = time.monotonic()
+        while True:
+            if condition():
+                return time.monotonic() - started
+            if self._proc is not None and (code := self._poll()) is not None:
+                raise AssertionError(
+                    f"the job exited ({code}) while waiting for {what}:\n{self.log_tail()}"
+                )
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n"
+                                     f"{self.log_tail()}")
+            time.sleep(interval)
+
+
+class JobSupervisor:
+    """Creates jobs and guarantees none is left running when it closes."""
+
+    def __init__(self, workdir: Path) -> None:
+        self._workdir = workdir
+        self.jobs: list[JobProcess] = []
+
+    def job(self, settings: Settings, name: str = "job", **kwargs: Any) -> JobProcess:
+        """A new (not yet started) job with its own work directory."""
+        job = JobProcess(settings, self._workdir / name, **kwargs)
+        self.jobs.append(job)
+        return job
+
+    def close(self) -> list[int]:
+        """Kill every job still running; return the pids that were still alive afterwards."""
+        for job in self.jobs:
+            job.kill()
+        return [pid for job in self.jobs for pid in job.leftover_pids()]
+
+
+@contextlib.contextmanager
+def supervised_jobs(workdir: Path) -> Iterator[JobSupervisor]:
+    """A :class:`JobSupervisor` that is closed (jobs killed) however the block ends."""
+    supervisor = JobSupervisor(workdir)
+    try:
+        yield supervisor
+    finally:
+        left = supervisor.close()
+        if left:
+            raise AssertionError(f"job processes left running: {left}")
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _read_lines(path: Path, tail_bytes: int | None = None) -> list[bytes]:
+    try:
+        with path.open("rb") as fh:
+            if tail_bytes is not None:
+                fh.seek(max(0, path.stat().st_size - tail_bytes))
+            return fh.read().splitlines()
+    except OSError:
+        return []
