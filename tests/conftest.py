@@ -19,6 +19,7 @@ import pytest
 
 from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
+from devenv.harness.jobs import JobSupervisor, supervised_jobs
 from runtime.settings import Settings
 
 
@@ -113,3 +114,10 @@ def make_settings(
         return settings
 
     return factory
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[JobSupervisor]:
+    """Jobs of this test; all of them are killed at the end, and none may be left running."""
+    with supervised_jobs(tmp_path) as supervisor:
+        yield supervisor

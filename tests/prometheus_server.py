@@ -8,10 +8,10 @@ becomes one scrape job whose ``job`` label is rewritten to ``job_label`` and whi
 target labels the Prometheus Operator's PodMonitor would add (``namespace``, ``pod``,
 ``endpoint``), so the rule files of k8s/ load and match as they are.
 
-:class:`ApiJob` is a :class:`~tests.jobs.FavoritesJob` (or, with ``flow=``, another dataflow)
-with Bytewax's API server enabled on a free port (its ``/metrics`` has the ``bytewax_*``
-metrics) and its working directory in the job's own directory (the API server writes
-``dataflow.json`` there).
+:class:`ApiJob` is a :class:`~devenv.harness.jobs.JobProcess` (the favorites job, or with
+``flow=`` another dataflow) with Bytewax's API server enabled on a free port (its ``/metrics``
+has the ``bytewax_*`` metrics) and its working directory in the job's own directory (the API
+server writes ``dataflow.json`` there).
 
 Nothing outlives a test: the server runs in its own process group under
 ``setpriv --pdeathsig KILL`` and :meth:`PrometheusServer.close` kills that group.
@@ -37,8 +37,9 @@ from typing import Any, Self
 import orjson
 import yaml
 
+from devenv.harness.jobs import FAVORITES_FLOW, JobProcess
+from devenv.harness.ports import free_port
 from runtime.settings import Settings
-from tests.jobs import FavoritesJob, free_port
 
 JOB_LABEL = "user-activity/user-activity-stream"
 """The ``job`` label the repository's PodMonitor gives both endpoints (see k8s/podmonitor.yaml)."""
@@ -56,27 +57,22 @@ class ScrapeTarget:
     job_label: str = JOB_LABEL
 
 
-class ApiJob(FavoritesJob):
+class ApiJob(JobProcess):
     """A dataflow job with Bytewax's API server enabled (``api_port``); ``flow`` to choose it."""
 
     def __init__(
-        self, settings: Settings, workdir: Path, *, flow: str | None = None, **kwargs: Any
+        self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW, **kwargs: Any
     ) -> None:
-        super().__init__(settings, workdir, **kwargs)
-        self.flow = flow
         self.api_port = free_port()
-        self._env.update({
-            "BYTEWAX_DATAFLOW_API_ENABLED": "true",
-            "BYTEWAX_DATAFLOW_API_PORT": str(self.api_port),
-            "BYTEWAX_DATAFLOW_API_CACHE_PATH": str(self.workdir),
-        })
-
-    def command(self) -> list[str]:
-        """The job's command line, run from its own directory (``env -C``)."""
-        command = super().command()
-        if self.flow is not None:
-            command[command.index("bytewax.run") + 1] = self.flow
-        return ["env", "-C", str(self.workdir), *command]
+        super().__init__(
+            settings, workdir, flow=flow, cwd=workdir,
+            extra_env={
+                "BYTEWAX_DATAFLOW_API_ENABLED": "true",
+                "BYTEWAX_DATAFLOW_API_PORT": str(self.api_port),
+                "BYTEWAX_DATAFLOW_API_CACHE_PATH": str(workdir),
+            },
+            **kwargs,
+        )
 
     def scrape_targets(self, pod: str, namespace: str = "user-activity") -> list[ScrapeTarget]:
         """The two endpoints as the PodMonitor scrapes them (``bytewax_*`` only from 3030)."""

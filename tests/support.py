@@ -1,4 +1,8 @@
-"""Helpers shared by integration and e2e tests: envelopes, Kafka I/O, session seeding."""
+"""Kafka I/O and row reads shared by integration and e2e tests.
+
+Envelopes and session rows come from :mod:`devenv.harness.messages` and
+:mod:`devenv.harness.sessions`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -14,44 +17,6 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from runtime.settings import Settings
-
-
-def new_id() -> uuid.UUID:
-    return uuid.uuid4()
-
-
-def favorite_envelope(
-    *,
-    message_id: uuid.UUID | None = None,
-    favorite_id: uuid.UUID | None = None,
-    property_object_id: uuid.UUID | None = None,
-    user_id: uuid.UUID | None = None,
-    anonymous_id: uuid.UUID | None = None,
-    occurred_at: str = "2026-11-29T08:00:00.1234567+03:00",
-    created_at: datetime | None = None,
-    version: int = 1,
-    correlation_id: str | None = "corr-1",
-    extra_payload: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A favorite-added/removed envelope as a .NET producer writes it."""
-    favorite_id = favorite_id or new_id()
-    payload: dict[str, Any] = {
-        "FavoriteId": str(favorite_id).upper(),
-        "PropertyObjectId": str(property_object_id or new_id()),
-        "UserId": None if user_id is None else str(user_id),
-        "AnonymousId": None if anonymous_id is None else str(anonymous_id),
-        "OccurredAt": occurred_at,
-        **(extra_payload or {}),
-    }
-    return {
-        "MessageId": str(message_id or new_id()),
-        "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),
-        "Version": version,
-        "AggregateId": str(favorite_id),
-        "AggregateType": "Favorite",
-        "CorrelationId": correlation_id,
-        "Payload": payload,
-    }
 
 
 @dataclass(frozen=True)
@@ -147,28 +112,6 @@ def consume_all(
                 ))
     finally:
         consumer.close()
-
-
-def insert_session(
-    conn: psycopg.Connection[Any],
-    *,
-    anonymous_id: uuid.UUID,
-    user_id: uuid.UUID | None = None,
-    status: str = "Active",
-    last_activity_at: datetime | None = None,
-    session_id: uuid.UUID | None = None,
-) -> uuid.UUID:
-    session_id = session_id or new_id()
-    now = datetime.now(UTC)
-    last = last_activity_at or now
-    conn.execute(
-        """INSERT INTO user_activity.sessions
-             (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at, ended_at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-        (session_id, anonymous_id, user_id, now if user_id else None, status,
-         last - timedelta(hours=1), last, now if status == "Ended" else None),
-    )
-    return session_id
 
 
 def action_rows(conn: psycopg.Connection[Any], source_message_ids: Sequence[uuid.UUID]) -> list[

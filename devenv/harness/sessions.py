@@ -68,7 +68,8 @@ def seed_sessions(
 
 
 def seed_owners(
-    database_url: str, devices: int, users: int = 0, *, started_ago: timedelta = timedelta(0),
+    database_url: str, devices: int, users: int = 0, *,
+    started_ago: timedelta = timedelta(hours=1),
 ) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     """Active sessions in bulk: ``devices`` guest devices and ``users`` linked (device, user).
 

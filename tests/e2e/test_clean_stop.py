@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import SettingsFactory
-from tests.e2e.test_chaos import (
+from devenv.harness.jobs import JobSupervisor
+from tests.chaos import (
     PacedProducer,
     assert_exact_outcome,
     count_log_events,
@@ -27,15 +25,9 @@ from tests.e2e.test_chaos import (
     wait_for_rows,
     wait_until_drained,
 )
-from tests.jobs import JobSupervisor, supervised_jobs
+from tests.conftest import SettingsFactory
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def jobs(tmp_path: Path) -> Iterator[JobSupervisor]:
-    with supervised_jobs(tmp_path) as supervisor:
-        yield supervisor
 
 
 def test_sigterm_mid_stream_exits_0_after_committing_and_publishing_then_resumes_exactly_once(

@@ -10,17 +10,11 @@ import pytest
 from bytewax.testing import cluster_main, run_main
 
 from dataflows.favorite_actions import build_flow
+from devenv.harness.messages import favorite_envelope, new_id
+from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionTrackedEnvelope
 from tests.conftest import SettingsFactory
-from tests.support import (
-    action_rows,
-    consume_all,
-    envelope_record,
-    favorite_envelope,
-    insert_session,
-    new_id,
-    produce,
-)
+from tests.support import action_rows, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
 

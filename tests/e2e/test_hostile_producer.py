@@ -24,9 +24,8 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -36,6 +35,9 @@ from confluent_kafka import KafkaError, Message, Producer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from devenv.harness.jobs import JobProcess, JobSupervisor
+from devenv.harness.messages import favorite_envelope
+from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
 from schemas.dlq import (
     DLQ_HEADERS,
@@ -49,8 +51,7 @@ from schemas.dlq import (
 )
 from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from tests.conftest import SettingsFactory
-from tests.jobs import FavoritesJob, JobSupervisor, supervised_jobs
-from tests.support import Consumed, consume_all, favorite_envelope, insert_session
+from tests.support import Consumed, consume_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
@@ -365,7 +366,7 @@ def outbox_counts(database_url: str, topic: str) -> tuple[int, int | None]:
     return int(unpublished[0]), parked
 
 
-def wait_settled(job: FavoritesJob, database_url: str, valid: Sequence[uuid.UUID],
+def wait_settled(job: JobProcess, database_url: str, valid: Sequence[uuid.UUID],
                  letters: int, deadline: float) -> str | None:
     """Wait until every valid favorite has a row, the outbox is empty, ``letters`` are counted.
 
@@ -423,7 +424,7 @@ def check_letter(record: Outgoing, letter: Consumed, where: str) -> list[str]:
     return problems
 
 
-def job_evidence(job: FavoritesJob) -> str:
+def job_evidence(job: JobProcess) -> str:
     """The job's warnings and errors, by event, with one example line each."""
     events = [e for e in job.log_events() if e.get("level") in ("WARNING", "ERROR", "CRITICAL")]
     by_event = Counter(str(e.get("event")) for e in events)
@@ -438,12 +439,6 @@ def job_evidence(job: FavoritesJob) -> str:
 
 
 # ---- the test --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def jobs(tmp_path: Path) -> Iterator[JobSupervisor]:
-    with supervised_jobs(tmp_path) as supervisor:
-        yield supervisor
 
 
 def test_hostile_producer_never_stops_the_stream_and_every_record_has_exactly_its_one_fate(

@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from devenv.harness.jobs import JobProcess, JobSupervisor
+from devenv.harness.messages import favorite_envelope, new_id
+from devenv.harness.sessions import insert_session
 from tests.conftest import SettingsFactory
-from tests.jobs import FavoritesJob, JobSupervisor, supervised_jobs
-from tests.support import favorite_envelope, insert_session, new_id
 
 pytestmark = pytest.mark.e2e
 
 _TEN_MINUTES_MS = 600_000
 
 
-@pytest.fixture
-def jobs(tmp_path: Path) -> Iterator[JobSupervisor]:
-    with supervised_jobs(tmp_path) as supervisor:
-        yield supervisor
-
-
-def _gauges(job: FavoritesJob, topic: str) -> dict[str, float]:
+def _gauges(job: JobProcess, topic: str) -> dict[str, float]:
     samples = job.metrics()
     prefix = ("user_activity_input_records_behind", "user_activity_input_seconds_since_progress",
               "user_activity_input_lag_seconds")

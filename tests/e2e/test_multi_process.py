@@ -11,17 +11,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from devenv.harness.env import base_env, settings_env
+from devenv.harness.jobs import ROOT
+from devenv.harness.messages import favorite_envelope, new_id
+from devenv.harness.ports import free_port
+from devenv.harness.sessions import insert_session
 from tests.conftest import SettingsFactory
-from tests.jobs import ROOT, _base_env, free_port, settings_env
-from tests.support import (
-    action_rows,
-    consume_all,
-    envelope_record,
-    favorite_envelope,
-    insert_session,
-    new_id,
-    produce,
-)
+from tests.support import action_rows, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +36,7 @@ def test_two_processes_record_every_message_exactly_once(
         *(envelope_record(settings.topic_favorite_added, e) for e in envelopes[:100]),  # again
     ])
     addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
-    env = {**_base_env(), **settings_env(settings)}
+    env = {**base_env(), **settings_env(settings)}
     processes = []
     for index in range(2):
         log = (tmp_path / f"process-{index}.log").open("wb")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from typing import Any
 
@@ -10,20 +9,16 @@ import orjson
 import psycopg
 import pytest
 from bytewax.testing import run_main
-from prometheus_client.parser import text_string_to_metric_families
 
 from dataflows.favorite_actions import build_flow
+from devenv.harness.messages import favorite_envelope, new_id
+from devenv.harness.metrics import scrape, value
+from devenv.harness.ports import free_port
+from devenv.harness.sessions import insert_session
 from runtime.health import serve_http
 from runtime.logs import JsonFormatter
 from tests.conftest import SettingsFactory
-from tests.support import (
-    Produced,
-    envelope_record,
-    favorite_envelope,
-    insert_session,
-    new_id,
-    produce,
-)
+from tests.support import Produced, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
 
@@ -37,31 +32,11 @@ SPEC_METRICS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
 def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    port = serve_http("127.0.0.1", _free_port())
+    port = serve_http("127.0.0.1", free_port())
     assert port is not None
     anonymous = new_id()
     insert_session(db, anonymous_id=anonymous)
@@ -75,13 +50,13 @@ def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
         envelope_record(settings.topic_favorite_added, favorite_envelope(user_id=new_id())),
         Produced(settings.topic_favorite_added, b"k", b"not json"),  # poison
     ])
-    before = _scrape(port)
+    before = scrape(port)
 
     run_main(build_flow(settings))
-    after = _scrape(port)
+    after = scrape(port)
 
     def delta(name: str, **labels: str) -> float:
-        return _value(after, name, **labels) - _value(before, name, **labels)
+        return value(after, name, **labels) - value(before, name, **labels)
 
     assert {f"{m}" for m in SPEC_METRICS} <= {name.removesuffix("_total").removesuffix(
         "_count").removesuffix("_sum").removesuffix("_bucket") for name, _ in after}
@@ -93,7 +68,7 @@ def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
     assert delta("user_activity_favorites_dlq_total") == 1
     assert delta("user_activity_favorites_retries_total") == 0
     assert delta("user_activity_favorites_consume_duration_ms_count") == 11  # rows + db skips
-    assert 0 <= _value(after, "user_activity_favorites_lag_seconds") < 300
+    assert 0 <= value(after, "user_activity_favorites_lag_seconds") < 300
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
         assert response.status == 200
 

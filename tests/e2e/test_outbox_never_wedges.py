@@ -21,12 +21,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
+from devenv.harness.env import base_env, settings_env
+from devenv.harness.jobs import ROOT
 from runtime.health import HEALTH
 from runtime.metrics import BACKGROUND_RESTARTS, OUTBOX_PARKED
 from schemas.outbox import OutboxRow
 from sinks.outbox import PURGE_CHUNK_ROWS, OutboxPublisher, OutboxWatchdog, parked_rows
 from tests.conftest import SettingsFactory
-from tests.jobs import ROOT, base_env, settings_env
 from tests.support import consume_all
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 """The alert rules and the dashboard, live: a real Prometheus scrapes the real jobs.
 
 Debian's ``prometheus`` (tests/prometheus_server.py) scrapes the favorites job and the
-session-linking job (tests/jobs.py, Bytewax's API server enabled) every second and evaluates
+session-linking job (devenv/harness/jobs.py, Bytewax's API server on) every second and evaluates
 k8s/prometheus-rules.yaml as it is, every second. A publisher stall is caused the way it happens
 in production: the broker refuses writes to the action-tracked topic while reads go on and
 favorites keep coming. Prometheus must report
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,43 +42,23 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from devenv.harness.env import base_env, settings_env
+from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, supervised_jobs
+from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
+from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
 from tests.conftest import SettingsFactory
-from tests.jobs import base_env, settings_env, supervised_jobs
 from tests.prometheus_server import ApiJob, PrometheusServer
-from tests.support import (
-    Produced,
-    consume_all,
-    envelope_record,
-    favorite_envelope,
-    insert_session,
-    new_id,
-    produce,
-)
+from tests.support import Produced, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / "k8s" / "prometheus-rules.yaml"
 DASHBOARD_FILE = ROOT / "k8s" / "grafana-dashboard.json"
-SESSION_LINKING_FLOW = "dataflows.session_linking:flow"
 STALLED = "UserActivityOutboxStalled"
 # The dashboard's template variables as Grafana substitutes them (All = ".*").
 VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*", "$pod": ".*"}
 PARKED = "UserActivityOutboxRowsParked"
-
-
-def _signed_in(user_id: uuid.UUID, anonymous_id: uuid.UUID) -> dict[str, Any]:
-    return {
-        "MessageId": str(new_id()),
-        "CreatedAt": datetime.now(UTC).isoformat(),
-        "Version": 1,
-        "AggregateId": str(user_id),
-        "AggregateType": "User",
-        "CorrelationId": "corr-prometheus",
-        "Payload": {"UserId": str(user_id), "AnonymousId": str(anonymous_id),
-                    "SignedInAt": datetime.now(UTC).isoformat()},
-    }
 
 
 def _favorites(settings: Settings, db: psycopg.Connection[Any], count: int) -> list[Produced]:
@@ -197,7 +176,9 @@ def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query
             produce(settings, [
                 *before,
                 Produced(settings.topic_favorite_added, b"poison", b"not json"),
-                envelope_record(settings.topic_user_signed_in, _signed_in(new_id(), anonymous)),
+                envelope_record(settings.topic_user_signed_in, sign_in_envelope(
+                    user_id=new_id(), anonymous_id=anonymous, correlation_id="corr-prometheus",
+                    signed_in_at=datetime.now(UTC).isoformat())),
             ])
             published_rows = (
                 f'sum(user_activity_outbox_published_total{{topic="{settings.topic_action_tracked}"}})'

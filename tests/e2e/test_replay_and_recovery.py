@@ -15,18 +15,11 @@ from bytewax.testing import run_main
 
 from cli.replay import replay
 from dataflows.favorite_actions import build_flow
+from devenv.harness.messages import favorite_envelope, new_id
+from devenv.harness.sessions import insert_session
 from sources.kafka_input import StartPosition
 from tests.conftest import SettingsFactory
-from tests.support import (
-    Produced,
-    action_rows,
-    consume_all,
-    envelope_record,
-    favorite_envelope,
-    insert_session,
-    new_id,
-    produce,
-)
+from tests.support import Produced, action_rows, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
 

@@ -25,21 +25,21 @@ restarted cluster replays nothing. SIGTERM to both at once: both exit 0 in 0.2-0
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devenv.harness.env import base_env
+from devenv.harness.jobs import ROOT, JobProcess, JobSupervisor
+from devenv.harness.ports import free_port
 from runtime.settings import Settings
-from tests.conftest import SettingsFactory
-from tests.e2e.test_chaos import (
+from tests.chaos import (
     PacedProducer,
     Stream,
     assert_exact_outcome,
@@ -49,7 +49,7 @@ from tests.e2e.test_chaos import (
     report,
     unpublished,
 )
-from tests.jobs import ROOT, FavoritesJob, JobSupervisor, base_env, free_port, supervised_jobs
+from tests.conftest import SettingsFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -60,13 +60,15 @@ PEER_WATCH_SECONDS = 15.0
 LOG_MARKERS = ("panic", "Panic", "Error", "error", "MissingPartitions", "timely")
 
 
-class ClusterMember(FavoritesJob):
+class ClusterMember(JobProcess):
     """One process of a 2-process Bytewax cluster, on its own share of the recovery store."""
 
     def __init__(self, settings: Settings, workdir: Path, index: int, addresses: str) -> None:
         super().__init__(settings, workdir, snapshot_interval=2, backup_interval=10)
         self.index = index
         self.addresses = addresses
+        self.share = workdir / "recovery"
+        """Its share of the recovery store (the job's ``recovery_dir``)."""
 
     def init_recovery(self) -> None:
         """The share is placed by :func:`split_recovery_store`; never create one here."""
@@ -100,13 +102,13 @@ def split_recovery_store(members: Sequence[ClusterMember]) -> dict[str, list[str
     )
     created = sorted(p.name for p in scratch.iterdir())
     for member in members:
-        member.recovery_dir.mkdir(parents=True, exist_ok=True)
+        member.share.mkdir(parents=True, exist_ok=True)
         for path in scratch.glob(f"part-{member.index}.sqlite3*"):
-            path.rename(member.recovery_dir / path.name)
+            path.rename(member.share / path.name)
     assert not list(scratch.iterdir()), "init-recovery created files no share holds"
     scratch.rmdir()
     return {"created": created, **{
-        f"process_{m.index}": sorted(p.name for p in m.recovery_dir.iterdir()) for m in members
+        f"process_{m.index}": sorted(p.name for p in m.share.iterdir()) for m in members
     }}
 
 
@@ -128,23 +130,14 @@ def start_all(members: Sequence[ClusterMember], timeout: float = 60) -> None:
 def exited_within(member: ClusterMember, timeout: float) -> float | None:
     """Seconds until ``member`` exited by itself (reaped), or None if still running."""
     started = time.monotonic()
-    proc = member._proc
-    if proc is None:
-        return 0.0
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    if member.wait(timeout) is None:
         return None
-    member._reap(proc, 1.0)
     return round(time.monotonic() - started, 1)
 
 
 def send(members: Sequence[ClusterMember], sig: signal.Signals) -> None:
     for member in members:
-        proc = member._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
+        member.send_signal(sig)
 
 
 def stop_like_kubernetes(stopping: Sequence[ClusterMember], others: Sequence[ClusterMember],
@@ -163,12 +156,11 @@ def stop_like_kubernetes(stopping: Sequence[ClusterMember], others: Sequence[Clu
     while pending or peers:
         now = time.monotonic()
         for index, member in list(pending.items()):
-            if member._proc is None or member._proc.poll() is not None:
+            if not member.running:
                 exited_within(member, 1.0)
                 outcome[f"p{index}_sigkilled"] = False
             elif now >= deadline:
-                send([member], signal.SIGKILL)
-                member._reap(member._proc, 30.0)
+                member.kill()
                 outcome[f"p{index}_sigkilled"] = True
             else:
                 continue
@@ -179,7 +171,7 @@ def stop_like_kubernetes(stopping: Sequence[ClusterMember], others: Sequence[Clu
             outcome[f"p{index}_exit_s"] = round(last_exit - sent, 1)
             del pending[index]
         for index, member in list(peers.items()):
-            if member._proc is None or member._proc.poll() is not None:
+            if not member.running:
                 exited_within(member, 1.0)
                 outcome[f"p{index}_exit"] = member.exit_codes[-1]
                 outcome[f"p{index}_exit_s"] = round(time.monotonic() - sent, 1)
@@ -222,12 +214,6 @@ def wait_rows(database_url: str, stream: Stream, at_least: int, timeout: float =
         assert time.monotonic() - started < timeout, f"fewer than {at_least} rows"
         time.sleep(0.25)
     return round(time.monotonic() - started, 1)
-
-
-@pytest.fixture
-def jobs(tmp_path: Path) -> Iterator[JobSupervisor]:
-    with supervised_jobs(tmp_path) as supervisor:
-        yield supervisor
 
 
 def _settings(make_settings: SettingsFactory) -> Settings:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -22,21 +21,13 @@ from dataflows.session_linking import build_flow
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import LinkOutcome, SessionTopics
 from dataflows.session_linking.sink import SessionLinksStore
+from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
+from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
 from schemas.kafka_record import SourceRecord
 from schemas.sessions import SessionEndedEnvelope, SessionLinkedEnvelope, SessionStartedEnvelope
 from tests.conftest import SettingsFactory
-from tests.support import (
-    Consumed,
-    Produced,
-    action_rows,
-    consume_all,
-    envelope_record,
-    favorite_envelope,
-    insert_session,
-    new_id,
-    produce,
-)
+from tests.support import Consumed, Produced, action_rows, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
 
@@ -46,29 +37,6 @@ TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def run(flow: Dataflow) -> None:
     """One bounded run of ``flow`` on one worker (settings ``tail=False``)."""
     run_main(flow)
-
-
-def signed_in_envelope(
-    *,
-    user_id: uuid.UUID,
-    anonymous_id: uuid.UUID,
-    message_id: uuid.UUID | None = None,
-    correlation_id: str | None = "corr-sign-in",
-) -> dict[str, Any]:
-    """A user-signed-in envelope (ASSUMED contract), keyed by UserId like identity produces it."""
-    return {
-        "MessageId": str(message_id or new_id()),
-        "CreatedAt": datetime.now(UTC).isoformat(),
-        "Version": 1,
-        "AggregateId": str(user_id),
-        "AggregateType": "User",
-        "CorrelationId": correlation_id,
-        "Payload": {
-            "UserId": str(user_id),
-            "AnonymousId": str(anonymous_id).upper(),
-            "SignedInAt": "2026-11-29T11:00:00.1234567+03:00",
-        },
-    }
 
 
 def sign_in(settings: Settings, envelope: dict[str, Any], **kwargs: Any) -> Produced:
@@ -126,7 +94,7 @@ def test_guest_sign_in_links_the_session_and_publishes_exactly_one_session_linke
     settings = make_settings()
     anonymous, user = new_id(), new_id()
     session = insert_session(db, anonymous_id=anonymous)
-    envelope = signed_in_envelope(user_id=user, anonymous_id=anonymous)
+    envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, envelope, headers=(("traceparent", TRACEPARENT),))])
 
     run(build_flow(settings))
@@ -162,7 +130,7 @@ def test_sign_in_of_the_same_user_again_changes_nothing_and_publishes_nothing(
     anonymous, user = new_id(), new_id()
     session = insert_session(db, anonymous_id=anonymous, user_id=user)
     before = session_row(db, session)
-    produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
+    produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
     run(build_flow(settings))
 
@@ -179,7 +147,7 @@ def test_sign_in_of_another_user_ends_the_session_and_starts_a_new_linked_one(
     anonymous, first_user, second_user = new_id(), new_id(), new_id()
     old = insert_session(db, anonymous_id=anonymous, user_id=first_user)
     produce(settings, [sign_in(
-        settings, signed_in_envelope(user_id=second_user, anonymous_id=anonymous),
+        settings, sign_in_envelope(user_id=second_user, anonymous_id=anonymous),
         headers=(("traceparent", TRACEPARENT),),
     )])
 
@@ -214,7 +182,7 @@ def test_redelivered_sign_in_publishes_session_linked_only_once(
     settings = make_settings()
     anonymous, user = new_id(), new_id()
     session = insert_session(db, anonymous_id=anonymous)
-    envelope = signed_in_envelope(user_id=user, anonymous_id=anonymous)
+    envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, envelope, partition=0),
                        sign_in(settings, envelope, partition=4)])
     run(build_flow(settings))
@@ -237,8 +205,8 @@ def test_replayed_old_sign_in_does_not_end_the_newer_session(
     settings = make_settings()
     anonymous, first_user, second_user = new_id(), new_id(), new_id()
     guest = insert_session(db, anonymous_id=anonymous)
-    first = signed_in_envelope(user_id=first_user, anonymous_id=anonymous)
-    second = signed_in_envelope(user_id=second_user, anonymous_id=anonymous)
+    first = sign_in_envelope(user_id=first_user, anonymous_id=anonymous)
+    second = sign_in_envelope(user_id=second_user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, first)])
     run(build_flow(settings))
     produce(settings, [sign_in(settings, second)])
@@ -269,7 +237,7 @@ def test_sign_in_on_a_device_without_a_session_starts_a_linked_session(
     settings = make_settings()
     anonymous, user = new_id(), new_id()
     insert_session(db, anonymous_id=anonymous, status="Ended")
-    produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
+    produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
     run(build_flow(settings))
 
@@ -302,7 +270,7 @@ def test_guest_likes_show_in_the_users_history_after_the_sign_in_is_processed(
         "SELECT id FROM user_activity.user_action_history WHERE history_user_id = %s ORDER BY id"
     )
     assert db.execute(history_query, (user,)).fetchall() == []
-    produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
+    produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
     run(build_flow(settings))
 
@@ -318,13 +286,13 @@ def test_undecodable_sign_ins_go_to_the_dlq_and_the_others_are_linked(
     settings = make_settings()
     anonymous, user = new_id(), new_id()
     session = insert_session(db, anonymous_id=anonymous)
-    missing_device = signed_in_envelope(user_id=user, anonymous_id=anonymous)
+    missing_device = sign_in_envelope(user_id=user, anonymous_id=anonymous)
     del missing_device["Payload"]["AnonymousId"]
     produce(settings, [
         Produced(settings.topic_user_signed_in, b"k1", b"{not json",
                  (("traceparent", TRACEPARENT),), partition=1),
         Produced(settings.topic_user_signed_in, b"k2", orjson.dumps(missing_device), partition=1),
-        sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous), partition=1),
+        sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous), partition=1),
     ])
 
     run(build_flow(settings))
@@ -347,7 +315,7 @@ def test_two_workers_link_every_device_once(
     settings = make_settings()
     devices = [(new_id(), new_id()) for _ in range(30)]
     sessions = [insert_session(db, anonymous_id=anonymous) for anonymous, _ in devices]
-    envelopes = [signed_in_envelope(user_id=u, anonymous_id=a) for a, u in devices]
+    envelopes = [sign_in_envelope(user_id=u, anonymous_id=a) for a, u in devices]
     produce(settings, [sign_in(settings, e) for e in envelopes + envelopes[:10]])
 
     cluster_main(
@@ -375,7 +343,7 @@ def test_concurrent_sign_ins_on_one_guest_session_link_it_once(
     results: dict[int, list[LinkOutcome]] = {i: [] for i in range(rounds)}
 
     def message(anonymous: uuid.UUID, user: uuid.UUID) -> SignInMessage:
-        value = orjson.dumps(signed_in_envelope(user_id=user, anonymous_id=anonymous))
+        value = orjson.dumps(sign_in_envelope(user_id=user, anonymous_id=anonymous))
         decoded = decode_sign_in(SourceRecord(settings.topic_user_signed_in, 0, 0, None, value))
         assert isinstance(decoded, SignInMessage)
         return decoded
@@ -421,7 +389,7 @@ def test_a_sign_in_failing_three_times_is_dead_lettered_and_its_batch_mates_are_
     good_device, poison_device, user = new_id(), new_id(), new_id()
     good_session = insert_session(db, anonymous_id=good_device)
     poison_session = insert_session(db, anonymous_id=poison_device)
-    poison = signed_in_envelope(user_id=user, anonymous_id=poison_device)
+    poison = sign_in_envelope(user_id=user, anonymous_id=poison_device)
     link_batch = SessionLinksStore.link_batch
 
     def failing_for_poison(
@@ -433,7 +401,7 @@ def test_a_sign_in_failing_three_times_is_dead_lettered_and_its_batch_mates_are_
 
     monkeypatch.setattr(SessionLinksStore, "link_batch", failing_for_poison)
     produce(settings, [
-        sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=good_device), partition=2),
+        sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=good_device), partition=2),
         sign_in(settings, poison, partition=2),
     ])
 
@@ -465,7 +433,7 @@ def test_a_transient_database_failure_is_retried_and_nothing_is_dead_lettered(
         return link_batch(store, conn, messages)
 
     monkeypatch.setattr(SessionLinksStore, "link_batch", flaky)
-    produce(settings, [sign_in(settings, signed_in_envelope(user_id=user, anonymous_id=anonymous))])
+    produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
     run(build_flow(settings))
 

@@ -23,12 +23,13 @@ import pytest
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.sink import _ActionHistoryPartition
 from dataflows.favorite_actions.store import FavoritesStore
+from devenv.harness.messages import favorite_envelope
+from devenv.harness.sessions import insert_session
 from runtime.backlog import BACKLOG
 from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks import deferred_statement
-from tests.support import favorite_envelope, insert_session
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,10 @@ from psycopg.rows import dict_row
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.store import FavoritesStore
+from devenv.harness.messages import favorite_envelope
+from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from tests.support import favorite_envelope, insert_session
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.store import FavoritesStore, owner_of
+from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from tests.support import insert_session
 
 pytestmark = pytest.mark.integration
 

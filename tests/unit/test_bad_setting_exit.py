@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from tests.jobs import ROOT, base_env
+from devenv.harness.env import base_env
+from devenv.harness.jobs import ROOT
 
 ENTRY_POINTS = {
     "operator command": [sys.executable, "-m", "cli", "migrate"],

@@ -16,12 +16,12 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
+from devenv.harness.messages import favorite_envelope
 from runtime.settings import Settings
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from tests.support import favorite_envelope
 
 SETTINGS = Settings(http_port=0, outbox_enabled=False)
 

@@ -1,0 +1,454 @@
+"""The chaos harness: paced streams of good and poison favorites, and their exact outcome.
+
+Used by the chaos, clean-stop and rolling-restart tests (tests/e2e/): a :class:`Stream` of
+:class:`Outgoing` records (good ones of seeded owners, poison of every kind), produced at a steady
+rate by :class:`PacedProducer`; :class:`HealthMonitor` samples a running job's health and
+metrics; :func:`assert_exact_outcome` checks that every good message has exactly one row and one
+action-tracked MessageId, and that the DLQ holds exactly the poison.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import psycopg
+from confluent_kafka import KafkaError, Message, Producer
+
+from devenv.harness.jobs import HttpAnswer, JobProcess
+from devenv.harness.messages import favorite_envelope
+from devenv.harness.sessions import seed_owners
+from runtime.settings import Settings
+from schemas.dlq import (
+    HEADER_ATTEMPTS,
+    HEADER_EXCEPTION_TYPE,
+    HEADER_FAILED_AT,
+    HEADER_REASON,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+    DlqReason,
+)
+from tests.support import Consumed, consume_all
+
+RETRIES = "user_activity_favorites_retries_total"
+DLQ_TOTAL = "user_activity_favorites_dlq_total"
+PAUSED_SECONDS = "user_activity_paused_seconds"
+GOOD_TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+# ---- the stream ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A record to produce, and what the job must make of it."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    message_id: uuid.UUID | None = None  # set for good messages (one row each)
+    reason: DlqReason | None = None  # set for poison (one dead letter each)
+    attempts: int = 1
+
+
+@dataclass
+class Stream:
+    """Good messages and poison, in production order."""
+
+    records: list[Outgoing]
+
+    @property
+    def good_ids(self) -> list[uuid.UUID]:
+        return [r.message_id for r in self.records if r.message_id is not None]
+
+    @property
+    def poison(self) -> list[Outgoing]:
+        return [r for r in self.records if r.reason is not None]
+
+
+def good_stream(settings: Settings, database_url: str, count: int, seed: int) -> Stream:
+    """``count`` valid favorites events of seeded owners on both topics (80 % guests)."""
+    rng = random.Random(seed)
+    devices, users = seed_owners(database_url, 400, 100)
+    return Stream([good_record(settings, rng, devices, users) for _ in range(count)])
+
+
+def good_record(
+    settings: Settings, rng: random.Random, devices: Sequence[uuid.UUID],
+    users: Sequence[uuid.UUID], *, headers: tuple[tuple[str, bytes], ...] = (),
+    reason: DlqReason | None = None,
+) -> Outgoing:
+    topic = (settings.topic_favorite_added if rng.random() < 0.7
+             else settings.topic_favorite_removed)
+    if rng.random() < 0.8:
+        envelope = favorite_envelope(anonymous_id=rng.choice(devices))
+    else:
+        envelope = favorite_envelope(user_id=rng.choice(users))
+    message_id = uuid.UUID(envelope["MessageId"])
+    return Outgoing(
+        topic, str(envelope["AggregateId"]).encode(), orjson.dumps(envelope), headers,
+        message_id=None if reason else message_id, reason=reason,
+        attempts=3 if reason else 1,
+    )
+
+
+def refuse_in_the_database(database_url: str, records: Sequence[Outgoing]) -> None:
+    """Make PostgreSQL refuse the action rows of ``records`` (fault injection, SQLSTATE 23514).
+
+    A trigger on ``action_events`` raises ``check_violation`` for a FavoriteId listed in
+    ``chaos.refused_favorites``; rows of every other test are untouched.
+    """
+    favorite_ids = [
+        uuid.UUID(orjson.loads(r.value or b"{}")["Payload"]["FavoriteId"]) for r in records
+    ]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(4242)")  # concurrent tests create it once
+        conn.execute("CREATE SCHEMA IF NOT EXISTS chaos")
+        conn.execute("CREATE TABLE IF NOT EXISTS chaos.refused_favorites (id uuid PRIMARY KEY)")
+        conn.execute("""
+            CREATE OR REPLACE FUNCTION chaos.refuse_favorite() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM chaos.refused_favorites WHERE id = NEW.favorite_id) THEN
+                    RAISE EXCEPTION 'refused by the chaos test' USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN NEW;
+            END;
+            $$""")
+        conn.execute("""CREATE OR REPLACE TRIGGER trg_chaos_refuse_favorite
+                        BEFORE INSERT ON user_activity.action_events
+                        FOR EACH ROW EXECUTE FUNCTION chaos.refuse_favorite()""")
+        conn.execute("SELECT pg_advisory_unlock(4242)")
+        conn.execute("INSERT INTO chaos.refused_favorites (id) SELECT unnest(%s::uuid[])"
+                     " ON CONFLICT DO NOTHING", (favorite_ids,))
+
+
+def poison_records(settings: Settings, rng: random.Random, devices: Sequence[uuid.UUID],
+                   users: Sequence[uuid.UUID], per_kind: int) -> list[Outgoing]:
+    """``per_kind`` records of each poison kind, each with a unique key and value."""
+    records: list[Outgoing] = []
+    for index in range(per_kind):
+        marker = uuid.uuid4()
+        key = f"poison-{marker}".encode()
+        topic = settings.topic_favorite_added if index % 2 else settings.topic_favorite_removed
+        envelope = favorite_envelope(anonymous_id=rng.choice(devices))
+        misfits: list[dict[str, Any]] = [
+            {**envelope, "MessageId": f"not-a-uuid-{marker}"},
+            {**envelope, "Payload": {**envelope["Payload"], "OccurredAt": "2026-11-29T08:00:00"}},
+            {k: v for k, v in envelope.items() if k != "Payload"},
+            {**envelope, "Payload": {**envelope["Payload"], "PropertyObjectId": None}},
+        ]
+        records += [
+            Outgoing(topic, key + b"-tombstone", None, reason=DlqReason.TOMBSTONE),
+            Outgoing(topic, key + b"-utf8", b"\xff\xfe" + marker.bytes + b"\xc3\x28",
+                     reason=DlqReason.NOT_UTF8),
+            Outgoing(topic, key + b"-json", f'{{"MessageId": "{marker}", oops'.encode(),
+                     reason=DlqReason.INVALID_JSON),
+            Outgoing(topic, key + b"-schema", orjson.dumps(misfits[index % len(misfits)]),
+                     reason=DlqReason.SCHEMA_MISMATCH),
+            # Decodes and has a session, but the database refuses its row (SQLSTATE 23514, see
+            # refuse_in_the_database): what a data error looks like, since every field we
+            # write is bounded and checked before the write.
+            good_record(settings, rng, devices, users,
+                        headers=(("traceparent", GOOD_TRACEPARENT),), reason=DlqReason.DATA_ERROR),
+        ]
+    return records
+
+
+@dataclass
+class Delivery:
+    """Where the broker put a produced record."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class PacedProducer(threading.Thread):
+    """Produces a stream at a steady rate in the background (a live upstream service).
+
+    Idempotent with a 5-minute delivery timeout, so a broker outage delays records but never
+    loses or duplicates them. ``deliveries[i]`` is where record ``i`` landed.
+    """
+
+    def __init__(self, settings: Settings, records: Sequence[Outgoing], rate: float) -> None:
+        super().__init__(name="paced-producer", daemon=True)
+        self._config = {
+            **settings.kafka_client_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 300_000,
+            "logger": logging.getLogger("tests.paced_producer"),  # not raw stderr
+        }
+        self._records = records
+        self._rate = rate
+        self.deliveries: list[Delivery | None] = [None] * len(records)
+        self.errors: list[str] = []
+        self.produced = 0
+        self.started_at = self.finished_at = 0.0
+        self._failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._produce()
+        except BaseException as exc:  # re-raised by result()
+            self._failure = exc
+
+    def _produce(self) -> None:
+        producer = Producer(self._config)
+        started = self.started_at = time.monotonic()
+        for index, record in enumerate(self._records):
+            due = started + index / self._rate
+            while (wait := due - time.monotonic()) > 0:
+                producer.poll(min(wait, 0.05))
+            while True:
+                try:
+                    producer.produce(
+                        record.topic, key=record.key, value=record.value,
+                        headers=list(record.headers), on_delivery=self._report(index),
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            self.produced = index + 1
+        remaining = producer.flush(300)
+        self.finished_at = time.monotonic()
+        if remaining:
+            self.errors.append(f"{remaining} records not delivered")
+
+    def _report(self, index: int) -> Any:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self.errors.append(err.name())
+                return
+            self.deliveries[index] = Delivery(msg.topic() or "", msg.partition() or 0,
+                                              msg.offset() or 0)
+        return on_delivery
+
+    @property
+    def seconds(self) -> float:
+        """How long producing and delivering everything took."""
+        return round(self.finished_at - self.started_at, 1)
+
+    def result(self, timeout: float = 320) -> list[Delivery]:
+        """Wait until every record is acknowledged; where each landed."""
+        self.join(timeout)
+        assert not self.is_alive(), "the producer did not finish"
+        if self._failure is not None:
+            raise self._failure
+        assert self.errors == []
+        assert all(d is not None for d in self.deliveries)
+        return [d for d in self.deliveries if d is not None]
+
+
+# ---- watching the job ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One look at the job's health endpoints and metrics."""
+
+    at: float
+    ready: HttpAnswer | None
+    live: HttpAnswer | None
+    retries: float | None
+    paused_seconds: float | None
+
+    @property
+    def ready_state(self) -> str | None:
+        return None if self.ready is None else str(self.ready.json()["state"])
+
+
+class HealthMonitor(threading.Thread):
+    """Samples ``/readyz``, ``/livez`` and ``/metrics`` every ``interval`` seconds."""
+
+    def __init__(self, job: JobProcess, interval: float = 0.5) -> None:
+        super().__init__(name="health-monitor", daemon=True)
+        self._job = job
+        self._interval = interval
+        self._done = threading.Event()
+        self.samples: list[Sample] = []
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            metrics = self._job.metrics()
+            self.samples.append(Sample(
+                time.monotonic(), self._job.get("/readyz"), self._job.get("/livez"),
+                metrics.get(RETRIES), metrics.get(PAUSED_SECONDS),
+            ))
+            self._done.wait(self._interval)
+
+    def stop(self) -> list[Sample]:
+        self._done.set()
+        self.join(10)
+        return self.samples
+
+    def between(self, start: float, end: float) -> list[Sample]:
+        return [s for s in self.samples if start <= s.at <= end]
+
+
+def count_rows(database_url: str, message_ids: Sequence[uuid.UUID]) -> int:
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM user_activity.action_events WHERE source_message_id = ANY(%s)",
+            (list(message_ids),),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def unpublished(database_url: str, topic: str) -> int:
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM user_activity.outbox WHERE topic = %s AND published_at IS NULL",
+            (topic,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_for_rows(job: JobProcess, database_url: str, stream: Stream, at_least: int,
+                  timeout: float) -> float:
+    ids = stream.good_ids
+    return job.wait_until(lambda: count_rows(database_url, ids) >= at_least, timeout,
+                          f"{at_least} rows", interval=0.25)
+
+
+def wait_until_drained(job: JobProcess, database_url: str, stream: Stream,
+                       timeout: float = 180) -> float:
+    """Every good message recorded and every outbox row of this test published."""
+    ids = stream.good_ids
+    topic = job.settings.topic_action_tracked
+    return job.wait_until(
+        lambda: count_rows(database_url, ids) >= len(ids) and unpublished(database_url, topic) == 0,
+        timeout, f"{len(ids)} rows and an empty outbox", interval=0.5,
+    )
+
+
+# ---- the exact counts ------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    """What the final checks counted."""
+
+    good: int = 0
+    rows: int = 0
+    tracked_records: int = 0
+    tracked_distinct: int = 0
+    dlq: int = 0
+    letters: list[Consumed] = field(default_factory=list)
+
+
+def assert_exact_outcome(
+    settings: Settings, database_url: str, stream: Stream, deliveries: Sequence[Delivery]
+) -> Counts:
+    """Rows, action-tracked and DLQ hold exactly what ``stream`` must produce, nothing else."""
+    good = stream.good_ids
+    poison = stream.poison
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # Joined here, not in SQL: the planner, with no statistics yet on a fresh outbox, chose
+        # a nested loop over every outbox row for every action row (minutes).
+        actions = conn.execute(
+            "SELECT id, source_message_id FROM user_activity.action_events"
+            " WHERE source_message_id = ANY(%s)",
+            (good,),
+        ).fetchall()
+        announced = {
+            bytes(key) for (key,) in conn.execute(
+                "SELECT key FROM user_activity.outbox WHERE topic = %s",
+                (settings.topic_action_tracked,),
+            ).fetchall()
+        }
+        rows = [(row_id, source) for row_id, source in actions
+                if str(row_id).encode() in announced]
+        all_rows = conn.execute(
+            "SELECT count(*) FROM user_activity.action_events WHERE source_message_id = ANY(%s)",
+            ([*good, *(_envelope_id(p) for p in poison if p.reason is DlqReason.DATA_ERROR)],),
+        ).fetchone()
+    # Every good message: exactly one row (and its one outbox row); the poison: none.
+    per_message = Counter(source for _id, source in rows)
+    assert set(per_message) == set(good), "a good message has no row"
+    assert max(per_message.values()) == 1, "a good message has more than one row"
+    assert all_rows == (len(good),), "a poison message has a row"
+    row_ids = {row_id for row_id, _source in rows}
+
+    tracked = consume_all(settings, settings.topic_action_tracked,
+                          expect_at_least=len(good), timeout=60, settle=2.0)
+    by_event: dict[str, set[str]] = {}
+    for record in tracked:
+        envelope = record.json()
+        by_event.setdefault(envelope["AggregateId"], set()).add(envelope["MessageId"])
+    assert set(by_event) == {str(r) for r in row_ids}, "action-tracked is missing a row's event"
+    assert all(len(ids) == 1 for ids in by_event.values()), "a row announced with 2 MessageIds"
+
+    dlq = consume_all(settings, settings.topic_favorites_dlq,
+                      expect_at_least=len(poison), timeout=60, settle=1.0)
+    assert_dlq_holds_exactly(dlq, stream, deliveries)
+    return Counts(len(good), len(rows), len(tracked), len(by_event), len(dlq), dlq)
+
+
+def assert_dlq_holds_exactly(
+    dlq: Sequence[Consumed], stream: Stream, deliveries: Sequence[Delivery]
+) -> None:
+    """The DLQ is exactly the poison records: same key, value, headers; right reason/source."""
+    expected = {
+        (d.topic, d.partition, d.offset): r
+        for r, d in zip(stream.records, deliveries, strict=True) if r.reason is not None
+    }
+    good_values = {r.value for r in stream.records if r.message_id is not None}
+    assert not [c for c in dlq if c.value in good_values], "a good message is in the DLQ"
+    letters = {}
+    for letter in dlq:
+        source = (
+            (letter.header(HEADER_SOURCE_TOPIC) or b"").decode(),
+            int(letter.header(HEADER_SOURCE_PARTITION) or b"-1"),
+            int(letter.header(HEADER_SOURCE_OFFSET) or b"-1"),
+        )
+        assert source not in letters, f"{source} dead-lettered twice"
+        letters[source] = letter
+    assert set(letters) == set(expected)
+    for source, record in expected.items():
+        letter = letters[source]
+        assert (letter.key, letter.value) == (record.key, record.value), source
+        assert letter.header(HEADER_REASON) == str(record.reason).encode(), source
+        assert letter.header(HEADER_ATTEMPTS) == str(record.attempts).encode(), source
+        assert letter.header(HEADER_EXCEPTION_TYPE), source
+        assert letter.header(HEADER_FAILED_AT), source
+        original = [h for h in letter.headers if not h[0].startswith("x-")]
+        assert tuple(original) == record.headers, source
+
+
+def _envelope_id(record: Outgoing) -> uuid.UUID:
+    assert record.value is not None
+    return uuid.UUID(orjson.loads(record.value)["MessageId"])
+
+
+def report(record_property: Any, name: str, values: dict[str, Any]) -> None:
+    """Print the measurements (``pytest -s``) and attach them to the test's report."""
+    print(f"\n[chaos {name}] " + "  ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+    for key, value in values.items():
+        record_property(key, value)
+
+
+def stop_job(job: JobProcess) -> dict[str, Any]:
+    """Stop the job the way Kubernetes does (a signal, then SIGKILL); how long it took."""
+    started = time.monotonic()
+    code = job.terminate()
+    return {"stop_s": round(time.monotonic() - started, 1), "stop_exit_code": code}
+
+
+def count_log_events(job: JobProcess, event: str, run: int | None = None) -> int:
+    return sum(1 for e in job.log_events(run) if e.get("event") == event)
+
