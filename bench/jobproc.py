@@ -1,7 +1,7 @@
 """The job as a subprocess (``python -m bytewax.run``), what it emits, and what it costs.
 
-- :class:`JobProcess`: spawns the real job with ``USER_ACTIVITY_*`` settings, scrapes its
-  Prometheus ``/metrics``, reads its CPU time and RSS from ``/proc``, kills it.
+- :class:`JobProcess`: the real job as the harness (:mod:`devenv.harness.jobs`) runs it, with
+  its CPU time and RSS from ``/proc``.
 - :class:`OutputCounter`: a consumer thread on the action-tracked topic that counts messages and
   timestamps their arrival (receive time in this process); optionally maps FavoriteId -> arrival.
 - :class:`CpuSampler`: CPU seconds of the job, PostgreSQL, Kafka and the whole machine over a
@@ -12,15 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -29,20 +22,12 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from bench.services import settings_env
+from devenv.harness.jobs import ROOT
+from devenv.harness.jobs import JobProcess as HarnessJob
 from runtime.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
 _LIVE: set[JobProcess] = set()
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_cpu_seconds(pid: int) -> float | None:
@@ -104,8 +89,12 @@ def machine_cpu() -> tuple[float, float]:
     return (total - idle) / _CLK_TCK, total / _CLK_TCK
 
 
-class JobProcess:
-    """One ``python -m bytewax.run dataflows.favorite_actions:flow`` subprocess."""
+class JobProcess(HarnessJob):
+    """The favorites job as :class:`devenv.harness.jobs.JobProcess` runs it, started at once.
+
+    Its own log file, no recovery unless ``recovery_dir`` (``-s snapshot_interval -b 0``); CPU
+    time (exact once reaped) and RSS from ``/proc``; registered for :func:`kill_all_jobs`.
+    """
 
     def __init__(
         self, settings: Settings, log_path: Path, *, workers: int = 1, tail: bool,
@@ -113,77 +102,36 @@ class JobProcess:
         extra_env: dict[str, str] | None = None, source_dir: Path | None = None,
     ) -> None:
         """``source_dir``: run the job from another checkout (an A/B against another commit)."""
-        self.metrics_port = free_port()
-        env = {
-            **os.environ,
-            **settings_env(settings),
-            "USER_ACTIVITY_TAIL": "true" if tail else "false",
-            "USER_ACTIVITY_HTTP_PORT": str(self.metrics_port),
-            "USER_ACTIVITY_HTTP_HOST": "127.0.0.1",
-            "PYTHONUNBUFFERED": "1",
-            **(extra_env or {}),
-        }
-        cmd = [sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
-               "-w", str(workers)]
-        if recovery_dir is not None:
-            cmd += ["-r", str(recovery_dir), "-s", str(round(snapshot_interval)), "-b", "0"]
-        setpriv = shutil.which("setpriv")
-        if setpriv is not None:  # the job dies with the benchmark, whatever happens
-            cmd = [setpriv, "--pdeathsig", "KILL", *cmd]
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd, cwd=source_dir or ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT,
+        super().__init__(
+            settings, log_path.parent, workers=workers, tail=tail,
+            recovery=recovery_dir is not None, recovery_dir=recovery_dir,
+            snapshot_interval=round(snapshot_interval), backup_interval=0, log_path=log_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, extra_env=extra_env,
+            cwd=source_dir or ROOT,
         )
-        self.exited_at: float | None = None
         self._hwm_kb = 0
-        self.rusage: Any = None  # the exact CPU time and max RSS once reaped (os.wait4)
-        self._reaper = threading.Thread(target=self._reap, name="job-reaper", daemon=True)
-        self._reaper.start()
+        self.start(wait_http=0)
+        self.started = self.started_at or time.monotonic()
         _LIVE.add(self)
 
-    def _reap(self) -> None:
-        _pid, status, rusage = os.wait4(self.proc.pid, 0)
-        self.exited_at = time.monotonic()
-        self.rusage = rusage
-        self.proc.returncode = os.waitstatus_to_exitcode(status)
+    def init_recovery(self) -> None:
+        """The phases make the recovery store themselves."""
 
     @property
-    def pid(self) -> int:
+    def job_pid(self) -> int:
         """The job's pid (setpriv execs, so it is the Python process)."""
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        """Whether the process still runs."""
-        return self.proc.returncode is None
-
-    def metrics(self, timeout: float = 2.0) -> dict[str, float] | None:
-        """The scraped ``/metrics`` as ``{name{labels}: value}``, or None if unreachable."""
-        try:
-            with urllib.request.urlopen(  # a local http URL we built
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout
-            ) as response:
-                text = response.read().decode()
-        except OSError:
-            return None
-        found: dict[str, float] = {}
-        for line in text.splitlines():
-            match = _METRIC_LINE.match(line)
-            if match:
-                found[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-        return found
+        assert self.pid is not None
+        return self.pid
 
     def cpu_seconds(self) -> float | None:
         """The job's CPU seconds so far (exact once it has exited)."""
         if self.rusage is not None:
             return float(self.rusage.ru_utime + self.rusage.ru_stime)
-        return proc_cpu_seconds(self.pid)
+        return proc_cpu_seconds(self.job_pid)
 
     def rss_mb(self) -> float | None:
         """The job's current VmRSS in MiB."""
-        kb = proc_status_kb(self.pid, "VmRSS")
+        kb = proc_status_kb(self.job_pid, "VmRSS")
         return None if kb is None else kb / 1024
 
     def hwm_mb(self) -> float | None:
@@ -191,66 +139,32 @@ class JobProcess:
 
         Not ``ru_maxrss``: that counts the forked benchmark process's pages before the exec.
         """
-        kb = proc_status_kb(self.pid, "VmHWM") if self.rusage is None else None
+        kb = proc_status_kb(self.job_pid, "VmHWM") if self.rusage is None else None
         if kb is not None:
             self._hwm_kb = max(self._hwm_kb, kb)
         return self._hwm_kb / 1024 if self._hwm_kb else None
 
-    def wait(self, timeout: float) -> int | None:
-        """Wait for the process to exit; its return code, or None on timeout."""
-        self._reaper.join(timeout)
-        return self.proc.returncode
-
-    def _signal(self, sig: int) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, sig)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` and reap the process."""
-        self._signal(sig)
-        self.wait(30)
-        self._log.close()
-        _LIVE.discard(self)
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout``; the return code."""
-        self._signal(signal.SIGTERM)
-        if self.wait(timeout) is None:
-            self._signal(signal.SIGKILL)
-        code = self.wait(30)
-        self._log.close()
+    def kill(self) -> int | None:
+        """SIGKILL the job and reap it."""
+        code = super().kill()
         _LIVE.discard(self)
         return code
 
-    def log_tail(self, lines: int = 20) -> str:
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; the return code."""
+        code = self.terminate(timeout)
+        _LIVE.discard(self)
+        return code
+
+    def log_tail(self, lines: int = 20, *, info: bool = True) -> str:
         """The end of the job's log."""
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(max(0, self.log_path.stat().st_size - 20_000))
-                return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return super().log_tail(lines, info=info)
 
 
 def kill_all_jobs() -> None:
     """SIGKILL every job subprocess still running (teardown)."""
     for job in list(_LIVE):
         job.kill()
-
-
-def metric_sum(metrics: dict[str, float] | None, name: str, **labels: str) -> float:
-    """The sum of ``name`` over the series whose labels include ``labels``."""
-    if not metrics:
-        return 0.0
-    total = 0.0
-    for key, value in metrics.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
 
 
 class OutputCounter:
@@ -378,7 +292,7 @@ class CpuSampler:
         self._stop.set()
         self._thread.join(5)
         end = self._read()
-        if self._job is not None and self._job.rusage is None and not self._job.alive():
+        if self._job is not None and self._job.rusage is None and not self._job.running:
             end["job"] = self._last_job_cpu
         wall = end["t"] - self._start["t"]
         result: dict[str, Any] = {"wall_s": round(wall, 2)}

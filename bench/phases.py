@@ -21,25 +21,20 @@ import orjson
 import psycopg
 
 from bench.ceiling import wal_lsn
-from bench.jobproc import (
-    ROOT,
-    CpuSampler,
-    JobProcess,
-    OutputCounter,
-    metric_sum,
-    read_topic,
-)
+from bench.jobproc import CpuSampler, JobProcess, OutputCounter, read_topic
 from bench.services import Services
 from bench.workload import (
     Backlog,
     EnvelopeFactory,
     OutRecord,
-    Session,
     make_backlog,
     produce_all,
     producer,
     uuid4_from,
 )
+from devenv.harness.jobs import ROOT
+from devenv.harness.metrics import metric_sum
+from devenv.harness.sessions import Session
 from runtime.settings import Settings
 
 Log = Callable[[str], None]
@@ -110,13 +105,13 @@ def job_backlog(
         # answers (start-up time), then every 2 s. Every output is published after its row's
         # commit, so "all outputs arrived" implies "all rows committed" (verified below).
         if now >= next_scrape:
-            metrics = job.metrics(timeout=1.0)
+            metrics = job.scrape(timeout=1.0)
             if metrics is not None:
                 last_metrics = metrics
                 if t_http is None:
                     t_http = now
                     if profile_dir is not None:
-                        spies = _start_py_spy(job.pid, profile_dir, name)
+                        spies = _start_py_spy(job.job_pid, profile_dir, name)
             next_scrape = now + (2.0 if t_http is not None else 0.1)
             recorded = metric_sum(last_metrics, RECORDED)
             if t_rows is None and recorded >= expected:
@@ -124,8 +119,8 @@ def job_backlog(
         job.hwm_mb()
         if counter.count >= expected:
             break
-        if not job.alive() and job.exited_at is not None and now - job.exited_at > 15:
-            failure = f"job exited ({job.proc.returncode}) with {counter.count}/{expected} out"
+        if not job.running and job.exited_at is not None and now - job.exited_at > 15:
+            failure = f"job exited ({job.returncode}) with {counter.count}/{expected} out"
             break
         if now - spawned > timeout:
             failure = f"timeout after {timeout:.0f}s: {counter.count}/{expected} out"
@@ -174,7 +169,7 @@ def job_backlog(
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round(wal / rows) if rows > 0 else None,
         "job_peak_rss_mb": round(job.hwm_mb() or 0.0, 1),  # VmHWM, read every 0.1 s
-        "gc": _gc_probe(gc_dir, job.pid),
+        "gc": _gc_probe(gc_dir, job.job_pid),
         "resources": cpu,
         "ok": failure is None and rows == expected and out_distinct == expected,
     }
@@ -312,7 +307,7 @@ def steady_state(
             prod.produce(r.topic, r.value, r.key, headers=list(r.headers))
         prod.flush(30)
         deadline = time.monotonic() + 120
-        while counter.count < warm and time.monotonic() < deadline and job.alive():
+        while counter.count < warm and time.monotonic() < deadline and job.running:
             time.sleep(0.1)
         if counter.count < warm:
             return {"ok": False, "failure": f"warm-up: {counter.count}/{warm} out",
@@ -427,8 +422,8 @@ def dedup_fill(
     timeout = max(300.0, ids / 500)
     t_done: float | None = None
     last: dict[str, float] | None = None
-    while time.monotonic() - job.started < timeout and job.alive():
-        metrics = job.metrics(timeout=2.0)
+    while time.monotonic() - job.started < timeout and job.running:
+        metrics = job.scrape(timeout=2.0)
         if metrics is not None:
             last = metrics
         if metric_sum(last, SKIPPED, reason="no-session") >= ids:
@@ -481,7 +476,7 @@ def dedup_and_restart(
         snapshot_interval=snapshot_interval, settle=settle)
     if job is None:
         return dedup, {"ok": False, "failure": "dedup phase failed"}
-    job.kill(signal.SIGKILL)
+    job.kill()
     restart_factory = EnvelopeFactory(sessions, rng, settings.topic_favorite_added,
                                       settings.topic_favorite_removed)
     backlog = make_backlog(restart_factory, restart_backlog, rng)
@@ -492,8 +487,8 @@ def dedup_and_restart(
                       recovery_dir=recovery_dir, snapshot_interval=snapshot_interval)
     t_http: float | None = None
     deadline = job2.started + max(120.0, restart_backlog / 200)
-    while time.monotonic() < deadline and job2.alive() and counter.count < expected:
-        if t_http is None and job2.metrics(timeout=0.5) is not None:
+    while time.monotonic() < deadline and job2.running and counter.count < expected:
+        if t_http is None and job2.scrape(timeout=0.5) is not None:
             t_http = time.monotonic()
         time.sleep(0.1)
     caught = counter.last_at if counter.count >= expected else None

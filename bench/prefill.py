@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from bench.workload import Session, seed_sessions
+from devenv.harness.sessions import Session, seed_sessions
 
 _UUID7 = (
     "(lpad(to_hex({ms}), 12, '0') || '7' || substr({h}, 1, 3) || '8'"

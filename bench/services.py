@@ -175,22 +175,3 @@ class Services:
                 self._postgres.close()
             self._postgres = None
         shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """The ``USER_ACTIVITY_*`` environment that reproduces ``settings`` in a job subprocess."""
-    env = {
-        "USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
-        "USER_ACTIVITY_DATABASE_URL": settings.database_dsn(),
-        "USER_ACTIVITY_TOPIC_FAVORITE_ADDED": settings.topic_favorite_added,
-        "USER_ACTIVITY_TOPIC_FAVORITE_REMOVED": settings.topic_favorite_removed,
-        "USER_ACTIVITY_TOPIC_ACTION_TRACKED": settings.topic_action_tracked,
-        "USER_ACTIVITY_TOPIC_FAVORITES_DLQ": settings.topic_favorites_dlq,
-        "USER_ACTIVITY_TOPIC_USER_SIGNED_IN": settings.topic_user_signed_in,
-        "USER_ACTIVITY_TOPIC_SESSION_LINKED": settings.topic_session_linked,
-        "USER_ACTIVITY_TOPIC_SESSION_STARTED": settings.topic_session_started,
-        "USER_ACTIVITY_TOPIC_SESSION_ENDED": settings.topic_session_ended,
-        "USER_ACTIVITY_TOPIC_SESSION_LINKING_DLQ": settings.topic_session_linking_dlq,
-    }
-    env.update(extra)
-    return env

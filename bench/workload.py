@@ -1,4 +1,4 @@
-"""Synthetic sessions and favorites envelopes, shaped like the .NET producers write them.
+"""Synthetic sessions and favorites envelopes (:mod:`devenv.harness.messages`) for a backlog.
 
 Everything is generated from a seeded ``random.Random`` (fast: no ``uuid.uuid4()`` syscalls);
 MessageIds are UUIDv7 (time-ordered, as our producers send them), other ids random v4.
@@ -6,18 +6,19 @@ MessageIds are UUIDv7 (time-ordered, as our producers send them), other ids rand
 
 from __future__ import annotations
 
-import io
 import random
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
-import psycopg
 from confluent_kafka import Producer
+
+from devenv.harness.messages import favorite_envelope
+from devenv.harness.sessions import Session
 
 _MASK48 = (1 << 48) - 1
 
@@ -37,15 +38,6 @@ def uuid7_from(rng: random.Random, ms: int | None = None) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
-@dataclass(frozen=True, slots=True)
-class Session:
-    """A seeded session: the owner ids a message may carry."""
-
-    id: uuid.UUID
-    anonymous_id: uuid.UUID
-    user_id: uuid.UUID | None
-
-
 def make_sessions(count: int, rng: random.Random, linked_share: float = 0.6) -> list[Session]:
     """``count`` Active sessions, ``linked_share`` of them linked to a user."""
     return [
@@ -56,24 +48,6 @@ def make_sessions(count: int, rng: random.Random, linked_share: float = 0.6) -> 
         )
         for _ in range(count)
     ]
-
-
-def seed_sessions(conn: psycopg.Connection[Any], sessions: Sequence[Session]) -> None:
-    """COPY ``sessions`` into ``user_activity.sessions`` (status Active)."""
-    now = datetime.now(UTC)
-    buf = io.StringIO()
-    for s in sessions:
-        user = "\\N" if s.user_id is None else str(s.user_id)
-        linked = "\\N" if s.user_id is None else now.isoformat()
-        buf.write(
-            f"{s.id}\t{s.anonymous_id}\t{user}\t{linked}\tActive\t{now.isoformat()}\t"
-            f"{now.isoformat()}\t\\N\n"
-        )
-    with conn.cursor() as cur, cur.copy(
-        "COPY user_activity.sessions (id, anonymous_id, user_id, linked_at, status, started_at,"
-        " last_activity_at, ended_at) FROM STDIN"
-    ) as copy:
-        copy.write(buf.getvalue())
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,24 +130,14 @@ class EnvelopeFactory:
         """An envelope (as a dict) and its FavoriteId."""
         rng = self._rng
         favorite_id = uuid4_from(rng)
-        payload: dict[str, Any] = {
-            "FavoriteId": str(favorite_id).upper(),  # .NET writes upper case sometimes
-            "PropertyObjectId": str(uuid4_from(rng)),
-            "UserId": None if user_id is None else str(user_id),
-            "AnonymousId": None if anonymous_id is None else str(anonymous_id),
-            "OccurredAt": "2026-11-29T08:00:00.1234567+03:00",
-        }
-        if rng.random() < 0.1:
-            payload["Note"] = "a private note that must never be stored"
-        envelope = {
-            "MessageId": str(uuid7_from(rng)),
-            "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),
-            "Version": 1,
-            "AggregateId": str(favorite_id),
-            "AggregateType": "Favorite",
-            "CorrelationId": f"corr-{rng.getrandbits(32):08x}",
-            "Payload": payload,
-        }
+        property_object_id = uuid4_from(rng)
+        note = {"Note": "a private note that must never be stored"} if rng.random() < 0.1 else None
+        envelope = favorite_envelope(
+            message_id=uuid7_from(rng), favorite_id=favorite_id,
+            property_object_id=property_object_id, user_id=user_id, anonymous_id=anonymous_id,
+            created_at=created_at, correlation_id=f"corr-{rng.getrandbits(32):08x}",
+            extra_payload=note,
+        )
         return envelope, str(favorite_id)
 
     def headers(self) -> tuple[tuple[str, bytes], ...]:

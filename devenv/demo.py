@@ -14,11 +14,10 @@ import argparse
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
@@ -27,6 +26,9 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
+from devenv.harness.jobs import JobProcess
+from devenv.harness.messages import favorite_envelope
+from devenv.harness.sessions import seed_owners
 from runtime.configuration import load_settings
 from runtime.settings import ENV_PREFIX, Settings
 
@@ -35,37 +37,12 @@ RUN_DIR = ROOT / ".run"
 
 
 def _envelope(anonymous_id: uuid.UUID | None, user_id: uuid.UUID | None) -> bytes:
-    favorite_id = uuid.uuid4()
-    now = datetime.now(UTC).isoformat()
-    return orjson.dumps({
-        "MessageId": str(uuid.uuid4()),
-        "CreatedAt": now,
-        "Version": 1,
-        "AggregateId": str(favorite_id),
-        "AggregateType": "Favorite",
-        "CorrelationId": f"demo-{uuid.uuid4().hex[:8]}",
-        "Payload": {
-            "FavoriteId": str(favorite_id),
-            "PropertyObjectId": str(uuid.uuid4()),
-            "UserId": None if user_id is None else str(user_id),
-            "AnonymousId": None if anonymous_id is None else str(anonymous_id),
-            "OccurredAt": now,
-            "Note": "a private note the service must never store or log",
-        },
-    })
-
-
-def _seed_sessions(dsn: str, count: int) -> list[uuid.UUID]:
-    devices = [uuid.uuid4() for _ in range(count)]
-    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(
-            """INSERT INTO user_activity.sessions
-                 (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at)
-               SELECT gen_random_uuid(), d, NULL, NULL, 'Active', now(), now()
-                 FROM unnest(%s::uuid[]) AS d""",
-            (devices,),
-        )
-    return devices
+    now = datetime.now(UTC)
+    return orjson.dumps(favorite_envelope(
+        user_id=user_id, anonymous_id=anonymous_id, occurred_at=now.isoformat(), created_at=now,
+        correlation_id=f"demo-{uuid.uuid4().hex[:8]}",
+        extra_payload={"Note": "a private note the service must never store or log"},
+    ))
 
 
 def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int) -> int:
@@ -121,35 +98,22 @@ def _on_topic(consumer: Consumer, topic: str) -> int:
             time.sleep(0.5)
 
 
-def _env(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env[f"{ENV_PREFIX}KAFKA_BOOTSTRAP_SERVERS"] = settings.kafka_bootstrap_servers
-    env[f"{ENV_PREFIX}DATABASE_URL"] = settings.database_dsn()
-    return env
-
-
-def _job_command(recovery: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "bytewax.run", "dataflows.favorite_actions:flow",
-        "-r", str(recovery), "-s", "5", "-b", "60",
-    ]
-
-
-def _ensure_recovery(recovery: Path) -> None:
-    if not recovery.exists() or not any(recovery.iterdir()):
-        subprocess.run(
-            [sys.executable, "-m", "cli", "init-recovery", str(recovery), "--partitions", "1"],
-            check=True,
-        )
+def _job(settings: Settings, recovery: Path, log_path: Path | None = None) -> JobProcess:
+    """The favorites job with recovery, on the settings' own HTTP address and tail setting."""
+    return JobProcess(
+        settings, recovery.parent, tail=None, recovery_dir=recovery, snapshot_interval=5,
+        backup_interval=60, host=settings.http_host, port=settings.http_port,
+        log_path=log_path, env=os.environ,
+    )
 
 
 def run_configured(settings: Settings) -> int:
     """Migrate, create topics and run the job in the foreground against the configured services."""
     apply_migrations(settings.database_dsn())
     ensure_topics(settings.kafka_client_config(), settings.all_topics(), settings.topic_partitions)
-    recovery = Path(os.environ.get("USER_ACTIVITY_RECOVERY_DIR", RUN_DIR / "recovery"))
-    _ensure_recovery(recovery)
-    os.execvpe(sys.executable, _job_command(recovery), _env(settings))  # noqa: S606
+    job = _job(settings, Path(os.environ.get("USER_ACTIVITY_RECOVERY_DIR", RUN_DIR / "recovery")))
+    job.init_recovery()
+    os.execvpe(sys.executable, job.command(), job.env)  # noqa: S606
 
 
 def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
@@ -162,7 +126,7 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
     postgres = PostgresServer(RUN_DIR / "postgres")
     postgres.start()
     broker = KafkaBroker(RUN_DIR / "kafka")
-    job: subprocess.Popen[bytes] | None = None
+    job: JobProcess | None = None
     watcher: Consumer | None = None
     try:
         broker.start()
@@ -174,20 +138,18 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
         watcher = Consumer({**settings.kafka_client_config(), "group.id": "demo-watcher"})
         tracked_topic = settings.topic_action_tracked
         before_rows, before_published = _rows(dsn), _on_topic(watcher, tracked_topic)
-        devices = _seed_sessions(dsn, sessions)
+        devices, _users = seed_owners(dsn, sessions, started_ago=timedelta(0))
         produced = _produce_demo(settings, devices, events)
         print(f"seeded {sessions} sessions, produced {produced} favorites events")
-        recovery = RUN_DIR / "recovery"
-        _ensure_recovery(recovery)
-        log = (RUN_DIR / "job.log").open("ab")
-        print(f"running: {' '.join(_job_command(recovery)[1:])}  (log: .run/job.log)")
+        job = _job(settings, RUN_DIR / "recovery", RUN_DIR / "job.log")
+        print(f"running: {' '.join(job.command()[1:])}  (log: .run/job.log)")
         started = time.monotonic()
-        job = subprocess.Popen(_job_command(recovery), env=_env(settings), stdout=log, stderr=log)
+        job.start(wait_http=0)
         invalid = len(range(0, events, 200))  # what _produce_demo makes of every 200th event
         no_session = len(range(0, events, 250)) - len(range(0, events, 1000))
         expected = events - invalid - no_session
         done_at: float | None = None
-        while job.poll() is None:
+        while job.running:
             time.sleep(2)
             rows = _rows(dsn) - before_rows
             published = _on_topic(watcher, tracked_topic) - before_published
@@ -215,12 +177,8 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
         print("interrupted: stopping the job, Kafka and PostgreSQL", flush=True)
         return 130
     finally:
-        if job is not None and job.poll() is None:
-            job.send_signal(signal.SIGINT)
-            try:
-                job.wait(30)
-            except subprocess.TimeoutExpired:
-                job.kill()
+        if job is not None and job.running:
+            job.terminate(30, signal.SIGINT)
         if watcher is not None:
             watcher.close()
         broker.stop()

@@ -116,7 +116,7 @@ class JobProcess:
         self.started_at: float | None = None
         self.exited_at: float | None = None
         self.rusage: Any = None  # the exact CPU time and max RSS of the last reaped start
-        self._env = {**(base_env() if env is None else env), **settings_env(self.settings),
+        self.env = {**(base_env() if env is None else env), **settings_env(self.settings),
                      **(extra_env or {})}
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class JobProcess:
         subprocess.run(
             [sys.executable, "-m", "cli", "init-recovery", str(self.recovery_dir),
              "--partitions", "1"],
-            cwd=ROOT, env=self._env, check=True, capture_output=True, timeout=60,
+            cwd=ROOT, env=self.env, check=True, capture_output=True, timeout=60,
         )
 
     def command(self) -> list[str]:
@@ -162,7 +162,7 @@ class JobProcess:
             self._proc = subprocess.Popen(
                 [*prefix, *self.command()],
                 cwd=self.cwd,
-                env=self._env,
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -176,6 +176,13 @@ class JobProcess:
     def pid(self) -> int | None:
         """The pid of the latest start (``setpriv`` execs the job: the Python process)."""
         return self.pids[-1] if self.pids else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code of the latest start once it has exited, else None."""
+        if self._proc is not None:
+            return self._poll()
+        return self.exit_codes[-1] if self.exit_codes else None
 
     @property
     def running(self) -> bool:
