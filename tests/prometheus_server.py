@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,7 +36,7 @@ from typing import Any, Self
 import orjson
 import yaml
 
-from devenv.harness.jobs import FAVORITES_FLOW, JobProcess
+from devenv.harness.jobs import FAVORITES_FLOW, JobProcess, wait_until
 from devenv.harness.ports import free_port
 from runtime.settings import Settings
 
@@ -257,13 +256,10 @@ class PrometheusServer:
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str,
                    interval: float = 0.5) -> float:
         """Poll ``condition`` until true; the seconds it took. Fails if the server exits."""
-        started = time.monotonic()
-        while True:
-            if condition():
-                return time.monotonic() - started
-            if self._proc is not None and self._proc.poll() is not None:
-                raise AssertionError(f"prometheus exited ({self._proc.returncode}) while waiting "
-                                     f"for {what}:\n{self.log_tail()}")
-            if time.monotonic() - started > timeout:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            time.sleep(interval)
+
+        def exited() -> str | None:
+            code = None if self._proc is None else self._proc.poll()
+            return None if code is None else f"prometheus exited ({code})"
+
+        return wait_until(condition, timeout, what, interval=interval, exited=exited,
+                          context=self.log_tail)

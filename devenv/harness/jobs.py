@@ -344,18 +344,33 @@ class JobProcess:
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str,
                    interval: float = 0.2) -> float:
         """Poll ``condition`` until true; the seconds it took. Fails if the job exits first."""
-        started = time.monotonic()
-        while True:
-            if condition():
-                return time.monotonic() - started
-            if self._proc is not None and (code := self._poll()) is not None:
-                raise AssertionError(
-                    f"the job exited ({code}) while waiting for {what}:\n{self.log_tail()}"
-                )
-            if time.monotonic() - started > timeout:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n"
-                                     f"{self.log_tail()}")
-            time.sleep(interval)
+
+        def exited() -> str | None:
+            code = None if self._proc is None else self._poll()
+            return None if code is None else f"the job exited ({code})"
+
+        return wait_until(condition, timeout, what, interval=interval, exited=exited,
+                          context=self.log_tail)
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.2,
+    exited: Callable[[], str | None] = lambda: None, context: Callable[[], str] = lambda: "",
+) -> float:
+    """Poll ``condition`` until true; the seconds it took.
+
+    Fails after ``timeout`` seconds, or as soon as ``exited()`` says what ended (a process that
+    will never make it true); ``context()`` (a log tail) is added to the failure.
+    """
+    started = time.monotonic()
+    while True:
+        if condition():
+            return time.monotonic() - started
+        if (ended := exited()) is not None:
+            raise AssertionError(f"{ended} while waiting for {what}:\n{context()}")
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{context()}")
+        time.sleep(interval)
 
 
 class JobSupervisor:
