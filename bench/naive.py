@@ -91,7 +91,7 @@ def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int
                     counts["no_session"] += 1
                     continue
                 action = build_recorded_action(
-                    decoded, SessionSnapshot(row[1], row[2], row[3]),
+                    decoded, SessionSnapshot(row[1], row[2], row[3], row[4]),
                     action_event_id=uuid_compat.uuid7(), outbox_message_id=uuid_compat.uuid7(),
                     topic=settings.topic_action_tracked, now=datetime.now(UTC),
                 )

@@ -7,9 +7,11 @@ bound included (the contract models carry the bounds: the input-bounds table in 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 from uuid import UUID
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from schemas.dlq import DlqReason
@@ -22,8 +24,43 @@ EMPTY_GUID = UUID(int=0)
 E = TypeVar("E", bound=BaseModel)
 
 
-def parse_envelope(record: SourceRecord, model: type[E]) -> E | DeadLetter:
-    """``record.value`` validated as ``model``, or a dead letter with a stable reason code."""
+_ID_MAX_LENGTH = 64
+"""Longer "ids" are not ids: never copied into a log line."""
+
+
+def partial_ids(value: bytes, payload_ids: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``MessageId`` and the ``payload_ids`` of a JSON envelope that failed the contract.
+
+    For the dead-letter log line (SPEC §6 fields): only string values of at most 64 characters
+    of exactly these keys are taken, so no note, no payload text and no oversized field is
+    ever logged. Anything unreadable yields nothing.
+    """
+    try:
+        document = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return ()
+    if not isinstance(document, dict):
+        return ()
+    found: list[tuple[str, str]] = []
+    payload = document.get("Payload")
+    sources = [("MessageId", document)]
+    if isinstance(payload, dict):
+        sources += [(name, payload) for name in payload_ids]
+    for name, source in sources:
+        text = source.get(name)
+        if isinstance(text, str) and len(text) <= _ID_MAX_LENGTH:
+            found.append((name, text))
+    return tuple(found)
+
+
+def parse_envelope(
+    record: SourceRecord, model: type[E], payload_ids: Sequence[str] = ()
+) -> E | DeadLetter:
+    """``record.value`` validated as ``model``, or a dead letter with a stable reason code.
+
+    A ``schema-mismatch`` letter carries the envelope's ``MessageId`` and ``payload_ids`` that
+    could be read (:func:`partial_ids`), for its log line.
+    """
     if record.value is None:
         return DeadLetter.now(record, DlqReason.TOMBSTONE, "NoneType")
     try:
@@ -38,4 +75,5 @@ def parse_envelope(record: SourceRecord, model: type[E]) -> E | DeadLetter:
             if any(err["type"] == "json_invalid" for err in exc.errors())
             else DlqReason.SCHEMA_MISMATCH
         )
-        return DeadLetter.now(record, reason, "ValidationError")
+        ids = partial_ids(record.value, payload_ids) if reason is DlqReason.SCHEMA_MISMATCH else ()
+        return DeadLetter.now(record, reason, "ValidationError", ids=ids)

@@ -79,13 +79,17 @@ class DeadLetter:
     exception_type: str
     attempts: int
     failed_at: datetime
+    ids: tuple[tuple[str, str], ...] = ()
+    """The envelope's ids where it was partly decodable (``MessageId``, ``FavoriteId``, …), for
+    the dead-letter log line only; never sent, never a payload text."""
 
     @classmethod
     def now(
-        cls, record: SourceRecord, reason: DlqReason, exception_type: str, attempts: int = 1
+        cls, record: SourceRecord, reason: DlqReason, exception_type: str, attempts: int = 1,
+        ids: tuple[tuple[str, str], ...] = (),
     ) -> DeadLetter:
         """A dead letter failed at the current UTC time."""
-        return cls(record, reason, exception_type, attempts, datetime.now(UTC))
+        return cls(record, reason, exception_type, attempts, datetime.now(UTC), ids)
 
     def dlq_headers(self) -> list[tuple[str, bytes]]:
         """The ``x-dlq-*`` / ``x-source-*`` headers only."""

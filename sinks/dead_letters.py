@@ -157,6 +157,7 @@ class DeadLetterPublisher:
                     attempts=p.letter.attempts,
                     source=p.letter.record.where(),
                     form=None if p.form is LetterForm.WHOLE else p.form.name.lower(),
+                    **dict(p.letter.ids),
                 )
 
     def _record(self, p: _Pending, limit: int) -> OutgoingRecord:

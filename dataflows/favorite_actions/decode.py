@@ -125,7 +125,7 @@ def _decode(record: SourceRecord) -> FavoriteWire | DeadLetter:
         fast = decode_fast(value)
         if fast is not None:
             return fast
-    envelope = parse_envelope(record, FavoriteEnvelope)
+    envelope = parse_envelope(record, FavoriteEnvelope, ("FavoriteId", "PropertyObjectId"))
     return envelope if isinstance(envelope, DeadLetter) else from_model(envelope)
 
 

@@ -90,16 +90,19 @@ def decoder(action_types: Mapping[str, ActionType]) -> Callable[[list[InputItem]
     """The ``decode_favorites`` batch step (a batch of consumed items -> routed items).
 
     Consumer errors are logged and counted, invalid-owner skips logged (acknowledged without a
-    row), version mismatches logged and processed; nothing else is dropped. Order is kept.
+    row), version mismatches logged and processed; nothing else is dropped. Order is kept. One
+    ``consumed`` line per batch counts its records.
     """
 
     def decode_batch(items: list[InputItem]) -> list[Routed]:
         routed: list[Routed] = []
         append = routed.append
+        consumed = 0
         for item in items:
             if not isinstance(item, SourceRecord):
                 log_consumer_error(item)
                 continue
+            consumed += 1
             decoded = decode_favorite(item, action_types)
             if isinstance(decoded, FavoriteMessage):
                 if decoded.version_mismatch:
@@ -109,6 +112,10 @@ def decoder(action_types: Mapping[str, ActionType]) -> Callable[[list[InputItem]
                 _log_skipped(decoded)
             else:
                 append(decoded)
+        if consumed:
+            # The seed's `consumed` outcome, once per batch at INFO: a line per message would
+            # double the log volume (and its CPU) to say what the recorded/skipped lines say.
+            log_event(logger, "consumed", outcome="consumed", records=consumed)
         return routed
 
     return decode_batch

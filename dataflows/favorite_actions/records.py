@@ -1,7 +1,12 @@
 """Map a favorites message and its owner's session to the rows of one transaction (pure).
 
-The ActionEvent takes SessionId, AnonymousId and UserId from the session as it is now
-(INV-ACT-003) and OccurredAt from the payload, never the server clock (INV-ACT-005). The
+The ActionEvent takes SessionId and AnonymousId from the owner's session (INV-ACT-003), and
+UserId as the session's snapshot at the moment of the action: the session's user only when the
+session was linked to that user at or before the action (``linked_at <= OccurredAt``; LinkedAt
+is the server clock at linking), else null. A guest like processed late, after the sign-in was
+applied (lag, a replay or a backfill), is thus still stored and announced with ``UserId = null``
+and reaches the user's history through the linked session (AC6). OccurredAt comes from the
+payload, never the server clock (INV-ACT-005). The
 action-tracked outbox row gets a new UUIDv7 MessageId that stays stable across re-publication.
 
 The rows are plain named tuples (immutable, cheap to build: this runs once per recorded message
@@ -30,6 +35,15 @@ class SessionSnapshot(NamedTuple):
     session_id: UUID
     anonymous_id: UUID
     user_id: UUID | None
+    linked_at: datetime | None
+    """When the session got its user (null for a guest session)."""
+
+    def user_at(self, moment: datetime) -> UUID | None:
+        """The session's user as of ``moment``: the user once linked at or before it, else None."""
+        linked_at = self.linked_at
+        if linked_at is None or linked_at > moment:
+            return None
+        return self.user_id
 
 
 class ActionEventRow(NamedTuple):
@@ -94,7 +108,8 @@ class ActionRowBuilder:
         envelope = message.envelope
         payload = envelope.payload
         action_type = _ACTION_NAMES[message.action_type]
-        session_id, anonymous_id, user_id = session
+        session_id, anonymous_id = session.session_id, session.anonymous_id
+        user_id = session.user_at(payload.occurred_at)
         # orjson renders UUIDs and aware datetimes (offset kept, RFC 3339) natively: no str() or
         # isoformat() per field (CreatedAt is the very text orjson writes for ``now``). The value
         # is kept as a right-sized copy: holding orjson's own output objects by the thousand

@@ -96,7 +96,7 @@ def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
     ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`.
     """
     try:
-        envelope = parse_envelope(record, UserSignedInEnvelope)
+        envelope = parse_envelope(record, UserSignedInEnvelope, ("UserId", "AnonymousId"))
         if isinstance(envelope, DeadLetter):
             return envelope
         payload = envelope.payload

@@ -11,6 +11,10 @@ from typing import Any
 
 import psycopg
 
+LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+"""The default ``linked_at`` of a seeded linked session: before any action a test makes, so its
+actions carry the session's user (a row's UserId is the session's user as of the action)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Session:
@@ -29,16 +33,21 @@ def insert_session(
     status: str = "Active",
     last_activity_at: datetime | None = None,
     session_id: uuid.UUID | None = None,
+    linked_at: datetime | None = None,
 ) -> uuid.UUID:
-    """One session row (started an hour before its last activity); its id."""
+    """One session row (started an hour before its last activity); its id.
+
+    A session with a user is linked at ``linked_at`` (default :data:`LINKED_LONG_AGO`).
+    """
     session_id = session_id or uuid.uuid4()
     now = datetime.now(UTC)
     last = last_activity_at or now
+    link_time = (linked_at or LINKED_LONG_AGO) if user_id else None
     conn.execute(
         """INSERT INTO user_activity.sessions
              (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at, ended_at)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-        (session_id, anonymous_id, user_id, now if user_id else None, status,
+        (session_id, anonymous_id, user_id, link_time, status,
          last - timedelta(hours=1), last, now if status == "Ended" else None),
     )
     return session_id
@@ -50,7 +59,8 @@ def seed_sessions(
 ) -> None:
     """COPY ``sessions`` into ``user_activity.sessions``.
 
-    Each is Active, last active now, started ``started_ago`` before, linked now if it has a user.
+    Each is Active, last active now, started ``started_ago`` before, linked at
+    :data:`LINKED_LONG_AGO` if it has a user.
     """
     now = datetime.now(UTC)
     stamp = now.isoformat()
@@ -58,7 +68,7 @@ def seed_sessions(
     buf = io.StringIO()
     for s in sessions:
         user = "\\N" if s.user_id is None else str(s.user_id)
-        linked = "\\N" if s.user_id is None else stamp
+        linked = "\\N" if s.user_id is None else LINKED_LONG_AGO.isoformat()
         buf.write(f"{s.id}\t{s.anonymous_id}\t{user}\t{linked}\tActive\t{started}\t{stamp}\t\\N\n")
     with conn.cursor() as cur, cur.copy(
         "COPY user_activity.sessions (id, anonymous_id, user_id, linked_at, status, started_at,"

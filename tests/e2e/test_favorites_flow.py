@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -10,7 +11,8 @@ import pytest
 from bytewax.testing import cluster_main, run_main
 
 from dataflows.favorite_actions import build_flow
-from devenv.harness.messages import favorite_envelope, new_id
+from dataflows.session_linking import build_flow as build_session_linking_flow
+from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionTrackedEnvelope
 from tests.conftest import SettingsFactory
@@ -154,6 +156,45 @@ def test_guest_like_shows_in_the_users_history_after_the_session_is_linked(
 
     assert history_before == []
     assert history == [(row["id"],)]
+
+
+def test_a_guest_like_processed_after_the_sign_in_keeps_a_null_user_id_a_later_like_the_user(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """AC6 with lag: the row's UserId is the session's user as of the action (linked_at)."""
+    settings = make_settings()
+    anonymous, user = new_id(), new_id()
+    session = insert_session(db, anonymous_id=anonymous)
+    before_sign_in = datetime.now(UTC) - timedelta(minutes=5)
+    guest_like = favorite_envelope(anonymous_id=anonymous, occurred_at=before_sign_in.isoformat())
+    produce(settings, [envelope_record(settings.topic_favorite_added, guest_like)])
+    # The sign-in is applied by the real session-linking flow before the like is processed.
+    produce(settings, [envelope_record(settings.topic_user_signed_in, sign_in_envelope(
+        user_id=user, anonymous_id=anonymous))])
+    run_main(build_session_linking_flow(settings))
+    linked = db.execute(
+        "SELECT user_id, linked_at FROM user_activity.sessions WHERE id = %s", (session,)
+    ).fetchone()
+    assert linked is not None and linked[0] == user
+    signed_in_like = favorite_envelope(
+        anonymous_id=anonymous, occurred_at=(linked[1] + timedelta(seconds=1)).isoformat())
+    produce(settings, [envelope_record(settings.topic_favorite_added, signed_in_like)])
+
+    run_main(build_flow(settings))  # the guest like is processed only now, after the link
+
+    rows = {r["source_message_id"]: r for r in action_rows(
+        db, [uuid.UUID(guest_like["MessageId"]), uuid.UUID(signed_in_like["MessageId"])])}
+    guest_row = rows[uuid.UUID(guest_like["MessageId"])]
+    later_row = rows[uuid.UUID(signed_in_like["MessageId"])]
+    assert (guest_row["session_id"], guest_row["user_id"]) == (session, None)
+    assert (later_row["session_id"], later_row["user_id"]) == (session, user)
+    tracked = {t.payload.favorite_id: t.payload for t in _tracked(settings, 2)}
+    assert tracked[uuid.UUID(guest_like["Payload"]["FavoriteId"])].user_id is None
+    assert tracked[uuid.UUID(signed_in_like["Payload"]["FavoriteId"])].user_id == user
+    history = {row_id for (row_id,) in db.execute(
+        "SELECT id FROM user_activity.user_action_history WHERE history_user_id = %s", (user,)
+    ).fetchall()}
+    assert history == {guest_row["id"], later_row["id"]}  # both, through the linked session
 
 
 def test_two_workers_record_every_message_exactly_once(

@@ -68,7 +68,7 @@ def _message(n: int, topic: str, offset: int, *, user: bool = False) -> Favorite
 
 
 def _recorded(message: FavoriteMessage, session: int) -> RecordedAction:
-    snapshot = SessionSnapshot(uuid.UUID(_id(session)), uuid.UUID(_id(900)), None)
+    snapshot = SessionSnapshot(uuid.UUID(_id(session)), uuid.UUID(_id(900)), None, None)
     return build_recorded_action(
         message, snapshot, action_event_id=uuid.uuid4(), outbox_message_id=uuid.uuid4(),
         topic="action-tracked", now=datetime.now(UTC),

@@ -26,6 +26,9 @@ from schemas.favorites import ActionTrackedEnvelope, ActionType
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import OutboxRow
 
+LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+"""A link time before every action of these tests: the session's user is the snapshot."""
+
 ADDED_TOPIC = "pin.favorites.favorite-added.v1"
 REMOVED_TOPIC = "pin.favorites.favorite-removed.v1"
 ACTION_TRACKED_TOPIC = "pin.user-activity.action-tracked.v1"
@@ -103,8 +106,9 @@ def favorite_message(
     return message
 
 
-LINKED_SESSION = SessionSnapshot(SESSION_ID, SESSION_ANONYMOUS_ID, SESSION_USER_ID)
-GUEST_SESSION = SessionSnapshot(SESSION_ID, SESSION_ANONYMOUS_ID, None)
+LINKED_SESSION = SessionSnapshot(SESSION_ID, SESSION_ANONYMOUS_ID, SESSION_USER_ID,
+                                 LINKED_LONG_AGO)
+GUEST_SESSION = SessionSnapshot(SESSION_ID, SESSION_ANONYMOUS_ID, None, None)
 
 
 def record_action(
@@ -194,6 +198,25 @@ def test_owner_ids_come_from_the_session_snapshot_not_the_payload() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("linked", "expected_user"),
+    [(timedelta(seconds=-1), SESSION_USER_ID), (timedelta(0), SESSION_USER_ID),
+     (timedelta(microseconds=1), None), (timedelta(hours=3), None)],
+    ids=["linked-before", "linked-at-the-action", "linked-just-after", "linked-hours-later"],
+)
+def test_user_id_is_the_sessions_user_only_if_linked_by_the_time_of_the_action(
+    linked: timedelta, expected_user: UUID | None,
+) -> None:
+    session = LINKED_SESSION._replace(linked_at=OCCURRED_AT + linked)
+
+    recorded = record_action(session=session)
+
+    assert recorded.event.user_id == expected_user
+    wire = orjson.loads(recorded.outbox.value)["Payload"]
+    assert wire["UserId"] == (None if expected_user is None else str(expected_user))
+    assert wire["SessionId"] == str(SESSION_ID)  # the like still belongs to the session
+
+
 def test_guest_session_yields_a_null_user_id() -> None:
     recorded = record_action(session=GUEST_SESSION)
 
@@ -276,7 +299,8 @@ def test_outbox_payload_mirrors_the_event_row_for_any_session_and_time(
     session_anonymous_id: UUID,
 ) -> None:
     message = favorite_message(occurred_at=occurred_at)
-    session = SessionSnapshot(session_id, session_anonymous_id, session_user_id)
+    session = SessionSnapshot(session_id, session_anonymous_id, session_user_id,
+                              None if session_user_id is None else LINKED_LONG_AGO)
 
     recorded = record_action(message, session)
 
@@ -353,7 +377,8 @@ def test_outbox_value_and_key_match_the_previous_rendering_for_any_input(
 ) -> None:
     action_event_id, outbox_message_id, session_id, session_anonymous_id = ids
     message = favorite_message(occurred_at=occurred_at, correlation_id=correlation_id)
-    session = SessionSnapshot(session_id, session_anonymous_id, session_user_id)
+    session = SessionSnapshot(session_id, session_anonymous_id, session_user_id,
+                              None if session_user_id is None else LINKED_LONG_AGO)
 
     recorded = build_recorded_action(
         message, session, action_event_id=action_event_id,

@@ -496,3 +496,27 @@ def test_json_values_of_the_wrong_type_are_not_coerced_but_dead_lettered(
 
     assert isinstance(decoded, DeadLetter)
     assert decoded.reason is DlqReason.SCHEMA_MISMATCH
+
+
+def test_a_schema_mismatch_letter_carries_the_ids_that_could_be_read_for_its_log_line() -> None:
+    envelope = {
+        "MessageId": "01938a4e-7c1a-7cc3-9a55-3f2b1c0d9e11", "Version": 1,
+        "Payload": {"FavoriteId": "5d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+                    "PropertyObjectId": "x" * 65, "Note": "private note"},
+    }  # no CreatedAt: a contract violation; the PropertyObjectId is too long to be an id
+    record = SourceRecord(ADDED_TOPIC, 0, 7, b"k", json.dumps(envelope).encode())
+
+    letter = decode_favorite(record, ACTION_TYPES)
+
+    assert isinstance(letter, DeadLetter)
+    assert letter.reason is DlqReason.SCHEMA_MISMATCH
+    assert letter.ids == (("MessageId", "01938a4e-7c1a-7cc3-9a55-3f2b1c0d9e11"),
+                          ("FavoriteId", "5d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c4d"))
+    assert "private note" not in repr(letter.ids)
+
+
+def test_an_undecodable_letter_carries_no_ids() -> None:
+    letter = decode_favorite(SourceRecord(ADDED_TOPIC, 0, 8, b"k", b"{not json"), ACTION_TYPES)
+
+    assert isinstance(letter, DeadLetter)
+    assert letter.ids == ()

@@ -122,4 +122,5 @@ def test_decode_step_keeps_order_and_logs_a_version_mismatch(
 
     assert [m.record.offset for _, m in routed] == [r.offset for r in valid]  # type: ignore[misc]
     assert all(owner == m.owner_key for owner, m in routed)  # type: ignore[misc]
-    assert [r.getMessage() for r in caplog.records] == ["contract-version-mismatch"]
+    assert [r.getMessage() for r in caplog.records] == ["contract-version-mismatch", "consumed"]
+    assert caplog.records[-1].records == len(valid)  # type: ignore[attr-defined]

@@ -23,6 +23,9 @@ from dataflows.favorite_actions.store import FavoritesStore, owner_of
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 
+LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+"""A link time before every action of these tests: the session's user is the snapshot."""
+
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}
 TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -80,7 +83,8 @@ def _encoded(param: Any) -> tuple[int, bytes]:
 
 
 def _session(user: bool) -> SessionSnapshot:
-    return SessionSnapshot(uuid.uuid4(), uuid.uuid4(), uuid.uuid4() if user else None)
+    return SessionSnapshot(uuid.uuid4(), uuid.uuid4(), uuid.uuid4() if user else None,
+                           LINKED_LONG_AGO if user else None)
 
 
 def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:

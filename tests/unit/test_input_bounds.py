@@ -40,6 +40,9 @@ from schemas.outbox import (
 )
 from schemas.sessions import SessionLinkedEnvelope
 
+LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+"""A link time before every action of these tests: the session's user is the snapshot."""
+
 ADDED = "pin.favorites.favorite-added.v1"
 SIGNED_IN = "pin.identity.user-signed-in.v1"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES}
@@ -109,7 +112,7 @@ def decoded_favorite(record: SourceRecord) -> FavoriteMessage:
 
 def action_tracked(message: FavoriteMessage) -> Any:
     return build_recorded_action(
-        message, SessionSnapshot(SESSION_ID, ANONYMOUS_ID, USER_ID),
+        message, SessionSnapshot(SESSION_ID, ANONYMOUS_ID, USER_ID, LINKED_LONG_AGO),
         action_event_id=EVENT_ID, outbox_message_id=OUTBOX_ID, topic="tracked", now=NOW,
     ).outbox
 
