@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     replay_parser = commands.add_parser(
         "replay",
-        help="replay/backfill the favorites topics (bounded; --dry-run writes nothing)",
+        help="replay/backfill a flow's input (bounded; --until closes the window; --dry-run "
+             "writes nothing)",
         description=replay.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     replay.add_arguments(replay_parser)

@@ -1,15 +1,17 @@
-"""Replay / backfill the favorites topics: a bounded run that exits, safe by construction.
+"""Replay / backfill a flow's input topics: a bounded run that exits, safe by construction.
 
-    python -m cli replay --from 2026-11-01T00:00:00Z [--dry-run]
-    python -m cli replay --offsets pin.favorites.favorite-added.v1:0=1200 --topic added
+    user-activity replay --from 2026-11-01T00:00:00Z [--until 2026-11-02T00:00:00Z] [--dry-run]
+    user-activity replay --offsets pin.favorites.favorite-added.v1:0=1200 --topic added
+    user-activity replay --flow session-linking --from 2026-11-01T00:00:00Z [--dry-run]
 
 Reads from a timestamp (``offsets_for_times``) or explicit per-partition offsets up to the end
-offsets seen at start, through the same steps and sinks as the main job. Idempotent writes mean
-an already processed range writes no row and publishes nothing; rows missing from the database
-are restored. The run keeps its own Bytewax recovery store (``--recovery-dir``, default: a new
-temporary one), so the main job's offsets and dedup state are untouched, and an interrupted
-backfill can be resumed by passing the same directory. ``--dry-run`` writes nothing at all and
-reports what would happen.
+offsets seen at start (or, with ``--until``, up to the first record at or after that time: a
+closed window), through the same steps and sinks as the main job. Idempotent writes mean an
+already processed range writes no row, changes no session and publishes nothing; rows missing
+from the database are restored. The run keeps its own Bytewax recovery store
+(``--recovery-dir``, default: a new temporary one), so the main job's offsets and dedup state
+are untouched, and an interrupted backfill can be resumed by passing the same directory.
+``--dry-run`` writes nothing at all and reports what would happen.
 """
 
 from __future__ import annotations
@@ -19,21 +21,28 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
+from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 from prometheus_client import REGISTRY
 
-from dataflows.favorite_actions.dry_run import Tally
 from runtime.settings import Settings
+from sinks.dry_run import Tally
 from sources.kafka_input import StartPosition
 
 _SKIPPED = "user_activity_favorites_skipped_total"
 OUTCOMES = ("recorded", "duplicate", "invalid-owner", "no-session", "dead-lettered")
+"""The favorites flow's outcomes (the summary table's rows)."""
+SESSION_OUTCOMES = (
+    "linked", "already-linked", "relinked", "started", "duplicate", "invalid", "dead-lettered",
+)
+"""The session-linking flow's outcomes."""
 
 
 def parse_offsets(specs: Sequence[str]) -> dict[tuple[str, int], int]:
@@ -55,62 +64,110 @@ def parse_timestamp(text: str) -> int:
     """An ISO 8601 instant with offset (``Z`` allowed) -> epoch milliseconds."""
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"--from needs an offset or Z: {text!r}")
+        raise argparse.ArgumentTypeError(f"a time needs an offset or Z: {text!r}")
     return int(moment.timestamp() * 1000)
 
 
-def _metric_totals() -> dict[str, int]:
-    def value(name: str, labels: dict[str, str] | None = None) -> int:
-        return int(REGISTRY.get_sample_value(name, labels or {}) or 0)
+def _value(name: str, labels: dict[str, str] | None = None) -> int:
+    return int(REGISTRY.get_sample_value(name, labels or {}) or 0)
 
+
+def _favorites_totals() -> dict[str, int]:
     return {
         "recorded": sum(
-            value("user_activity_favorites_recorded_total", {"action_type": action})
+            _value("user_activity_favorites_recorded_total", {"action_type": action})
             for action in ("AddToFavorites", "RemoveFromFavorites")
         ),
-        "duplicate": value(_SKIPPED, {"reason": "duplicate"}),
-        "invalid-owner": value(_SKIPPED, {"reason": "invalid-owner"}),
-        "no-session": value(_SKIPPED, {"reason": "no-session"}),
-        "dead-lettered": value("user_activity_favorites_dlq_total"),
+        "duplicate": _value(_SKIPPED, {"reason": "duplicate"}),
+        "invalid-owner": _value(_SKIPPED, {"reason": "invalid-owner"}),
+        "no-session": _value(_SKIPPED, {"reason": "no-session"}),
+        "dead-lettered": _value("user_activity_favorites_dlq_total"),
     }
+
+
+def _session_totals() -> dict[str, int]:
+    totals = {
+        outcome: _value("user_activity_session_linking_outcomes_total", {"outcome": outcome})
+        for outcome in SESSION_OUTCOMES if outcome != "dead-lettered"
+    }
+    totals["dead-lettered"] = _value("user_activity_session_linking_dlq_total")
+    return totals
+
+
+@dataclass(frozen=True)
+class _Replayed:
+    """How one flow is replayed: its outcomes, its bounded flow, its counters."""
+
+    outcomes: tuple[str, ...]
+    build: Callable[[Settings, StartPosition, Sequence[str] | None, Tally | None], Dataflow]
+    totals: Callable[[], dict[str, int]]
+    upstream: tuple[str, ...]
+    """Outcomes counted before the sinks (a dry run adds their counters to its tally)."""
+
+
+def _build_favorites(
+    settings: Settings, start: StartPosition, topics: Sequence[str] | None, tally: Tally | None,
+) -> Dataflow:
+    from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
+
+    sinks = None if tally is None else FavoritesSinks.dry_run(settings, tally)
+    return build_flow(settings, start=start, topics=topics, sinks=sinks)
+
+
+def _build_session_linking(
+    settings: Settings, start: StartPosition, _topics: Sequence[str] | None, tally: Tally | None,
+) -> Dataflow:
+    from dataflows.session_linking.flow import SessionLinkingSinks, build_flow
+
+    sinks = None if tally is None else SessionLinkingSinks.dry_run(settings, tally)
+    return build_flow(settings, start=start, sinks=sinks)
+
+
+FLOWS = {
+    "favorites": _Replayed(OUTCOMES, _build_favorites, _favorites_totals,
+                           ("invalid-owner", "duplicate")),
+    "session-linking": _Replayed(SESSION_OUTCOMES, _build_session_linking, _session_totals,
+                                 ("invalid", "duplicate")),
+}
+"""The flows ``replay`` can run, by ``--flow`` name."""
 
 
 def replay(
     settings: Settings,
     start: StartPosition,
     *,
+    flow_name: str = "favorites",
     topics: Sequence[str] | None = None,
     dry_run: bool = False,
     recovery_dir: Path | None = None,
     progress_every: float = 2.0,
     out: TextIO = sys.stdout,
 ) -> dict[str, int]:
-    """Run one bounded replay; return the outcome counts (also printed as a table)."""
-    from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
-
+    """Run one bounded replay of ``flow_name``; return the outcome counts (also printed)."""
+    replayed = FLOWS[flow_name]
+    outcomes = replayed.outcomes
     # bounded, and no commits to the consumer groups: a replay's old offsets must not move
     # the lag tools' view of the main job
     bounded = settings.model_copy(
         update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
     )
     tally = Tally() if dry_run else None
-    sinks = None if tally is None else FavoritesSinks.dry_run(bounded, tally)
-    flow = build_flow(bounded, start=start, topics=topics, sinks=sinks)
+    flow = replayed.build(bounded, start, topics, tally)
     directory = recovery_dir or Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     if not any(directory.glob("part-*.sqlite3")):
         directory.mkdir(parents=True, exist_ok=True)
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]
-    before = _metric_totals()
+    before = replayed.totals()
 
     def counts() -> dict[str, int]:
         if tally is not None:
             snapshot = tally.snapshot()
-            now = _metric_totals()
-            for key in ("invalid-owner", "duplicate"):  # counted upstream of the sinks
+            now = replayed.totals()
+            for key in replayed.upstream:  # counted upstream of the sinks
                 snapshot[key] = snapshot.get(key, 0) + now[key] - before[key]
-            return {k: snapshot.get(k, 0) for k in OUTCOMES}
-        now = _metric_totals()
-        return {k: now[k] - before[k] for k in OUTCOMES}
+            return {k: snapshot.get(k, 0) for k in outcomes}
+        now = replayed.totals()
+        return {k: now[k] - before[k] for k in outcomes}
 
     done = threading.Event()
     started = time.monotonic()
@@ -138,12 +195,12 @@ def replay(
         reporter.join()
     result = counts()
     elapsed = time.monotonic() - started
-    title = "DRY RUN (nothing written)" if dry_run else "replay"
-    width = max(len(k) for k in OUTCOMES) + 2
+    title = f"DRY RUN of {flow_name} (nothing written)" if dry_run else f"replay of {flow_name}"
+    width = max(len(k) for k in outcomes) + 2
     total = sum(result.values())
     print(f"\n{title}: {total:,} messages in {elapsed:.1f}s", file=out)
     print(f"{'outcome':<{width}}{'messages':>12}", file=out)
-    for key in OUTCOMES:
+    for key in outcomes:
         label = f"would be {key}" if dry_run else key
         print(f"{label:<{width + 9}}{result[key]:>12,}", file=out)
     if tally is not None:
@@ -163,11 +220,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="start offsets per partition (repeatable); other partitions of the "
                             "replayed topics start at the earliest offset")
     where.add_argument("--from-beginning", action="store_true", help="replay everything")
+    parser.add_argument("--until", dest="until_ts", type=parse_timestamp, metavar="DATETIME",
+                        help="stop before the first record at or after DATETIME (a closed "
+                             "window; default: the end offsets seen at start)")
+    parser.add_argument("--flow", choices=tuple(FLOWS), default="favorites",
+                        help="which flow's input to replay: favorites (both favorites topics) "
+                             "or session-linking (the user-signed-in topic)")
     parser.add_argument("--topic", choices=("added", "removed", "both"), default="both",
-                        help="which favorites topic to replay (default both)")
+                        help="favorites only: which favorites topic to replay (default both)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="write nothing; report how many messages would be recorded, "
-                             "skipped as duplicates, invalid owner, no session, dead-lettered")
+                        help="write nothing; report what each message would do (favorites: "
+                             "recorded, duplicate, invalid owner, no session, dead-lettered; "
+                             "session linking: linked, already-linked, relinked, started, ...)")
     parser.add_argument("--recovery-dir", type=Path,
                         help="the replay's own recovery store (default: a new temporary one); "
                              "pass the same directory to resume an interrupted replay")
@@ -175,12 +239,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Execute the parsed replay command."""
+    until = args.until_ts
     if args.offsets:
-        start = StartPosition(offsets=parse_offsets(args.offsets))
+        start = StartPosition(offsets=parse_offsets(args.offsets), until_ms=until)
     elif args.from_ts is not None:
-        start = StartPosition(timestamp_ms=args.from_ts)
+        start = StartPosition(timestamp_ms=args.from_ts, until_ms=until)
     else:
-        start = StartPosition()
+        start = StartPosition(until_ms=until)
     topics = {
         "added": [settings.topic_favorite_added],
         "removed": [settings.topic_favorite_removed],
@@ -189,5 +254,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from runtime.gc_tuning import tune_gc
 
     tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
-    replay(settings, start, topics=topics, dry_run=args.dry_run, recovery_dir=args.recovery_dir)
+    replay(settings, start, flow_name=args.flow, topics=topics, dry_run=args.dry_run,
+           recovery_dir=args.recovery_dir)
     return 0

@@ -58,12 +58,15 @@ class StartPosition:
     """Where a partition starts when Bytewax has no snapshot for it.
 
     Exactly one of: ``earliest`` (default), ``latest``, ``timestamp_ms`` or ``offsets`` (a map
-    ``(topic, partition) -> offset``; partitions not in it start at earliest).
+    ``(topic, partition) -> offset``; partitions not in it start at earliest). In a bounded run
+    (``tail=False``), ``until_ms`` also closes the window: each partition stops before its first
+    record timestamped at or after it (else at the end offset seen when it was built).
     """
 
     latest: bool = False
     timestamp_ms: int | None = None
     offsets: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    until_ms: int | None = None
 
 
 def _part_name(topic: str, partition: int) -> str:
@@ -198,7 +201,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._progress.next_offset = self._next_offset
         self._end_offset: int | None = None
         if not tail:
-            self._end_offset = _retrying(lambda: self._watermarks()[1], topic, backoff, count_retry)
+            self._end_offset = _retrying(
+                lambda: self._final_offset(start.until_ms), topic, backoff, count_retry
+            )
         self._consumer.assign([TopicPartition(topic, partition, self._assign_offset())])
         self._partition_handle = TopicPartition(topic, partition)
 
@@ -222,6 +227,16 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if start.latest:
             return self._watermarks()[1]
         return None
+
+    def _final_offset(self, until_ms: int | None) -> int:
+        """Where a bounded run stops: before the first record at/after ``until_ms``, or the end."""
+        end = self._watermarks()[1]
+        if until_ms is None:
+            return end
+        found = self._consumer.offsets_for_times(
+            [TopicPartition(self._topic, self._partition, until_ms)], timeout=10
+        )[0]
+        return min(end, int(found.offset)) if found.offset >= 0 else end
 
     def _assign_offset(self) -> int:
         return OFFSET_BEGINNING if self._next_offset is None else self._next_offset

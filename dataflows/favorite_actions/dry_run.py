@@ -1,14 +1,12 @@
-"""Dry-run sinks for replay: count what a run would do, write nothing.
+"""The favorites dry-run sink for replay: count what a run would do, write nothing.
 
 ``DryRunActionSink`` resolves sessions and looks up existing marks / rows in a READ ONLY
-transaction and tallies would-be outcomes; ``DryRunDeadLetterSink`` tallies would-be dead
-letters. Nothing is inserted, published or dead-lettered.
+transaction and tallies would-be outcomes (:class:`sinks.dry_run.Tally`). Nothing is inserted
+or published.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import Sequence
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
@@ -18,26 +16,8 @@ from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.sql import query
 from dataflows.favorite_actions.store import FavoritesStore, owner_of
 from runtime.settings import Settings
-from schemas.dlq_letter import DeadLetter
 from sinks.db import Connection, Database
-
-
-class Tally:
-    """Thread-safe outcome counts of one run (``recorded``, ``duplicate``, ``no-session``, …)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-
-    def add(self, outcome: str, count: int = 1) -> None:
-        """Count ``count`` messages with ``outcome``."""
-        with self._lock:
-            self._counts[outcome] += count
-
-    def snapshot(self) -> dict[str, int]:
-        """The counts so far."""
-        with self._lock:
-            return dict(self._counts)
+from sinks.dry_run import Tally
 
 
 class DryRunActionSink(DynamicSink[tuple[str, FavoriteMessage]]):
@@ -90,25 +70,3 @@ class _DryRunPartition(StatelessSinkPartition[tuple[str, FavoriteMessage]]):
     @override
     def close(self) -> None:
         self._db.close()
-
-
-class DryRunDeadLetterSink(DynamicSink[DeadLetter]):
-    """Tallies would-be dead letters by reason (``dead-letter:<reason>``)."""
-
-    def __init__(self, tally: Tally) -> None:
-        self._tally = tally
-
-    @override
-    def build(self, step_id: str, worker_index: int, worker_count: int) -> _DryRunDlqPartition:
-        return _DryRunDlqPartition(self._tally)
-
-
-class _DryRunDlqPartition(StatelessSinkPartition[DeadLetter]):
-    def __init__(self, tally: Tally) -> None:
-        self._tally = tally
-
-    @override
-    def write_batch(self, items: list[DeadLetter]) -> None:
-        for letter in items:
-            self._tally.add("dead-lettered")
-            self._tally.add(f"dead-lettered:{letter.reason.value}")

@@ -34,7 +34,7 @@ from dataflows.favorite_actions.decode import (
     SkipReason,
     decode_favorite,
 )
-from dataflows.favorite_actions.dry_run import DryRunActionSink, DryRunDeadLetterSink, Tally
+from dataflows.favorite_actions.dry_run import DryRunActionSink
 from dataflows.favorite_actions.sink import ActionHistorySink, message_fields
 from dataflows.operators import (
     configured_start,
@@ -54,6 +54,7 @@ from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
+from sinks.dry_run import DryRunDeadLetterSink, Tally
 from sources.kafka_input import InputItem, StartPosition
 
 logger = logging.getLogger(__name__)

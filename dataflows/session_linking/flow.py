@@ -35,6 +35,7 @@ from dataflows.session_linking.decode import (
     decode_sign_in,
     sign_in_fields,
 )
+from dataflows.session_linking.dry_run import DryRunLinkSink
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
 from dataflows.session_linking.sink import SessionLinkSink
 from runtime.logs import log_event
@@ -47,6 +48,7 @@ from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
+from sinks.dry_run import DryRunDeadLetterSink, Tally
 from sources.kafka_input import StartPosition
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,11 @@ class SessionLinkingSinks:
                 SESSION_LINKING_RETRIES,
             ),
         )
+
+    @classmethod
+    def dry_run(cls, settings: Settings, tally: Tally) -> SessionLinkingSinks:
+        """Read-only sinks that tally would-be outcomes into ``tally`` (replay ``--dry-run``)."""
+        return cls(DryRunLinkSink(settings, tally), DryRunDeadLetterSink(tally))
 
 
 def build_flow(

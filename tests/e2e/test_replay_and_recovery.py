@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
+from confluent_kafka import Producer
 
 from cli.replay import replay
 from dataflows.favorite_actions import build_flow
-from devenv.harness.messages import favorite_envelope, new_id
+from dataflows.session_linking import build_flow as build_session_linking_flow
+from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from sources.kafka_input import StartPosition
 from tests.conftest import SettingsFactory
@@ -135,3 +139,94 @@ def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
     assert [r.msg for r in sink_lines] == ["recorded"]
     assert [str(getattr(r, "MessageId", None)) for r in dedup_lines] == [envelopes[0]["MessageId"]]
     assert len(action_rows(db, _ids([*envelopes, again]))) == 11
+
+
+def _sessions_of(db: psycopg.Connection[Any], devices: list[uuid.UUID]) -> list[tuple[Any, ...]]:
+    return db.execute(
+        "SELECT id, anonymous_id, user_id, linked_at, status, ended_at"
+        "  FROM user_activity.sessions WHERE anonymous_id = ANY(%s) ORDER BY id",
+        (devices,),
+    ).fetchall()
+
+
+def _session_outbox(db: psycopg.Connection[Any], settings: Any) -> int:
+    row = db.execute(
+        "SELECT count(*) FROM user_activity.outbox WHERE topic = ANY(%s)",
+        ([settings.topic_session_linked, settings.topic_session_started,
+          settings.topic_session_ended],),
+    ).fetchone()
+    return int(row[0]) if row else -1
+
+
+def _sign_ins(settings: Any, db: psycopg.Connection[Any]) -> tuple[list[uuid.UUID], int]:
+    """Two guest devices and one without a session, each signed in once: 2 links, 1 start."""
+    guests = [new_id(), new_id()]
+    for device in guests:
+        insert_session(db, anonymous_id=device)
+    bare = new_id()
+    produce(settings, [
+        envelope_record(settings.topic_user_signed_in,
+                        sign_in_envelope(user_id=new_id(), anonymous_id=device))
+        for device in [*guests, bare]
+    ])
+    return [*guests, bare], 3
+
+
+def test_replaying_applied_sign_ins_changes_no_session_and_publishes_nothing(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    devices, count = _sign_ins(settings, db)
+    run_main(build_session_linking_flow(settings))
+    sessions, events = _sessions_of(db, devices), _session_outbox(db, settings)
+    assert events == count  # 2 session-linked, 1 session-started
+
+    result = replay(settings, StartPosition(), flow_name="session-linking", out=io.StringIO())
+
+    assert result["duplicate"] == count
+    assert sum(v for k, v in result.items() if k != "duplicate") == 0
+    assert _sessions_of(db, devices) == sessions
+    assert _session_outbox(db, settings) == events
+
+
+def test_a_dry_run_of_sign_ins_reports_what_they_would_change_and_changes_nothing(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    devices, _count = _sign_ins(settings, db)
+    before = _sessions_of(db, devices)
+    out = io.StringIO()
+
+    result = replay(settings, StartPosition(), flow_name="session-linking", dry_run=True,
+                    out=out)
+
+    assert (result["linked"], result["started"], result["duplicate"]) == (2, 1, 0)
+    assert _sessions_of(db, devices) == before
+    assert _session_outbox(db, settings) == 0
+    assert "DRY RUN of session-linking (nothing written)" in out.getvalue()
+
+
+def test_until_closes_the_replay_window_at_that_time(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    owner = new_id()
+    insert_session(db, anonymous_id=owner)
+    early = [favorite_envelope(anonymous_id=owner) for _ in range(5)]
+    late = [favorite_envelope(anonymous_id=owner) for _ in range(4)]
+    producer = Producer(settings.kafka_client_config())
+    window_end = int(time.time() * 1000) - 3_600_000  # an hour ago: early before it, late after
+    failed: list[object] = []
+    for envelopes, stamp in ((early, window_end - 60_000), (late, window_end + 60_000)):
+        for envelope in envelopes:
+            producer.produce(settings.topic_favorite_added, orjson.dumps(envelope), b"k",
+                             timestamp=stamp, on_delivery=lambda err, _m: failed.append(err)
+                             if err else None)
+    assert producer.flush(30) == 0
+    assert failed == []
+
+    result = replay(settings, StartPosition(until_ms=window_end), out=io.StringIO())
+
+    assert result["recorded"] == 5
+    assert len(action_rows(db, _ids(early))) == 5
+    assert action_rows(db, _ids(late)) == []
