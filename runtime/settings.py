@@ -116,6 +116,12 @@ class Settings(BaseSettings):
         60.0, ge=0,
         description="A full `gc.collect()` this often instead (frees reference cycles);"
                     " `0`: never.")
+    session_linking_lateness_seconds: float = Field(
+        10.0, ge=0,
+        description="Allowed lateness of sign-ins: each device's sign-ins are held until its"
+                    " event-time watermark minus this has passed them and applied in"
+                    " SignedInAt order (linking waits up to this long); a sign-in later than"
+                    " this that would change who owns a session is a `late-conflict`.")
     poison_attempts: int = Field(
         3, ge=1, description="Immediate attempts before a message is dead-lettered.")
 

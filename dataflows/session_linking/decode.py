@@ -8,6 +8,7 @@ Every record yields exactly one of: a :class:`SignInMessage` to link, an :class:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -42,6 +43,11 @@ class SignInMessage:
     def user_id(self) -> UUID:
         """The user who signed in."""
         return self.envelope.payload.user_id
+
+    @property
+    def signed_in_at(self) -> datetime:
+        """When the user signed in (event time: sign-ins are decided in this order)."""
+        return self.envelope.payload.signed_in_at
 
     @property
     def device_key(self) -> str:

@@ -5,11 +5,14 @@
     user_signed_in_input ─ decode_sign_in ─┬─ dead_letter_poison (session-linking DLQ topic)
         (+ consumer errors → log)          ├─ log_invalid_sign_in
                                            └─ key_by_device ─ dedup_by_message_id
-                                                  ─ link_sessions (Postgres + outbox)
+                                   ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
 
-Keying by AnonymousId sends every sign-in of one device to one worker, in input order, so one
-device's sessions are changed by one transaction at a time in this job (the row locks of the
-sink make it safe against any other writer too). Exactly one effect per sign-in = at-least-once
+Keying by AnonymousId sends every sign-in of one device to one worker, so one device's sessions
+are changed by one transaction at a time in this job (the row locks of the sink make it safe
+against any other writer too), in SignedInAt order: the reorder buffer holds a device's
+sign-ins until the allowed lateness has passed them (:mod:`dataflows.session_linking.reorder`),
+and a sign-in later than that is checked against the device's last applied one in the database
+(``late-conflict``). Exactly one effect per sign-in = at-least-once
 input (offsets in Bytewax snapshots) + the idempotency mark in the linking transaction.
 """
 
@@ -37,6 +40,7 @@ from dataflows.session_linking.decode import (
 )
 from dataflows.session_linking.dry_run import DryRunLinkSink
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
+from dataflows.session_linking.reorder import ReorderLogic
 from dataflows.session_linking.sink import SessionLinkSink
 from runtime.logs import log_event
 from runtime.metrics import (
@@ -141,6 +145,11 @@ def build_flow(
     fresh = deduplicated(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
     )
-    op.output("link_sessions", fresh, outputs.links)
+    lateness, bounded = settings.session_linking_lateness_seconds, not settings.tail
+    in_order = op.stateful_batch(
+        "reorder_by_signed_in_at", fresh,
+        lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded),
+    )
+    op.output("link_sessions", in_order, outputs.links)
     return flow
 

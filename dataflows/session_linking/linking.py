@@ -42,6 +42,9 @@ class LinkOutcome(StrEnum):
     """This MessageId was already processed (redelivery, replay): no change, no event."""
     INVALID = "invalid"
     """An empty GUID in MessageId, UserId or AnonymousId: skipped, no change, no DLQ."""
+    LATE_CONFLICT = "late-conflict"
+    """Later than the allowed lateness, and applying it would change who owns the device's
+    session (LinkOnce forbids re-linking): not applied, recorded in ``sign_in_conflicts``."""
 
 
 LOG_EVENTS: Mapping[LinkOutcome, str] = {
@@ -51,6 +54,7 @@ LOG_EVENTS: Mapping[LinkOutcome, str] = {
     LinkOutcome.STARTED: "started",
     LinkOutcome.DUPLICATE: "skipped-duplicate",
     LinkOutcome.INVALID: "invalid-sign-in",
+    LinkOutcome.LATE_CONFLICT: "late-conflict",
 }
 """The log line (event and ``outcome`` field) of each outcome."""
 
@@ -61,6 +65,7 @@ class ActiveSession:
 
     session_id: UUID
     user_id: UUID | None
+    started_at: datetime | None = None
 
 
 def decide(active: ActiveSession | None, user_id: UUID) -> LinkOutcome:
@@ -76,6 +81,43 @@ def decide(active: ActiveSession | None, user_id: UUID) -> LinkOutcome:
     if active.user_id == user_id:
         return LinkOutcome.ALREADY_LINKED
     return LinkOutcome.RELINKED
+
+
+class ConflictReason(StrEnum):
+    """Why a late sign-in was not applied (``sign_in_conflicts.reason``)."""
+
+    WOULD_RELINK = "would-relink"
+    """The device's Active session belongs to another user: applying it would end that session
+    and start one for the late user, though a later sign-in was already applied."""
+    PREDATES_SESSION = "predates-session"
+    """The device's Active session is a guest session that started after the sign-in: linking
+    it would give the late user activity that happened after a later sign-in."""
+
+
+def late_conflict(
+    outcome: LinkOutcome,
+    signed_in_at: datetime,
+    device_last_signed_in_at: datetime | None,
+    active_started_at: datetime | None,
+) -> ConflictReason | None:
+    """Why a sign-in cannot be applied although :func:`decide` says ``outcome``, or None.
+
+    Only a late sign-in (``signed_in_at`` before the SignedInAt of the device's last applied
+    sign-in: it arrived after the reorder buffer had let a later one through) can conflict, and
+    only when applying it would change who owns a session: ending another user's session and
+    starting one for this user (``RELINKED``), or linking a guest session that did not exist yet
+    when this user signed in (``LINKED`` of a session started after ``signed_in_at``). A late
+    sign-in that conflicts with nothing (the same user again, or a device without an Active
+    session) is applied by the normal rules.
+    """
+    if device_last_signed_in_at is None or signed_in_at >= device_last_signed_in_at:
+        return None
+    if outcome is LinkOutcome.RELINKED:
+        return ConflictReason.WOULD_RELINK
+    if (outcome is LinkOutcome.LINKED and active_started_at is not None
+            and active_started_at > signed_in_at):
+        return ConflictReason.PREDATES_SESSION
+    return None
 
 
 class SessionEventKind(StrEnum):
@@ -133,6 +175,8 @@ class LinkResult:
     ended_session_id: UUID | None = None
     """The session ended by a RELINKED sign-in."""
     outbox: tuple[OutboxRow, ...] = field(default_factory=tuple)
+    conflict: ConflictReason | None = None
+    """Why a LATE_CONFLICT sign-in was not applied."""
 
 
 def session_payload(change: SessionChange) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from dataflows.session_linking.linking import (
     SessionTopics,
     build_session_event,
     decide,
+    late_conflict,
 )
 from dataflows.session_linking.sql import query
 from runtime.logs import log_event
@@ -109,18 +110,44 @@ class SessionLinksStore:
 
     def _apply(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult | None:
         """One decision on the locked Active session; None when a concurrent writer won."""
-        locked = conn.execute(
-            query("link_session_lock_active"), {"anonymous_id": message.anonymous_id}
-        ).fetchone()
-        active = None if locked is None else ActiveSession(_uuid(locked[0]), _opt_uuid(locked[1]))
+        device = {"anonymous_id": message.anonymous_id}
+        locked = conn.execute(query("link_session_lock_active"), device).fetchone()
+        if locked is None:
+            active = None
+            last_row = conn.execute(query("link_session_device_last"), device).fetchone()
+            device_last = None if last_row is None else cast("datetime | None", last_row[0])
+        else:
+            active = ActiveSession(_uuid(locked[0]), _opt_uuid(locked[1]),
+                                   cast(datetime, locked[2]))
+            device_last = cast("datetime | None", locked[3])
         outcome = decide(active, message.user_id)
+        conflict = late_conflict(
+            outcome, message.signed_in_at, device_last,
+            None if active is None else active.started_at,
+        )
+        if conflict is not None:
+            assert device_last is not None
+            conn.execute(query("link_session_conflict"), {
+                "message_id": message.message_id, "anonymous_id": message.anonymous_id,
+                "session_id": None if active is None else active.session_id,
+                "session_user_id": None if active is None else active.user_id,
+                "sign_in_user_id": message.user_id, "signed_in_at": message.signed_in_at,
+                "device_last_signed_in_at": device_last, "reason": conflict.value,
+            })
+            return LinkResult(message, LinkOutcome.LATE_CONFLICT,
+                              None if active is None else active.session_id, conflict=conflict)
+        signed_in_at = message.signed_in_at
         if outcome is LinkOutcome.ALREADY_LINKED:
             assert active is not None
+            conn.execute(query("link_session_confirm"), {
+                "session_id": active.session_id, "signed_in_at": signed_in_at,
+            })
             return LinkResult(message, outcome, active.session_id)
         if outcome is LinkOutcome.LINKED:
             assert active is not None
             linked_at = _returned(conn, "link_session_link_guest", {
                 "session_id": active.session_id, "user_id": message.user_id,
+                "signed_in_at": signed_in_at,
             })
             if linked_at is None:
                 return None
@@ -147,6 +174,7 @@ class SessionLinksStore:
             "session_id": session_id,
             "anonymous_id": message.anonymous_id,
             "user_id": message.user_id,
+            "signed_in_at": signed_in_at,
         })
         if started_at is None:
             if ended_id is not None:  # cannot happen: we hold the only Active row's lock
@@ -238,14 +266,18 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
             SESSION_LINKING_OUTCOMES.labels(outcome=result.outcome.value).inc()
             SESSION_LINKING_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)
             event = LOG_EVENTS[result.outcome]
+            late = result.outcome is LinkOutcome.LATE_CONFLICT
             log_event(
                 logger,
                 event,
+                logging.WARNING if late else logging.INFO,
                 outcome=event,
                 SessionId=None if result.session_id is None else str(result.session_id),
                 EndedSessionId=(
                     None if result.ended_session_id is None else str(result.ended_session_id)
                 ),
+                reason=None if result.conflict is None else result.conflict.value,
+                SignedInAt=message.signed_in_at.isoformat() if late else None,
                 **sign_in_fields(message.record, message.envelope),
             )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -213,3 +213,46 @@ def test_the_dsn_helper_keeps_the_server_and_changes_only_the_database(
     empty_database: str, database_url: str
 ) -> None:
     assert conninfo_to_dict(empty_database)["port"] == conninfo_to_dict(database_url)["port"]
+
+
+def test_a_sign_in_time_on_a_guest_session_is_rejected(conn: psycopg.Connection[Any]) -> None:
+    session = _session(conn)
+    with pytest.raises(psycopg.errors.CheckViolation, match="chk_sessions_sign_in_needs_user"):
+        conn.execute(
+            "UPDATE user_activity.sessions SET last_signed_in_at = now() WHERE id = %s",
+            (session,),
+        )
+
+
+def _conflict(conn: psycopg.Connection[Any], **columns: Any) -> None:
+    now = datetime.now(UTC)
+    values = {
+        "message_id": uuid.uuid4(), "anonymous_id": uuid.uuid4(), "session_id": uuid.uuid4(),
+        "session_user_id": uuid.uuid4(), "sign_in_user_id": uuid.uuid4(),
+        "signed_in_at": now, "device_last_signed_in_at": now + timedelta(seconds=1),
+        "reason": "would-relink", **columns,
+    }
+    names = ", ".join(values)
+    placeholders = ", ".join(f"%({name})s" for name in values)
+    conn.execute(
+        f"INSERT INTO user_activity.sign_in_conflicts ({names}) VALUES ({placeholders})", values
+    )
+
+
+def test_a_late_conflict_is_recorded_once_per_sign_in(conn: psycopg.Connection[Any]) -> None:
+    message_id = uuid.uuid4()
+    _conflict(conn, message_id=message_id)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        _conflict(conn, message_id=message_id)
+
+
+@pytest.mark.parametrize("columns", [
+    {"signed_in_at": datetime(2026, 1, 2, tzinfo=UTC),
+     "device_last_signed_in_at": datetime(2026, 1, 1, tzinfo=UTC)},  # not late
+    {"reason": "because"},
+], ids=["not-late", "unknown-reason"])
+def test_an_inconsistent_late_conflict_is_rejected(
+    conn: psycopg.Connection[Any], columns: dict[str, Any]
+) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation):
+        _conflict(conn, **columns)

@@ -65,6 +65,7 @@ EXPECTED_ALERTS = {
     "UserActivityOutboxPublishFailing",
     "UserActivitySessionLinkingLagHigh",
     "UserActivitySessionLinkingDeadLettered",
+    "UserActivitySessionLinkingLateConflict",
     "UserActivityOutboxStalled",
     "UserActivityOutboxRowsParked",
     "UserActivityInputStalled",

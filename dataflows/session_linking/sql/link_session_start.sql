@@ -3,7 +3,9 @@
 -- (the unique index ux_sessions_active_anonymous decides; the conflict waits for that writer)
 -- and no row is returned: the caller re-reads the device's Active session and decides again.
 INSERT INTO user_activity.sessions
-       (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at)
-VALUES (%(session_id)s, %(anonymous_id)s, %(user_id)s, now(), 'Active', now(), now())
+       (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at,
+        last_signed_in_at)
+VALUES (%(session_id)s, %(anonymous_id)s, %(user_id)s, now(), 'Active', now(), now(),
+        %(signed_in_at)s)
 ON CONFLICT (anonymous_id) WHERE status = 'Active' DO NOTHING
 RETURNING started_at
