@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from dataflows.session_linking import build_flow
 from dataflows.session_linking.linking import ActiveSession, LinkOutcome, decide
+from devenv.harness.jobs import SESSION_LINKING_FLOW, JobSupervisor
 from devenv.harness.messages import new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from tests.conftest import SettingsFactory
@@ -180,3 +182,32 @@ def test_a_sign_in_later_than_the_lateness_never_relinks_and_is_recorded_as_a_co
         "SELECT last_signed_in_at FROM user_activity.sessions WHERE id = %s", (guest_session,)
     ).fetchone()
     assert last == (T0 + timedelta(seconds=100),)  # the late same-user sign-in moved nothing back
+
+
+def test_a_tailing_job_holds_a_sign_in_for_the_lateness_and_applies_an_earlier_one_first(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], jobs: JobSupervisor,
+) -> None:
+    """Live: B's sign-in arrives first, A's (earlier) 1 s later; A links, then B relinks."""
+    config = make_settings(session_linking_lateness_seconds=3)
+    device, a, b = new_id(), new_id(), new_id()
+    guest = insert_session(db, anonymous_id=device, last_activity_at=T0 - timedelta(minutes=5))
+    job = jobs.job(config, flow=SESSION_LINKING_FLOW)
+    job.start()
+    now = datetime.now(UTC)
+    produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
+        user_id=b, anonymous_id=device, signed_in_at=now.isoformat()))])
+    time.sleep(1)
+    produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
+        user_id=a, anonymous_id=device,
+        signed_in_at=(now - timedelta(seconds=1)).isoformat()))])
+
+    def sessions() -> list[tuple[Any, ...]]:
+        return db.execute(
+            "SELECT id, user_id, status FROM user_activity.sessions WHERE anonymous_id = %s"
+            " ORDER BY started_at, id", (device,),
+        ).fetchall()
+
+    job.wait_until(lambda: len(sessions()) == 2, 30, "both sign-ins to be applied")
+    first, second = sessions()
+    assert first == (guest, a, "Ended")  # A signed in first: the guest session is A's
+    assert second[1:] == (b, "Active")  # then B: A's session ended, a new one started for B

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -256,3 +258,40 @@ def test_an_inconsistent_late_conflict_is_rejected(
 ) -> None:
     with pytest.raises(psycopg.errors.CheckViolation):
         _conflict(conn, **columns)
+
+
+def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
+    database_url: str, tmp_path: Path
+) -> None:
+    name = f"migrations_{uuid.uuid4().hex[:12]}"
+    admin = _with_database(database_url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = _with_database(database_url, name)
+    try:
+        first = tmp_path / "first"
+        first.mkdir()
+        shutil.copy(MIGRATIONS_DIR / "0001_user_activity_schema.sql", first)
+        assert apply_migrations(dsn, first) == ["0001_user_activity_schema"]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            session = _session(conn, user_id=uuid.uuid4(), linked_at=datetime.now(UTC))
+            action = _action(conn, session, uuid.uuid4())
+            conn.execute(
+                "INSERT INTO user_activity.outbox (id, topic, value) VALUES (%s, 't', %s)",
+                (uuid.uuid4(), b"{}"),
+            )
+
+        later = apply_migrations(dsn)
+
+        assert later == sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql"))[1:]
+        assert apply_migrations(dsn) == []  # idempotent
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT last_signed_in_at FROM user_activity.sessions"
+                                " WHERE id = %s", (session,)).fetchone() == (None,)
+            assert conn.execute("SELECT count(*) FROM user_activity.action_events"
+                                " WHERE id = %s", (action,)).fetchone() == (1,)
+            assert conn.execute("SELECT attempts, parked_at FROM user_activity.outbox"
+                                ).fetchone() == (0, None)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
