@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -53,6 +54,7 @@ class ClusterStop:
         self._flow = flow
         self._interval = interval
         self._started_at: datetime | None = None
+        self._born = time.monotonic()  # the process's start (the flow is being built)
         self._announced = False
         self._me = socket.gethostname()
         self._thread = SupervisedThread(f"cluster-stop-{flow}", self._run)
@@ -85,9 +87,11 @@ class ClusterStop:
 
     def _check(self, conn: _Connection) -> None:
         if self._started_at is None:
+            # This process's start on the database's clock, however long connecting took: a
+            # peer's request made while we were still connecting is newer than us.
             row = conn.execute("SELECT now()").fetchone()
             assert row is not None
-            self._started_at = row[0]
+            self._started_at = row[0] - timedelta(seconds=time.monotonic() - self._born)
         if SHUTDOWN.requested():
             if SHUTDOWN.signal != "peer-stop" and not self._announced:
                 conn.execute(_REQUEST, (self._flow, self._me))

@@ -272,7 +272,12 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                     )
                 continue
             offset = msg.offset()
-            if offset is None or (end is not None and offset >= end):
+            if offset is None:
+                continue
+            if end is not None and offset >= end:
+                # At or past the end: everything before it was read (a transaction marker or
+                # a compacted record just before the end would otherwise never be "read").
+                self._next_offset = max(self._next_offset or 0, end)
                 continue
             batch.append(
                 SourceRecord(

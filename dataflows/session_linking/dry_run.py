@@ -3,8 +3,10 @@
 Per batch, one READ ONLY transaction reads the sign-ins' idempotency marks and their devices'
 Active sessions; each sign-in is then decided in order by the same rule the real sink applies
 (:func:`~dataflows.session_linking.linking.decide`), on a copy of those sessions updated as the
-real transaction would update them, and tallied (``linked``, ``already-linked``, ``relinked``,
-``started``, ``duplicate``). Nothing is inserted, updated or published.
+real transaction would update them (kept across batches), and tallied (``linked``,
+``already-linked``, ``relinked``, ``started``, ``duplicate``). Not modelled: the late-conflict
+rule (a sign-in older than the device's last applied one), which the real run decides in the
+database. Nothing is inserted, updated or published.
 """
 
 from __future__ import annotations
@@ -44,20 +46,34 @@ class DryRunLinkSink(DynamicSink[tuple[str, SignInMessage]]):
 
 
 class _DryRunLinks(StatelessSinkPartition[tuple[str, SignInMessage]]):
+    """Keeps what the run would have changed so far (marks, Active sessions) across batches.
+
+    The database is read once per sign-in key and device; later sign-ins of a device are
+    decided on the sessions as the run would have left them.
+    """
+
     def __init__(self, db: Database, tally: Tally) -> None:
         self._db = db
         self._tally = tally
+        self._marked: set[str] = set()
+        self._active: dict[UUID, ActiveSession | None] = {}
+        self._keys_read: set[str] = set()
 
     @override
     def write_batch(self, items: list[tuple[str, SignInMessage]]) -> None:
         messages = [message for _key, message in items]
+        new_keys = [m.idempotency_key for m in messages if m.idempotency_key not in self._keys_read]
+        new_devices = list({m.anonymous_id for m in messages} - set(self._active))
         conn = self._db.connection()
         with conn.transaction():
             conn.execute("SET TRANSACTION READ ONLY")
-            marked = {row[0] for row in conn.execute(
-                _MARKED, ([m.idempotency_key for m in messages],)).fetchall()}
-            active = {row[0]: ActiveSession(row[1], row[2]) for row in conn.execute(
-                _ACTIVE, (list({m.anonymous_id for m in messages}),)).fetchall()}
+            self._marked.update(row[0] for row in conn.execute(_MARKED, (new_keys,)).fetchall())
+            found = {row[0]: ActiveSession(row[1], row[2])
+                     for row in conn.execute(_ACTIVE, (new_devices,)).fetchall()}
+        self._keys_read.update(new_keys)
+        for device in new_devices:
+            self._active[device] = found.get(device)
+        marked, active = self._marked, self._active
         for message in messages:
             if message.idempotency_key in marked:
                 self._tally.add(LinkOutcome.DUPLICATE.value)

@@ -44,11 +44,21 @@ class ReorderState:
 class ReorderBuffer:
     """The pure buffer of one device (see the module doc); times are epoch seconds."""
 
-    def __init__(self, lateness: float, state: ReorderState | None = None) -> None:
+    def __init__(
+        self, lateness: float, state: ReorderState | None = None, now: float | None = None
+    ) -> None:
+        """A buffer restored from ``state`` at wall time ``now`` (default: the state's own).
+
+        Restored after a restart, the watermark stands still while the job was down: it goes
+        on from ``now``, so a pending sign-in still waits its lateness after the restart (the
+        other user's sign-in may be on a partition read only after it).
+        """
         self._lateness = lateness
         self._pending: list[SignInMessage] = list(state.pending) if state else []
         self._watermark = state.watermark if state else float("-inf")
         self._at = state.at if state else 0.0
+        if state is not None and now is not None:
+            self._at = now  # the watermark goes on from where the last newest sign-in set it
 
     def watermark(self, now: float) -> float:
         """The device's watermark at wall time ``now``."""
@@ -105,7 +115,7 @@ class ReorderLogic(StatefulBatchLogic[SignInMessage, SignInMessage, ReorderState
     """
 
     def __init__(self, lateness: float, state: ReorderState | None, *, flush_on_eof: bool) -> None:
-        self._buffer = ReorderBuffer(lateness, state)
+        self._buffer = ReorderBuffer(lateness, state, now=time.time())
         self._flush_on_eof = flush_on_eof
 
     def on_batch(self, values: list[SignInMessage]) -> tuple[list[SignInMessage], bool]:

@@ -112,14 +112,10 @@ class SessionLinksStore:
         """One decision on the locked Active session; None when a concurrent writer won."""
         device = {"anonymous_id": message.anonymous_id}
         locked = conn.execute(query("link_session_lock_active"), device).fetchone()
-        if locked is None:
-            active = None
-            last_row = conn.execute(query("link_session_device_last"), device).fetchone()
-            device_last = None if last_row is None else cast("datetime | None", last_row[0])
-        else:
-            active = ActiveSession(_uuid(locked[0]), _opt_uuid(locked[1]),
-                                   cast(datetime, locked[2]))
-            device_last = cast("datetime | None", locked[3])
+        active = None if locked is None else ActiveSession(
+            _uuid(locked[0]), _opt_uuid(locked[1]), cast(datetime, locked[2]))
+        last_row = conn.execute(query("link_session_device_last"), device).fetchone()
+        device_last = None if last_row is None else cast("datetime | None", last_row[0])
         outcome = decide(active, message.user_id)
         conflict = late_conflict(
             outcome, message.signed_in_at, device_last,

@@ -92,6 +92,18 @@ def test_the_pending_sign_ins_survive_a_snapshot() -> None:
     assert restored.flush() == []
 
 
+def test_after_a_restart_a_pending_sign_in_still_waits_its_lateness() -> None:
+    buffer = ReorderBuffer(lateness=10)
+    buffer.add([_sign_in(5)], now=_at(5))
+    state = buffer.snapshot()
+
+    restored = ReorderBuffer(10, state, now=_at(500))  # the job was down for eight minutes
+
+    assert restored.release(now=_at(500)) == []  # the downtime does not count as waiting
+    assert restored.release(now=_at(509.9)) == []
+    assert len(restored.release(now=_at(510))) == 1
+
+
 LAST = T0 + timedelta(minutes=5)
 EARLIER = T0
 STARTED_AFTER = T0 + timedelta(minutes=1)
