@@ -22,12 +22,10 @@ from dataflows.favorite_actions.records import (
     build_recorded_action,
     uuid7,
 )
+from devenv.harness.sessions import LINKED_LONG_AGO
 from schemas.favorites import ActionTrackedEnvelope, ActionType
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import OutboxRow
-
-LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
-"""A link time before every action of these tests: the session's user is the snapshot."""
 
 ADDED_TOPIC = "pin.favorites.favorite-added.v1"
 REMOVED_TOPIC = "pin.favorites.favorite-removed.v1"

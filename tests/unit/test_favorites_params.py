@@ -20,11 +20,9 @@ from psycopg.adapt import PyFormat, Transformer
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.records import RecordedAction, SessionSnapshot
 from dataflows.favorite_actions.store import FavoritesStore, owner_of
+from devenv.harness.sessions import LINKED_LONG_AGO
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-
-LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
-"""A link time before every action of these tests: the session's user is the snapshot."""
 
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}

@@ -26,6 +26,7 @@ from dataflows.session_linking.linking import (
     SessionTopics,
     build_session_event,
 )
+from devenv.harness.sessions import LINKED_LONG_AGO
 from schemas import MAX_CORRELATION_ID_LENGTH
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
@@ -39,9 +40,6 @@ from schemas.outbox import (
     valid_traceparent,
 )
 from schemas.sessions import SessionLinkedEnvelope
-
-LINKED_LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
-"""A link time before every action of these tests: the session's user is the snapshot."""
 
 ADDED = "pin.favorites.favorite-added.v1"
 SIGNED_IN = "pin.identity.user-signed-in.v1"
