@@ -67,28 +67,25 @@ class Backlog:
     """A generated backlog and what the job must do with it."""
 
     records: list[OutRecord] = field(default_factory=list)
-    added: int = 0
-    removed: int = 0
-    duplicates: int = 0
-    invalid_owner: int = 0
-    no_session: int = 0
+    removed_topic: str = ""
+
+    def count(self, kind: str) -> int:
+        """How many records are of ``kind``."""
+        return sum(1 for r in self.records if r.kind == kind)
 
     @property
     def expected_recorded(self) -> int:
         """Messages that must become one row and one action-tracked message each."""
-        return len(self.records) - self.duplicates - self.invalid_owner - self.no_session
+        return self.count("valid")
 
     def summary(self) -> dict[str, int]:
         """The backlog's composition."""
-        return {
-            "messages": len(self.records),
-            "added": self.added,
-            "removed": self.removed,
-            "duplicate_message_ids": self.duplicates,
-            "invalid_owner": self.invalid_owner,
-            "no_session": self.no_session,
-            "expected_recorded": self.expected_recorded,
-        }
+        removed = sum(1 for r in self.records if r.topic == self.removed_topic)
+        return {"messages": len(self.records), "added": len(self.records) - removed,
+                "removed": removed, "duplicate_message_ids": self.count("duplicate"),
+                "invalid_owner": self.count("invalid-owner"),
+                "no_session": self.count("no-session"),
+                "expected_recorded": self.expected_recorded}
 
 
 class EnvelopeFactory:
@@ -101,7 +98,7 @@ class EnvelopeFactory:
         self._sessions = sessions
         self._rng = rng
         self._added = added_topic
-        self._removed = removed_topic
+        self.removed_topic = removed_topic
         self._removed_share = removed_share
         self._by_user_share = by_user_share
 
@@ -121,7 +118,7 @@ class EnvelopeFactory:
 
     def topic(self) -> str:
         """favorite-removed for ``removed_share`` of the messages, else favorite-added."""
-        return self._removed if self._rng.random() < self._removed_share else self._added
+        return self.removed_topic if self._rng.random() < self._removed_share else self._added
 
     def envelope(
         self, user_id: uuid.UUID | None, anonymous_id: uuid.UUID | None,
@@ -186,16 +183,7 @@ def make_backlog(
         dup = OutRecord(src.topic, src.key, src.value, src.headers, src.favorite_id, "duplicate")
         keyed.append((rng.uniform(source_index + 0.5, originals), dup))
     keyed.sort(key=lambda kv: kv[0])
-    backlog = Backlog(records=[r for _, r in keyed])
-    for r in backlog.records:
-        if r.topic == factory._removed:
-            backlog.removed += 1
-        else:
-            backlog.added += 1
-    backlog.duplicates = duplicates
-    backlog.invalid_owner = invalid
-    backlog.no_session = no_session
-    return backlog
+    return Backlog([r for _, r in keyed], factory.removed_topic)
 
 
 def producer(bootstrap: str, **overrides: Any) -> Producer:
