@@ -10,11 +10,12 @@ imports nothing of this project. Configured by the environment (``PEER_*``, set 
    (``PEER_DEDUP_TTL_SECONDS``, event time) and a repeat is dropped;
 4. the owner's session by Quix's ``PostgresLookup`` (one query per owner, LRU-cached 60 s);
    messages without a session are dropped;
-5. the action row; ``PostgreSQLSink`` inserts it into ``user_activity.action_events`` at each
-   checkpoint (``commit_interval`` 1 s), and the row, as JSON, goes to the output topic.
+5. the action row, as JSON, to the output topic; ``PostgreSQLSink`` inserts the rows into
+   ``user_activity.action_events`` at each checkpoint (``commit_interval`` 1 s; ``ON CONFLICT
+   DO NOTHING`` on the table's unique source_message_id).
 
-What it does not do: no outbox (the output is produced by Quix's producer, not in the rows'
-transaction), no idempotency mark, no single transaction for the three writes, no DLQ.
+What it does not do: no outbox (the output is produced before its row is inserted), no
+idempotency mark, no single transaction for the three writes, no DLQ.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def main() -> None:
         sdf = sdf.filter(lambda v: v["session"] is not None).apply(_row(action_type))
         sdf = sdf.to_topic(output)
         sdf.sink(PostgreSQLSink(**db, table_name="action_events", schema_name="user_activity",
-                                schema_auto_update=False, include_metadata=False))
+                                schema_auto_update=False, include_metadata=False,
+                                on_conflict_do_nothing=True))
     app.run()
 
 

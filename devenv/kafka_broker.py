@@ -33,6 +33,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from cli.topics import ensure_topics
+from devenv.harness.jobs import alive
 from devenv.harness.ports import free_port
 
 KAFKA_VERSION = "4.1.2"
@@ -118,7 +119,7 @@ _COORDINATOR_LOADING = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
 
 
-def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], None]) -> None:
+def _wait_ready(bootstrap: str, deadline: float, still_running: Callable[[], None]) -> None:
     """Wait for a registered broker with every partition led, then for a group coordinator.
 
     Right after a restart the coordinator answers COORDINATOR_LOAD_IN_PROGRESS while it loads
@@ -130,7 +131,7 @@ def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], None]) -> N
                         logger=_quiet_rdkafka)
     last: object = "no metadata yet"
     while (remaining := deadline - time.monotonic()) > 0:
-        alive()
+        still_running()
         admin.poll(0)  # drain queued log callbacks
         try:
             md = admin.list_topics(timeout=max(0.1, min(2.0, remaining)))
@@ -164,14 +165,6 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6) ->
 
 
 # ---- the broker process -----------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs and is no zombie (PID 1 may reap a detached JVM late, or never)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class KafkaBroker:
@@ -218,7 +211,7 @@ class KafkaBroker:
         except OSError:
             return None
         ours = "kafka.Kafka" in cmdline and str(self.properties_path) in cmdline  # pid reuse
-        return pid if ours and isinstance(pid, int) and _alive(pid) else None
+        return pid if ours and isinstance(pid, int) and alive(pid) else None
 
     def is_running(self) -> bool:
         """Whether the broker JVM of this run dir is alive (not necessarily ready)."""
@@ -263,14 +256,14 @@ class KafkaBroker:
                 cwd=self.run_dir, start_new_session=True)  # no terminal SIGINT; CLI detaches it
         self._save_state(proc.pid)
 
-        def alive() -> None:
+        def still_running() -> None:
             if proc.poll() is not None:
                 self._proc = None
                 raise KafkaBrokerError(f"Kafka broker exited with code {proc.returncode} during "
                                        f"start-up; see {self.log_path}:\n{self._log_from(offset)}")
 
         try:
-            _wait_ready(self.bootstrap, time.monotonic() + self.start_timeout, alive)
+            _wait_ready(self.bootstrap, time.monotonic() + self.start_timeout, still_running)
         except TimeoutError as exc:
             self.kill()
             raise KafkaBrokerError(f"Kafka broker not ready within {self.start_timeout:.0f}s "
@@ -348,7 +341,7 @@ class KafkaBroker:
     def _wait_exit(self, pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         proc = self._proc if self._proc is not None and self._proc.pid == pid else None
-        while (proc.poll() is None) if proc is not None else _alive(pid):
+        while (proc.poll() is None) if proc is not None else alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)

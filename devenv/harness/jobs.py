@@ -43,14 +43,12 @@ SESSION_LINKING_FLOW = "dataflows.session_linking:flow"
 _TAIL_BYTES = 200_000
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is no zombie (PID 1 may reap a detached process late, or never)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    state = next((line for line in status.splitlines() if line.startswith("State:")), "")
-    return "zombie" not in state.lower()
 
 
 @dataclass(frozen=True)
@@ -274,7 +272,7 @@ class JobProcess:
 
     def leftover_pids(self) -> list[int]:
         """Processes of this job still alive: started pids, and any process using its recovery."""
-        left = [pid for pid in self.pids if _alive(pid)]
+        left = [pid for pid in self.pids if alive(pid)]
         if self.recovery_dir is None:
             return sorted(set(left))
         marker = str(self.recovery_dir).encode()
@@ -282,7 +280,7 @@ class JobProcess:
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes() and _alive(int(entry.name)):
+                if marker in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
                     left.append(int(entry.name))
         return sorted(set(left))
 
