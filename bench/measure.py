@@ -74,7 +74,10 @@ def _machine() -> tuple[float, float, float]:
 
 
 class Job(JobProcess):
-    """The favorites job, started at once; its own log; recovery only with ``recovery_dir``."""
+    """The favorites job, started at once; its own log; recovery only with ``recovery_dir``.
+
+    The recovery store (one partition) is made on the first start, snapshots every 5 s.
+    """
 
     def __init__(
         self, settings: Settings, log_path: Path, *, workers: int = 1, tail: bool,
@@ -91,9 +94,6 @@ class Job(JobProcess):
         self.start(wait_http=0)
         self.started = self.started_at or time.monotonic()
         _LIVE.add(self)
-
-    def init_recovery(self) -> None:
-        """The phases make the recovery store themselves."""
 
     def cpu_seconds(self) -> float | None:
         """The job's CPU seconds so far (exact once it has exited)."""

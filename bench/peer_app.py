@@ -8,7 +8,7 @@ imports nothing of this project. Configured by the environment (``PEER_*``, set 
 2. a filter on the owner: exactly one of UserId and AnonymousId, neither the empty GUID;
 3. a stateful filter: the MessageId is remembered in RocksDB state with a TTL
    (``PEER_DEDUP_TTL_SECONDS``, event time) and a repeat is dropped;
-4. the owner's session by Quix's ``PostgresLookup`` (one query per owner, LRU-cached 60 s);
+4. the owner's session by Quix's ``PostgresLookup`` (one query per owner, cached 60 s, 200k);
    messages without a session are dropped;
 5. the action row, as JSON, to the output topic; ``PostgreSQLSink`` inserts the rows into
    ``user_activity.action_events`` at each checkpoint (``commit_interval`` 1 s; ``ON CONFLICT
@@ -91,7 +91,7 @@ def main() -> None:
                                (env["PEER_REMOVED_TOPIC"], "RemoveFromFavorites")):
         sdf = app.dataframe(app.topic(topic, value_deserializer="json"))
         sdf = sdf.filter(_owner).apply(_flat).filter(_first_time(ttl), stateful=True)
-        lookup = PostgresLookup(**db)
+        lookup = PostgresLookup(**db, cache_size=200_000)  # every owner of a full run
         field = lookup.query_field(query=_SESSION, first_match_only=True)
         sdf = sdf.join_lookup(lookup, {"session": field},
                               on=lambda v, _k: f"{v['anon']}/{v['user']}")

@@ -341,8 +341,6 @@ def dedup_and_restart(
     """
     settings = services.settings("recovery", db_url)
     recovery_dir = services.run_dir / "recovery"
-    subprocess.run([sys.executable, "-m", "cli", "init-recovery", str(recovery_dir),
-                    "--partitions", "1"], cwd=ROOT, check=True, capture_output=True)
     devices = [uuid4_from(rng) for _ in range(owners)]
     factory = EnvelopeFactory(sessions, rng, settings.topic_favorite_added,
                               settings.topic_favorite_removed)

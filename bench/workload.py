@@ -30,29 +30,21 @@ def uuid4_from(rng: random.Random) -> uuid.UUID:
 
 def uuid7_from(rng: random.Random, ms: int | None = None) -> uuid.UUID:
     """A UUIDv7 for unix time ``ms`` (now if None) with random bits from ``rng``."""
-    if ms is None:
-        ms = time.time_ns() // 1_000_000
-    rand_a = rng.getrandbits(12)
-    rand_b = rng.getrandbits(62)
-    value = ((ms & _MASK48) << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return uuid.UUID(int=value)
+    ms = time.time_ns() // 1_000_000 if ms is None else ms
+    return uuid.UUID(int=((ms & _MASK48) << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
+                     | (0b10 << 62) | rng.getrandbits(62))
 
 
 def make_sessions(count: int, rng: random.Random, linked_share: float = 0.6) -> list[Session]:
     """``count`` Active sessions, ``linked_share`` of them linked to a user."""
-    return [
-        Session(
-            uuid4_from(rng),
-            uuid4_from(rng),
-            uuid4_from(rng) if rng.random() < linked_share else None,
-        )
-        for _ in range(count)
-    ]
+    return [Session(uuid4_from(rng), uuid4_from(rng),
+                    uuid4_from(rng) if rng.random() < linked_share else None)
+            for _ in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
 class OutRecord:
-    """One record to produce (value built lazily when ``spec`` is set)."""
+    """One record to produce, and what the job must do with it (``kind``)."""
 
     topic: str
     key: bytes
@@ -148,10 +140,8 @@ class EnvelopeFactory:
         """One record of ``kind`` (not a duplicate)."""
         user_id, anonymous_id = self.owner(kind)
         envelope, favorite_id = self.envelope(user_id, anonymous_id, created_at)
-        return OutRecord(
-            self.topic(), favorite_id.encode(), orjson.dumps(envelope), self.headers(),
-            favorite_id, kind,
-        )
+        return OutRecord(self.topic(), favorite_id.encode(), orjson.dumps(envelope),
+                         self.headers(), favorite_id, kind)
 
 
 def make_backlog(
@@ -168,14 +158,10 @@ def make_backlog(
     invalid = round(count * invalid_share)
     no_session = round(count * no_session_share)
     originals = count - duplicates
-    kinds = (
-        ["invalid-owner"] * invalid + ["no-session"] * no_session
-        + ["valid"] * (originals - invalid - no_session)
-    )
+    kinds = (["invalid-owner"] * invalid + ["no-session"] * no_session
+             + ["valid"] * (originals - invalid - no_session))
     rng.shuffle(kinds)
-    keyed: list[tuple[float, OutRecord]] = [
-        (float(i), factory.record(kind)) for i, kind in enumerate(kinds)
-    ]
+    keyed = [(float(i), factory.record(kind)) for i, kind in enumerate(kinds)]
     valid_positions = [i for i, kind in enumerate(kinds) if kind == "valid"]
     for _ in range(duplicates):
         source_index = rng.choice(valid_positions)
@@ -188,18 +174,10 @@ def make_backlog(
 
 def producer(bootstrap: str, **overrides: Any) -> Producer:
     """A throughput-oriented producer (acks=all, lz4, batches)."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
-        "linger.ms": 20,
-        "batch.num.messages": 10_000,
-        "queue.buffering.max.messages": 1_000_000,
-        "queue.buffering.max.kbytes": 1_048_576,
-        "compression.type": "lz4",
-    }
-    config.update(overrides)
-    return Producer(config)
+    return Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                     "linger.ms": 20, "batch.num.messages": 10_000, "compression.type": "lz4",
+                     "queue.buffering.max.messages": 1_000_000,
+                     "queue.buffering.max.kbytes": 1_048_576, **overrides})
 
 
 def produce_all(bootstrap: str, records: Iterable[OutRecord]) -> int:
