@@ -15,7 +15,9 @@ imports nothing of this project. Configured by the environment (``PEER_*``, set 
    DO NOTHING`` on the table's unique source_message_id).
 
 What it does not do: no outbox (the output is produced before its row is inserted), no
-idempotency mark, no single transaction for the three writes, no DLQ.
+idempotency mark, no single transaction for the three writes, no DLQ. ``PostgreSQLSink`` takes a
+batch's columns from its first row and leaves out nulls: a batch whose first row has no UserId
+is stored without UserIds (not worked around; the counts are unaffected).
 """
 
 from __future__ import annotations
