@@ -9,7 +9,6 @@ metrics, database, Kafka, ...).
 from __future__ import annotations
 
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -110,9 +109,3 @@ def summarize(raw: Path, top: int = 15) -> dict[str, Any]:
         "buckets_inclusive_pct": {k: pct(buckets[k]) for k in BUCKETS if buckets[k]},
         "note": "percent of all py-spy samples (all Python threads, --nonblocking, 100 Hz)",
     }
-
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(summarize(Path(sys.argv[1])), indent=2))

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from cli.migrate import apply_migrations
+from bench.ceiling import wal_lsn
 from cli.topics import ensure_topics
 from runtime.settings import Settings
 
@@ -48,6 +48,23 @@ def database_url(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+def listening_pid(port: int) -> int | None:
+    """The process of this machine listening on TCP ``port`` (None if none, or not visible)."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    sockets.add(f"socket:[{fields[9]}]")
+    for entry in sorted((p for p in Path("/proc").iterdir() if p.name.isdigit()),
+                        key=lambda p: int(p.name)) if sockets else ():
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in sockets for fd in (entry / "fd").iterdir()):
+                return int(entry.name)
+    return None
+
+
 class Services:
     """Kafka + PostgreSQL for one run; ``close()`` leaves nothing running."""
 
@@ -69,6 +86,9 @@ class Services:
         if self.external:
             self.bootstrap = os.environ["USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS"]
             self.server_url = os.environ["USER_ACTIVITY_DATABASE_URL"]
+            # on this machine: the processes listening there, for their CPU seconds
+            self.kafka_pid = listening_pid(int(self.bootstrap.split(",")[0].rsplit(":", 1)[1]))
+            self.postmaster_pid = listening_pid(urlsplit(self.server_url).port or 5432)
             return timings
         from devenv.kafka_broker import KafkaBroker
         from devenv.postgres_server import PostgresServer
@@ -92,8 +112,6 @@ class Services:
         """The server's ``fsync`` and ``synchronous_commit`` (recorded with every run)."""
         with self._admin() as conn:
             return server_durability(conn)
-
-    # ---- databases ------------------------------------------------------------------------
 
     def db_name(self, suffix: str) -> str:
         """The name of this run's database ``suffix``."""
@@ -130,37 +148,36 @@ class Services:
         if name in self._databases:
             self._databases.remove(name)
 
-    def migrate(self, url: str) -> None:
-        """Apply the project's migrations to ``url``."""
-        apply_migrations(url)
-
-    # ---- topics ---------------------------------------------------------------------------
-
     def settings(self, prefix: str, db_url: str, **overrides: Any) -> Settings:
-        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the flow's: 6 partitions)."""
+        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the favorites ones created)."""
         base = f"bench.{self.run_id}.{prefix}"
-        values: dict[str, Any] = {
-            "kafka_bootstrap_servers": self.bootstrap,
-            "database_url": db_url,
-            "topic_favorite_added": f"{base}.favorite-added",
-            "topic_favorite_removed": f"{base}.favorite-removed",
-            "topic_action_tracked": f"{base}.action-tracked",
-            "topic_favorites_dlq": f"{base}.favorites-dlq",
-            "topic_user_signed_in": f"{base}.user-signed-in",
-            "topic_session_linked": f"{base}.session-linked",
-            "topic_session_started": f"{base}.session-started",
-            "topic_session_ended": f"{base}.session-ended",
-            "topic_session_linking_dlq": f"{base}.session-linking-dlq",
-            "http_port": 0,
-        }
-        values.update(overrides)
-        settings = Settings(**values)
-        topics = [settings.topic_favorite_added, settings.topic_favorite_removed,
-                  settings.topic_action_tracked, settings.topic_favorites_dlq]
-        ensure_topics(settings.kafka_client_config(), topics, 6)  # what the favorites flow uses
+        names = {f"topic_{n.replace('-', '_')}": f"{base}.{n}" for n in (
+            "favorite-added", "favorite-removed", "action-tracked", "favorites-dlq",
+            "user-signed-in", "session-linked", "session-started", "session-ended",
+            "session-linking-dlq")}
+        settings = Settings(**{"kafka_bootstrap_servers": self.bootstrap, "database_url": db_url,
+                               "http_port": 0, **names, **overrides})
+        ensure_topics(settings.kafka_client_config(), [
+            settings.topic_favorite_added, settings.topic_favorite_removed,
+            settings.topic_action_tracked, settings.topic_favorites_dlq], 6)
         return settings
 
-    # ---- teardown -------------------------------------------------------------------------
+    def counts(self, db_url: str) -> dict[str, int]:
+        """Rows of action_events and outbox, and unpublished outbox rows, in ``db_url``."""
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM user_activity.action_events),"
+                " (SELECT count(*) FROM user_activity.outbox),"
+                " (SELECT count(*) FROM user_activity.outbox WHERE published_at IS NULL)"
+            ).fetchone()
+        assert row is not None
+        return dict(zip(("action_events", "outbox", "outbox_unpublished"), map(int, row),
+                        strict=True))
+
+    def wal(self, db_url: str) -> int:
+        """The server's WAL insert position, bytes."""
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            return wal_lsn(conn)
 
     def close(self) -> None:
         """Drop this run's databases, stop own services, remove the run dir."""

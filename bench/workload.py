@@ -30,29 +30,21 @@ def uuid4_from(rng: random.Random) -> uuid.UUID:
 
 def uuid7_from(rng: random.Random, ms: int | None = None) -> uuid.UUID:
     """A UUIDv7 for unix time ``ms`` (now if None) with random bits from ``rng``."""
-    if ms is None:
-        ms = time.time_ns() // 1_000_000
-    rand_a = rng.getrandbits(12)
-    rand_b = rng.getrandbits(62)
-    value = ((ms & _MASK48) << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return uuid.UUID(int=value)
+    ms = time.time_ns() // 1_000_000 if ms is None else ms
+    return uuid.UUID(int=((ms & _MASK48) << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
+                     | (0b10 << 62) | rng.getrandbits(62))
 
 
 def make_sessions(count: int, rng: random.Random, linked_share: float = 0.6) -> list[Session]:
     """``count`` Active sessions, ``linked_share`` of them linked to a user."""
-    return [
-        Session(
-            uuid4_from(rng),
-            uuid4_from(rng),
-            uuid4_from(rng) if rng.random() < linked_share else None,
-        )
-        for _ in range(count)
-    ]
+    return [Session(uuid4_from(rng), uuid4_from(rng),
+                    uuid4_from(rng) if rng.random() < linked_share else None)
+            for _ in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
 class OutRecord:
-    """One record to produce (value built lazily when ``spec`` is set)."""
+    """One record to produce, and what the job must do with it (``kind``)."""
 
     topic: str
     key: bytes
@@ -67,28 +59,25 @@ class Backlog:
     """A generated backlog and what the job must do with it."""
 
     records: list[OutRecord] = field(default_factory=list)
-    added: int = 0
-    removed: int = 0
-    duplicates: int = 0
-    invalid_owner: int = 0
-    no_session: int = 0
+    removed_topic: str = ""
+
+    def count(self, kind: str) -> int:
+        """How many records are of ``kind``."""
+        return sum(1 for r in self.records if r.kind == kind)
 
     @property
     def expected_recorded(self) -> int:
         """Messages that must become one row and one action-tracked message each."""
-        return len(self.records) - self.duplicates - self.invalid_owner - self.no_session
+        return self.count("valid")
 
     def summary(self) -> dict[str, int]:
         """The backlog's composition."""
-        return {
-            "messages": len(self.records),
-            "added": self.added,
-            "removed": self.removed,
-            "duplicate_message_ids": self.duplicates,
-            "invalid_owner": self.invalid_owner,
-            "no_session": self.no_session,
-            "expected_recorded": self.expected_recorded,
-        }
+        removed = sum(1 for r in self.records if r.topic == self.removed_topic)
+        return {"messages": len(self.records), "added": len(self.records) - removed,
+                "removed": removed, "duplicate_message_ids": self.count("duplicate"),
+                "invalid_owner": self.count("invalid-owner"),
+                "no_session": self.count("no-session"),
+                "expected_recorded": self.expected_recorded}
 
 
 class EnvelopeFactory:
@@ -101,7 +90,7 @@ class EnvelopeFactory:
         self._sessions = sessions
         self._rng = rng
         self._added = added_topic
-        self._removed = removed_topic
+        self.removed_topic = removed_topic
         self._removed_share = removed_share
         self._by_user_share = by_user_share
 
@@ -121,7 +110,7 @@ class EnvelopeFactory:
 
     def topic(self) -> str:
         """favorite-removed for ``removed_share`` of the messages, else favorite-added."""
-        return self._removed if self._rng.random() < self._removed_share else self._added
+        return self.removed_topic if self._rng.random() < self._removed_share else self._added
 
     def envelope(
         self, user_id: uuid.UUID | None, anonymous_id: uuid.UUID | None,
@@ -151,10 +140,8 @@ class EnvelopeFactory:
         """One record of ``kind`` (not a duplicate)."""
         user_id, anonymous_id = self.owner(kind)
         envelope, favorite_id = self.envelope(user_id, anonymous_id, created_at)
-        return OutRecord(
-            self.topic(), favorite_id.encode(), orjson.dumps(envelope), self.headers(),
-            favorite_id, kind,
-        )
+        return OutRecord(self.topic(), favorite_id.encode(), orjson.dumps(envelope),
+                         self.headers(), favorite_id, kind)
 
 
 def make_backlog(
@@ -171,14 +158,10 @@ def make_backlog(
     invalid = round(count * invalid_share)
     no_session = round(count * no_session_share)
     originals = count - duplicates
-    kinds = (
-        ["invalid-owner"] * invalid + ["no-session"] * no_session
-        + ["valid"] * (originals - invalid - no_session)
-    )
+    kinds = (["invalid-owner"] * invalid + ["no-session"] * no_session
+             + ["valid"] * (originals - invalid - no_session))
     rng.shuffle(kinds)
-    keyed: list[tuple[float, OutRecord]] = [
-        (float(i), factory.record(kind)) for i, kind in enumerate(kinds)
-    ]
+    keyed = [(float(i), factory.record(kind)) for i, kind in enumerate(kinds)]
     valid_positions = [i for i, kind in enumerate(kinds) if kind == "valid"]
     for _ in range(duplicates):
         source_index = rng.choice(valid_positions)
@@ -186,32 +169,15 @@ def make_backlog(
         dup = OutRecord(src.topic, src.key, src.value, src.headers, src.favorite_id, "duplicate")
         keyed.append((rng.uniform(source_index + 0.5, originals), dup))
     keyed.sort(key=lambda kv: kv[0])
-    backlog = Backlog(records=[r for _, r in keyed])
-    for r in backlog.records:
-        if r.topic == factory._removed:
-            backlog.removed += 1
-        else:
-            backlog.added += 1
-    backlog.duplicates = duplicates
-    backlog.invalid_owner = invalid
-    backlog.no_session = no_session
-    return backlog
+    return Backlog([r for _, r in keyed], factory.removed_topic)
 
 
 def producer(bootstrap: str, **overrides: Any) -> Producer:
     """A throughput-oriented producer (acks=all, lz4, batches)."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
-        "linger.ms": 20,
-        "batch.num.messages": 10_000,
-        "queue.buffering.max.messages": 1_000_000,
-        "queue.buffering.max.kbytes": 1_048_576,
-        "compression.type": "lz4",
-    }
-    config.update(overrides)
-    return Producer(config)
+    return Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                     "linger.ms": 20, "batch.num.messages": 10_000, "compression.type": "lz4",
+                     "queue.buffering.max.messages": 1_000_000,
+                     "queue.buffering.max.kbytes": 1_048_576, **overrides})
 
 
 def produce_all(bootstrap: str, records: Iterable[OutRecord]) -> int:

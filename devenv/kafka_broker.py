@@ -1,26 +1,13 @@
 """A real single-node Apache Kafka broker (KRaft combined mode) for tests and local development.
 
 No library runs real Kafka without containers, so this runs the broker's Maven Central jars on the
-machine's Java 17+.  ``fetch_jars`` resolves them once with Maven (devenv/kafka/pom.xml) into
-``devenv/kafka/lib-<version>/``; later starts need no network.
+machine's Java 17+. ``fetch_jars`` resolves them once with Maven (devenv/kafka/pom.xml) into
+``devenv/kafka/lib-<version>/``; later starts need no network. ``KafkaBroker(run_dir)``: ``start``
+(format on first use, wait until ready), ``stop`` (SIGTERM), ``kill`` (SIGKILL), a context manager.
 
-Python API::
-
-    from devenv.kafka_broker import KafkaBroker, create_topics
-
-    with KafkaBroker(tmp_path / "kafka") as broker:       # format + start + wait until ready
-        create_topics(broker.bootstrap, ["events"])        # 6 partitions, RF 1, idempotent
-        broker.stop()                                      # SIGTERM, SIGKILL after a timeout
-        broker.start()                                     # same port, same data
-        broker.kill()                                      # SIGKILL (crash); start() again
-
-CLI (state in ``.run/kafka`` unless ``--run-dir``)::
-
-    python -m devenv.kafka_broker fetch
-    python -m devenv.kafka_broker start [--port N] [--fresh]   # last stdout line: bootstrap
-    python -m devenv.kafka_broker status
-    python -m devenv.kafka_broker create-topics TOPIC... [--partitions 6]
-    python -m devenv.kafka_broker stop
+CLI (state in ``.run/kafka`` unless ``--run-dir``): ``python -m devenv.kafka_broker
+fetch | start [--port N] [--fresh] | status | create-topics TOPIC... | stop``; ``start`` prints
+the bootstrap address as its last line and leaves the broker running.
 """
 
 from __future__ import annotations
@@ -40,19 +27,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
+from cli.topics import ensure_topics
+from devenv.harness.jobs import alive
 from devenv.harness.ports import free_port
-
-if TYPE_CHECKING:
-    from confluent_kafka.admin._metadata import ClusterMetadata
-
-__all__ = ["KAFKA_VERSION", "KafkaBroker", "KafkaBrokerError", "create_topics", "fetch_jars",
-           "main"]
 
 KAFKA_VERSION = "4.1.2"
 """Pinned Apache Kafka version (keep in sync with ``kafka.version`` in devenv/kafka/pom.xml)."""
@@ -67,15 +49,9 @@ DEFAULT_RUN_DIR = Path(__file__).resolve().parent.parent / ".run" / "kafka"
 _KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
 
 # Serial GC + C1-only JIT: far less CPU at start-up on small CI machines; fine for tests.
-_JVM_OPTS = (
-    "-XX:+UseSerialGC",
-    "-XX:TieredStopAtLevel=1",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-XX:-UsePerfData",
-    "-Djava.awt.headless=true",
-    "-Djava.net.preferIPv4Stack=true",
-    f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
-)
+_JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:+ExitOnOutOfMemoryError",
+             "-XX:-UsePerfData", "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true",
+             f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}")
 
 _quiet_rdkafka = logging.getLogger(f"{__name__}.rdkafka")
 _quiet_rdkafka.addHandler(logging.NullHandler())
@@ -139,140 +115,56 @@ def fetch_jars(lib_dir: Path | None = None, *, timeout: float = 900.0) -> Path:
 
 # ---- readiness and topics (confluent-kafka) ---------------------------------------------------
 
-
-def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient({
-        "bootstrap.servers": bootstrap,
-        "socket.connection.setup.timeout.ms": 2000,
-        "reconnect.backoff.ms": 100,
-        "reconnect.backoff.max.ms": 500,
-        "topic.metadata.refresh.interval.ms": 1000,
-    }, logger=_quiet_rdkafka)
-
-
-def _metadata_ready(md: ClusterMetadata, topics: Sequence[str] | None) -> bool:
-    """A registered broker, and every (requested) topic has all its partitions led."""
-    if not md.brokers or (topics is not None and any(t not in md.topics for t in topics)):
-        return False
-    checked = md.topics.values() if topics is None else [md.topics[t] for t in topics]
-    return all(
-        tm.error is None and tm.partitions
-        and all(p.error is None and p.leader >= 0 for p in tm.partitions.values())
-        for tm in checked
-    )
-
-
-def _poll_metadata(admin: AdminClient, deadline: float, topics: Sequence[str] | None,
-                   alive: Callable[[], None] = lambda: None) -> None:
-    last: object = "no metadata yet"
-    while (remaining := deadline - time.monotonic()) > 0:
-        alive()
-        try:
-            md = admin.list_topics(timeout=max(0.1, min(2.0, remaining)))
-        except KafkaException as exc:
-            last = exc
-        else:
-            if _metadata_ready(md, topics):
-                return
-            last = f"brokers={sorted(md.brokers)} topics={sorted(md.topics)}"
-        admin.poll(0)  # drain queued log callbacks
-        time.sleep(0.1)
-    raise TimeoutError(f"Kafka metadata not ready: {last}")
-
-
-_GROUP_PROBE = "devenv-kafka-broker-readiness-probe"
 _COORDINATOR_LOADING = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
 
 
-def _wait_group_coordinator(admin: AdminClient, deadline: float,
-                            alive: Callable[[], None] = lambda: None) -> None:
-    """Wait until the group coordinator has loaded ``__consumer_offsets`` (created if missing).
+def _wait_ready(bootstrap: str, deadline: float, still_running: Callable[[], None]) -> None:
+    """Wait for a registered broker with every partition led, then for a group coordinator.
 
-    Right after a restart it answers COORDINATOR_LOAD_IN_PROGRESS, and librdkafka's consumer then
-    waits about 3 s before it retries JoinGroup.
+    Right after a restart the coordinator answers COORDINATOR_LOAD_IN_PROGRESS while it loads
+    ``__consumer_offsets``, and librdkafka's consumer then waits about 3 s before it retries
+    JoinGroup: so a group is described until the answer is no loading error.
     """
-    last: object = None
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
+                         "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 500},
+                        logger=_quiet_rdkafka)
+    last: object = "no metadata yet"
     while (remaining := deadline - time.monotonic()) > 0:
-        alive()
-        future = admin.describe_consumer_groups(
-            [_GROUP_PROBE], request_timeout=max(0.5, min(5.0, remaining)))[_GROUP_PROBE]
+        still_running()
+        admin.poll(0)  # drain queued log callbacks
         try:
-            future.result()
+            md = admin.list_topics(timeout=max(0.1, min(2.0, remaining)))
+        except KafkaException as exc:
+            last = exc
+            continue
+        last = f"brokers={sorted(md.brokers)} topics={sorted(md.topics)}"
+        if not md.brokers or any(t.error is not None or any(p.leader < 0 or p.error is not None
+                                                            for p in t.partitions.values())
+                                 for t in md.topics.values()):
+            time.sleep(0.1)
+            continue
+        probe = admin.describe_consumer_groups(["devenv-readiness-probe"], request_timeout=max(
+            0.5, min(5.0, remaining)))["devenv-readiness-probe"]
+        try:
+            probe.result()
             return
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if not isinstance(err, KafkaError) or not (
-                err.code() in _COORDINATOR_LOADING or err.retriable()):
+                    err.code() in _COORDINATOR_LOADING or err.retriable()):
                 return  # not a loading problem: nothing to wait for
             last = err
         time.sleep(0.05)
-    raise TimeoutError(f"group coordinator not ready: {last}")
+    raise TimeoutError(f"Kafka not ready: {last}")
 
 
-def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], None] = lambda: None) -> None:
-    admin = _admin(bootstrap)
-    _poll_metadata(admin, deadline, None, alive)
-    _wait_group_coordinator(admin, deadline, alive)
-
-
-_NOT_YET = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
-
-
-def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6, *,
-                  replication_factor: int = 1, config: Mapping[str, str] | None = None,
-                  timeout: float = 60.0) -> None:
-    """Create ``topics`` (existing ones are left as they are) and wait until all are led.
-
-    Retriable errors (e.g. a broker still starting) are retried until ``timeout``.
-    """
-    if isinstance(topics, str):
-        raise TypeError("topics must be a sequence of topic names, not a str")
-    wanted = list(dict.fromkeys(topics))
-    admin = _admin(bootstrap)
-    deadline = time.monotonic() + timeout
-    pending, last = list(wanted), None
-    while pending:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise KafkaBrokerError(f"creating topics {pending} timed out: {last}")
-        new = [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor,
-                        config=dict(config or {})) for t in pending]
-        futures = admin.create_topics(new, operation_timeout=min(remaining, 30.0),
-                                      request_timeout=min(remaining, 30.0))
-        pending = []
-        for topic, future in futures.items():
-            try:
-                future.result(timeout=remaining + 1.0)
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                code = err.code() if isinstance(err, KafkaError) else None
-                if code == KafkaError.TOPIC_ALREADY_EXISTS:
-                    continue
-                if not (code in _NOT_YET or (isinstance(err, KafkaError) and err.retriable())):
-                    raise KafkaBrokerError(f"cannot create topic {topic!r}: {exc}") from exc
-                pending.append(topic)
-                last = err
-            except TimeoutError:
-                pending.append(topic)
-                last = "CreateTopics request timed out"
-        if pending:
-            time.sleep(0.2)
-    try:
-        _poll_metadata(admin, deadline, wanted)
-    except TimeoutError as exc:
-        raise KafkaBrokerError(f"topics {wanted} created but not ready: {exc}") from exc
+def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6) -> None:
+    """Create ``topics`` (existing ones are left as they are) and wait until all are led."""
+    ensure_topics({"bootstrap.servers": bootstrap}, list(dict.fromkeys(topics)), partitions)
 
 
 # ---- the broker process -----------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs and is no zombie (PID 1 may reap a detached JVM late, or never)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class KafkaBroker:
@@ -286,10 +178,8 @@ class KafkaBroker:
     """
 
     def __init__(self, run_dir: Path | str, *, port: int | None = None,
-                 controller_port: int | None = None,
                  server_properties: Mapping[str, str | int | bool] | None = None,
-                 start_timeout: float = 90.0,
-                 stop_timeout: float = 30.0, die_with_parent: bool = True) -> None:
+                 start_timeout: float = 90.0, die_with_parent: bool = True) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.data_dir = self.run_dir / "data"
         self.log_path = self.run_dir / "broker.log"
@@ -297,12 +187,12 @@ class KafkaBroker:
         self._state_path = self.run_dir / "state.json"
         self._extra = {k: str(v).lower() if isinstance(v, bool) else str(v)
                        for k, v in (server_properties or {}).items()}
-        self.start_timeout, self.stop_timeout = start_timeout, stop_timeout
+        self.start_timeout = start_timeout
         self._die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         state = self._state()
         self.port = port or int(state.get("port") or 0) or free_port(HOST, below_ephemeral=True)
-        self.controller_port = (controller_port or int(state.get("controller_port") or 0)
+        self.controller_port = (int(state.get("controller_port") or 0)
                                 or free_port(HOST, below_ephemeral=True, exclude=self.port))
 
     @property
@@ -321,7 +211,7 @@ class KafkaBroker:
         except OSError:
             return None
         ours = "kafka.Kafka" in cmdline and str(self.properties_path) in cmdline  # pid reuse
-        return pid if ours and isinstance(pid, int) and _alive(pid) else None
+        return pid if ours and isinstance(pid, int) and alive(pid) else None
 
     def is_running(self) -> bool:
         """Whether the broker JVM of this run dir is alive (not necessarily ready)."""
@@ -345,8 +235,16 @@ class KafkaBroker:
             shutil.rmtree(self.data_dir, ignore_errors=True)  # half-formatted: unusable
             # The shape of Kafka's Uuid.toString(), which never starts with '-' either.
             cluster_id = "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[1:22]
-            self._run([_java(), "-Xmx256m", *_JVM_OPTS, *classpath, "kafka.tools.StorageTool",
-                       "format", "-t", cluster_id, "-c", str(self.properties_path)])
+            offset = self._log_header("format storage")
+            with self.log_path.open("ab") as log:
+                code = subprocess.run(
+                    [_java(), "-Xmx256m", *_JVM_OPTS, *classpath, "kafka.tools.StorageTool",
+                     "format", "-t", cluster_id, "-c", str(self.properties_path)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                    check=False, cwd=self.run_dir).returncode
+            if code != 0:
+                raise KafkaBrokerError(f"kafka-storage format failed (exit {code}):\n"
+                                       f"{self._log_from(offset)}")
         cmd = [_java(), "-Xms64m", "-Xmx384m", *_JVM_OPTS, *classpath,
                "kafka.Kafka", str(self.properties_path)]
         if self._die_with_parent and (setpriv := shutil.which("setpriv")):
@@ -358,14 +256,14 @@ class KafkaBroker:
                 cwd=self.run_dir, start_new_session=True)  # no terminal SIGINT; CLI detaches it
         self._save_state(proc.pid)
 
-        def alive() -> None:
+        def still_running() -> None:
             if proc.poll() is not None:
                 self._proc = None
                 raise KafkaBrokerError(f"Kafka broker exited with code {proc.returncode} during "
                                        f"start-up; see {self.log_path}:\n{self._log_from(offset)}")
 
         try:
-            _wait_ready(self.bootstrap, time.monotonic() + self.start_timeout, alive)
+            _wait_ready(self.bootstrap, time.monotonic() + self.start_timeout, still_running)
         except TimeoutError as exc:
             self.kill()
             raise KafkaBrokerError(f"Kafka broker not ready within {self.start_timeout:.0f}s "
@@ -376,12 +274,9 @@ class KafkaBroker:
             raise
         return self.bootstrap
 
-    def stop(self, timeout: float | None = None) -> None:
-        """SIGTERM (clean shutdown), SIGKILL after ``timeout`` (default ``stop_timeout``) s.
-
-        Data and ports are kept for the next ``start()``.  No-op when not running.
-        """
-        self._terminate(signal.SIGTERM, self.stop_timeout if timeout is None else timeout)
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (clean shutdown), SIGKILL after ``timeout`` s; data and ports are kept."""
+        self._terminate(signal.SIGTERM, timeout)
 
     def kill(self) -> None:
         """SIGKILL the broker at once (a crash; acknowledged writes survive the next start)."""
@@ -429,16 +324,6 @@ class KafkaBroker:
             log.seek(offset)
             return _tail(log.read().decode(errors="replace"))
 
-    def _run(self, cmd: list[str]) -> None:
-        offset = self._log_header("format storage")
-        with self.log_path.open("ab") as log:
-            code = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=120, check=False,
-                                  cwd=self.run_dir).returncode
-        if code != 0:
-            raise KafkaBrokerError(f"kafka-storage format failed (exit {code}):\n"
-                                   f"{self._log_from(offset)}")
-
     def _terminate(self, sig: signal.Signals, timeout: float) -> None:
         if (pid := self.pid) is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -456,7 +341,7 @@ class KafkaBroker:
     def _wait_exit(self, pid: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         proc = self._proc if self._proc is not None and self._proc.pid == pid else None
-        while (proc.poll() is None) if proc is not None else _alive(pid):
+        while (proc.poll() is None) if proc is not None else alive(pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -468,49 +353,34 @@ class KafkaBroker:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI (see the module docstring); return the process exit code."""
-    common = argparse.ArgumentParser(add_help=False)  # --run-dir before or after the verb
-    common.add_argument("--run-dir", type=Path, default=argparse.SUPPRESS)
     parser = argparse.ArgumentParser(prog="python -m devenv.kafka_broker")
+    parser.add_argument("command", choices=("fetch", "start", "stop", "status", "create-topics"))
+    parser.add_argument("topics", nargs="*", metavar="TOPIC", help="for create-topics")
     parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", parents=[common], help="resolve the jars with Maven (once)")
-    start = sub.add_parser("start", parents=[common], help="start detached, print bootstrap")
-    start.add_argument("--port", type=int, default=None)
-    start.add_argument("--fresh", action="store_true", help="delete existing data first")
-    start.add_argument("--timeout", type=float, default=90.0, help="readiness timeout (s)")
-    stop = sub.add_parser("stop", parents=[common], help="SIGTERM, SIGKILL after --timeout")
-    stop.add_argument("--timeout", type=float, default=30.0)
-    sub.add_parser("status", parents=[common], help="exit 0 and print bootstrap if running")
-    topics = sub.add_parser("create-topics", parents=[common], help="create topics (idempotent)")
-    topics.add_argument("topics", nargs="+", metavar="TOPIC")
-    topics.add_argument("--partitions", type=int, default=6)
-    topics.add_argument("--bootstrap", default=None, help="default: the broker of --run-dir")
+    parser.add_argument("--port", type=int, default=None, help="start: the port of a new broker")
+    parser.add_argument("--fresh", action="store_true", help="start: delete existing data first")
+    parser.add_argument("--partitions", type=int, default=6, help="create-topics")
     args = parser.parse_args(argv)
     try:
         if args.command == "fetch":
             print(fetch_jars())
             return 0
-        broker = KafkaBroker(args.run_dir, port=getattr(args, "port", None),
-                             start_timeout=getattr(args, "timeout", 90.0), die_with_parent=False)
-        if args.command == "start":
-            if not broker.is_running():
-                began = time.monotonic()
-                broker.start(fresh=args.fresh)
-                print(f"Kafka {KAFKA_VERSION} ready in {time.monotonic() - began:.1f}s "
-                      f"(pid {broker.pid}, log {broker.log_path})", file=sys.stderr)
-            print(broker.bootstrap)
-        elif args.command == "stop":
-            broker.stop(args.timeout)
-        elif args.command == "status":
-            if not broker.is_running():
-                print(f"not running ({args.run_dir})", file=sys.stderr)
-                return 1
-            print(broker.bootstrap)
+        broker = KafkaBroker(args.run_dir, port=args.port, die_with_parent=False)
+        if args.command == "stop":
+            broker.stop()
+            return 0
+        if args.command == "start" and not broker.is_running():
+            began = time.monotonic()
+            broker.start(fresh=args.fresh)
+            print(f"Kafka {KAFKA_VERSION} ready in {time.monotonic() - began:.1f}s "
+                  f"(pid {broker.pid}, log {broker.log_path})", file=sys.stderr)
+        if not broker.is_running():
+            print(f"not running ({args.run_dir})", file=sys.stderr)
+            return 1
+        if args.command == "create-topics":
+            create_topics(broker.bootstrap, args.topics, args.partitions)
         else:
-            if args.bootstrap is None and not broker.is_running():
-                print(f"no broker running in {args.run_dir}; pass --bootstrap", file=sys.stderr)
-                return 1
-            create_topics(args.bootstrap or broker.bootstrap, args.topics, args.partitions)
+            print(broker.bootstrap)
     except KafkaBrokerError as exc:
         print(f"kafka_broker: error: {exc}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -196,6 +197,15 @@ class PostgresServer:
             for path in (self.data_dir, self.log_path):
                 os.chown(path, user.pw_uid, user.pw_gid)
         self._executor.start()
+        deadline = time.monotonic() + 30  # pg_ctl -w may return while it still starts up
+        while True:
+            try:
+                psycopg.connect(self.dsn(), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def stop(self) -> None:
         """Stop the server (``pg_ctl stop -m fast``); the port and data are kept."""

@@ -43,14 +43,12 @@ SESSION_LINKING_FLOW = "dataflows.session_linking:flow"
 _TAIL_BYTES = 200_000
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is no zombie (PID 1 may reap a detached process late, or never)."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
-    state = next((line for line in status.splitlines() if line.startswith("State:")), "")
-    return "zombie" not in state.lower()
 
 
 @dataclass(frozen=True)
@@ -76,23 +74,12 @@ class JobProcess:
     """
 
     def __init__(
-        self,
-        settings: Settings,
-        workdir: Path,
-        *,
-        flow: str = FAVORITES_FLOW,
-        workers: int | None = None,
-        tail: bool | None = True,
-        recovery: bool = True,
-        recovery_dir: Path | None = None,
-        snapshot_interval: float = 1,
-        backup_interval: float = 10,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        log_path: Path | None = None,
-        env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
+        self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW,
+        workers: int | None = None, tail: bool | None = True, recovery: bool = True,
+        recovery_dir: Path | None = None, snapshot_interval: float = 1,
+        backup_interval: float = 10, host: str = "127.0.0.1", port: int | None = None,
+        log_path: Path | None = None, env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
     ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -124,14 +111,11 @@ class JobProcess:
     def init_recovery(self) -> None:
         """Create the recovery store (one SQLite partition) unless it already exists."""
         if self.recovery_dir is None or (
-            self.recovery_dir.exists() and any(self.recovery_dir.iterdir())
-        ):
+                self.recovery_dir.exists() and any(self.recovery_dir.iterdir())):
             return
-        subprocess.run(
-            [sys.executable, "-m", "cli", "init-recovery", str(self.recovery_dir),
-             "--partitions", "1"],
-            cwd=ROOT, env=self.env, check=True, capture_output=True, timeout=60,
-        )
+        subprocess.run([sys.executable, "-m", "cli", "init-recovery", str(self.recovery_dir),
+                        "--partitions", "1"], cwd=ROOT, env=self.env, check=True,
+                       capture_output=True, timeout=60)
 
     def command(self) -> list[str]:
         """The job's command line (after ``setpriv``)."""
@@ -159,15 +143,9 @@ class JobProcess:
         with log_path.open(mode) as log:
             self.started_at = time.monotonic()
             self.exited_at = self.rusage = None
-            self._proc = subprocess.Popen(
-                [*prefix, *self.command()],
-                cwd=self.cwd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: kill() reaches every child
-            )
+            self._proc = subprocess.Popen(  # its own process group: kill() reaches every child
+                [*prefix, *self.command()], cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.pids.append(self._proc.pid)
         if wait_http:
             self.wait_until(lambda: self.get("/livez") is not None, wait_http, "/livez to answer")
@@ -230,9 +208,7 @@ class JobProcess:
         self.send_signal(signal.SIGKILL)
         return self.reap(30.0)
 
-    def terminate(
-        self, timeout: float = 20.0, sig: signal.Signals = signal.SIGTERM
-    ) -> int | None:
+    def terminate(self, timeout: float = 20.0, sig: signal.Signals = signal.SIGTERM) -> int | None:
         """Stop the job as Kubernetes does: ``sig`` (SIGTERM), SIGKILL after ``timeout``.
 
         Returns the exit code (negative: the signal that ended it). SIGINT makes Bytewax stop
@@ -244,11 +220,6 @@ class JobProcess:
         if self._wait_exit(timeout) is None:
             self.send_signal(signal.SIGKILL)
         return self.reap(30.0)
-
-    def restart(self) -> None:
-        """SIGKILL the job and start it again on the same recovery directory."""
-        self.kill()
-        self.start()
 
     def wait(self, timeout: float) -> int | None:
         """Wait up to ``timeout`` s for the job to exit by itself; its exit code, or None."""
@@ -274,7 +245,7 @@ class JobProcess:
 
     def leftover_pids(self) -> list[int]:
         """Processes of this job still alive: started pids, and any process using its recovery."""
-        left = [pid for pid in self.pids if _alive(pid)]
+        left = [pid for pid in self.pids if alive(pid)]
         if self.recovery_dir is None:
             return sorted(set(left))
         marker = str(self.recovery_dir).encode()
@@ -282,7 +253,7 @@ class JobProcess:
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes() and _alive(int(entry.name)):
+                if marker in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
                     left.append(int(entry.name))
         return sorted(set(left))
 

@@ -12,17 +12,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from devenv.harness.jobs import alive
 from devenv.postgres_server import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _port_open(port: int) -> bool:
@@ -78,8 +72,8 @@ def test_a_new_object_on_the_run_dir_reuses_port_and_data(tmp_path: Path) -> Non
 def test_nothing_left_running_after_close(tmp_path: Path) -> None:
     with PostgresServer(tmp_path / "pg") as server:
         pid, port = server.pid, server.port
-        assert pid is not None and _alive(pid)
-    assert not _alive(pid)
+        assert pid is not None and alive(pid)
+    assert not alive(pid)
     assert not _port_open(port)
     assert not server.is_running()
 

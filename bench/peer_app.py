@@ -1,0 +1,109 @@
+"""The Quix Streams peer: the favorites backlog through a Quix Streams 3.28 app (bench only).
+
+It runs in its own venv (``.venv-peer``, made by :func:`bench.peer.ensure_peer_venv`) and
+imports nothing of this project. Configured by the environment (``PEER_*``, set by
+:mod:`bench.peer`). Per topic (favorite-added, favorite-removed), one StreamingDataFrame:
+
+1. Quix's JSON deserializer (orjson);
+2. a filter on the owner: exactly one of UserId and AnonymousId, neither the empty GUID;
+3. a stateful filter: the MessageId is remembered in RocksDB state with a TTL
+   (``PEER_DEDUP_TTL_SECONDS``, event time) and a repeat is dropped;
+4. the owner's session by Quix's ``PostgresLookup`` (one query per owner, cached 60 s, 200k);
+   messages without a session are dropped;
+5. the action row, as JSON, to the output topic; ``PostgreSQLSink`` inserts the rows into
+   ``user_activity.action_events`` at each checkpoint (``commit_interval`` 1 s; ``ON CONFLICT
+   DO NOTHING`` on the table's unique source_message_id).
+
+What it does not do: no outbox (the output is produced before its row is inserted), no
+idempotency mark, no single transaction for the three writes, no DLQ. ``PostgreSQLSink`` takes a
+batch's columns from its first row and leaves out nulls: a batch whose first row has no UserId
+is stored without UserIds (not worked around; the counts are unaffected).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from quixstreams import Application
+from quixstreams.dataframe.joins.lookups.postgresql import PostgresLookup
+from quixstreams.sinks.community.postgresql import PostgreSQLSink
+
+_EMPTY = "00000000-0000-0000-0000-000000000000"
+_SESSION = (
+    "SELECT id, anonymous_id, user_id, linked_at FROM user_activity.sessions"
+    " WHERE (anonymous_id = %(anon)s::uuid OR (%(anon)s IS NULL AND user_id = %(user)s::uuid))"
+    " ORDER BY (status = 'Active') DESC, last_activity_at DESC, id DESC LIMIT 1"
+)
+
+
+def _owner(value: dict[str, Any]) -> bool:
+    payload = value.get("Payload") or {}
+    user, anon = payload.get("UserId"), payload.get("AnonymousId")
+    return (user is None) != (anon is None) and _EMPTY not in (user, anon)
+
+
+def _flat(value: dict[str, Any]) -> dict[str, Any]:
+    payload = value["Payload"]
+    return {"message_id": value["MessageId"], "anon": payload.get("AnonymousId"),
+            "user": payload.get("UserId") if payload.get("AnonymousId") is None else None,
+            "favorite_id": payload["FavoriteId"], "property_object_id":
+            payload["PropertyObjectId"], "occurred_at": payload["OccurredAt"]}
+
+
+def _first_time(ttl: timedelta) -> Any:
+    def seen(value: dict[str, Any], state: Any) -> bool:
+        if state.exists(value["message_id"]):
+            return False
+        state.set(value["message_id"], 1, ttl=ttl)
+        return True
+
+    return seen
+
+
+def _row(action_type: str) -> Any:
+    def row(value: dict[str, Any]) -> dict[str, Any]:
+        session_id, anonymous_id, user_id, linked_at = value["session"]
+        occurred = datetime.fromisoformat(value["occurred_at"])
+        linked = linked_at is not None and linked_at <= occurred
+        return {"id": str(uuid.uuid4()), "action_type": action_type, "session_id": str(session_id),
+                "anonymous_id": str(anonymous_id), "user_id": str(user_id) if linked else None,
+                "occurred_at": value["occurred_at"], "favorite_id": value["favorite_id"].lower(),
+                "property_object_id": value["property_object_id"],
+                "source_message_id": value["message_id"],
+                "recorded_at": datetime.now(UTC).isoformat()}
+
+    return row
+
+
+def main() -> None:
+    """Run the app until SIGTERM."""
+    env = os.environ
+    db = {"host": env["PEER_PG_HOST"], "port": int(env["PEER_PG_PORT"]),
+          "dbname": env["PEER_PG_DBNAME"], "user": env["PEER_PG_USER"],
+          "password": env.get("PEER_PG_PASSWORD", "")}
+    app = Application(broker_address=env["PEER_BOOTSTRAP"], consumer_group=env["PEER_GROUP"],
+                      auto_offset_reset="earliest", state_dir=env["PEER_STATE_DIR"],
+                      commit_interval=1.0, loglevel="WARNING")
+    ttl = timedelta(seconds=float(env["PEER_DEDUP_TTL_SECONDS"]))
+    output = app.topic(env["PEER_OUTPUT_TOPIC"], value_serializer="json")
+    for topic, action_type in ((env["PEER_ADDED_TOPIC"], "AddToFavorites"),
+                               (env["PEER_REMOVED_TOPIC"], "RemoveFromFavorites")):
+        sdf = app.dataframe(app.topic(topic, value_deserializer="json"))
+        sdf = sdf.filter(_owner).apply(_flat).filter(_first_time(ttl), stateful=True)
+        lookup = PostgresLookup(**db, cache_size=200_000)  # every owner of a full run
+        field = lookup.query_field(query=_SESSION, first_match_only=True)
+        sdf = sdf.join_lookup(lookup, {"session": field},
+                              on=lambda v, _k: f"{v['anon']}/{v['user']}")
+        sdf = sdf.filter(lambda v: v["session"] is not None).apply(_row(action_type))
+        sdf = sdf.to_topic(output)
+        sdf.sink(PostgreSQLSink(**db, table_name="action_events", schema_name="user_activity",
+                                schema_auto_update=False, include_metadata=False,
+                                on_conflict_do_nothing=True))
+    app.run()
+
+
+if __name__ == "__main__":
+    main()
