@@ -91,18 +91,22 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         self._store = FavoritesStore(settings.topic_action_tracked)
         self._defer_min = settings.sink_defer_min_batch
         self._in_flight: tuple[list[FavoriteMessage], SentBatch] | None = None
+        self._written: dict[int, tuple[int, int]] = {}
+        """Start and commit time (wall ns) of each outcome not yet reported, for its spans."""
 
     @override
     def write_batch(self, values: list[FavoriteMessage]) -> None:
         """Commit the batch in flight, then send ``values`` (deferred) or write them now."""
         self._finish_in_flight()
         if self._defer_min and len(values) >= self._defer_min and BACKLOG.reading():
+            started_ns = time.time_ns()
             try:
                 sent = self._store.send_batch(self._db.connection(), values)
             except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
                 self._deferred_failed(exc, values)
             else:
                 self._in_flight = (values, sent)
+                self._written[id(sent.outcome)] = (started_ns, 0)
                 # finished by the next write or snapshot, or as soon as the polls catch up
                 BACKLOG.when_caught_up(self._finish_in_flight)
             HEALTH.beat()
@@ -127,11 +131,13 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             return
         values, sent = self._in_flight
         self._in_flight = None
+        started_ns = self._written.pop(id(sent.outcome), (0, 0))[0]
         try:
             outcome = self._store.finish_batch(self._db.connection(), sent)
         except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
             self._deferred_failed(exc, values)
             return
+        self._written[id(outcome)] = (started_ns, time.time_ns())
         if self._publisher is not None:
             self._publisher.offer(self.outbox_rows(outcome))
         self.report(outcome)
@@ -149,7 +155,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
 
     def write(self, conn: Connection, batch: Sequence[FavoriteMessage]) -> BatchOutcome:
         """One transaction: sessions, rows, marks, outbox (:class:`FavoritesStore`)."""
-        return self._store.record_batch(conn, batch)
+        started_ns = time.time_ns()
+        outcome = self._store.record_batch(conn, batch)
+        self._written[id(outcome)] = (started_ns, time.time_ns())
+        return outcome
 
     def fields(self, message: FavoriteMessage) -> dict[str, Any]:
         """SPEC §6 log fields."""
