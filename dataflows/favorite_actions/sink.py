@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
 from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch
+from dataflows.favorite_actions.traces import trace_batch
 from runtime.backlog import BACKLOG
 from runtime.health import HEALTH
 from runtime.logs import log_event, log_events
@@ -172,8 +173,11 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """Metrics and one log line per message of a committed batch.
 
         Counters move once per batch (``inc(n)``), the histogram observes each message, and each
-        outcome's lines are written together (:func:`runtime.logs.log_events`).
+        outcome's lines are written together (:func:`runtime.logs.log_events`). The spans of its
+        sampled messages are made (:func:`~dataflows.favorite_actions.traces.trace_batch`).
         """
+        started_ns, ended_ns = self._written.pop(id(outcome), (0, 0))
+        trace_batch(outcome, started_ns or None, ended_ns or None)
         now_mono = time.monotonic()
         observe = FAVORITES_CONSUME_DURATION_MS.observe
         recorded = outcome.recorded
