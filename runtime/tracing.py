@@ -74,6 +74,8 @@ _LOW_64 = (1 << 64) - 1
 _ALL = 1 << 64
 _TRACEPARENT_BYTES = TRACEPARENT.encode()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_ODD_HEX = frozenset(b"13579bdf"[i:i + 1] for i in range(8))
+"""The last hex digit of a trace-flags byte whose sampled bit (0x01) is set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,23 +200,32 @@ class Tracing:
         self._group = consumer_group
 
     def sample(self, record: SourceRecord) -> MessageTrace | None:
-        """The message's trace if it is sampled, else None (decided once, see module doc)."""
+        """The message's trace if it is sampled, else None (decided once, see module doc).
+
+        The unsampled cases return before any parsing where they can: no ratio and no parent
+        rule (a sampler at 0), or a parent-based rule with roots off and an unsampled flag.
+        """
         sampling = self.sampling
+        bound = sampling.bound
+        parent_based = sampling.parent_based
+        if not bound and not parent_based:
+            return None
         header = None
         for key, value in record.headers:
             if key == TRACEPARENT:
                 header = value
         if header is not None:
-            parent = valid_traceparent(header)
-            if parent is not None:
-                trace_id = int(parent[3:35], 16)
-                if sampling.parent_based:
-                    if not int(parent[53:55], 16) & 1:
-                        return None
-                elif (trace_id & _LOW_64) >= sampling.bound:
+            if parent_based and header[54:55] not in _ODD_HEX:
+                # unsampled if valid (the parent decides), else a root (the ratio decides)
+                if not bound or valid_traceparent(header) is not None:
                     return None
-                return MessageTrace(trace_id, int(parent[36:52], 16), _new_span_id())
-        bound = sampling.bound
+            else:
+                parent = valid_traceparent(header)
+                if parent is not None:
+                    trace_id = int(parent[3:35], 16)
+                    if not parent_based and (trace_id & _LOW_64) >= bound:
+                        return None
+                    return MessageTrace(trace_id, int(parent[36:52], 16), _new_span_id())
         if not bound:
             return None
         trace_id = random.getrandbits(128) or 1
@@ -291,8 +302,12 @@ class Tracing:
         for record in records:
             headers = record.headers
             stored = _stored_traceparent(headers)
-            parent = valid_traceparent(stored) if stored is not None else None
-            if parent is None or not int(parent[53:55], 16) & 1:
+            # what we store is a version-00 traceparent (55 characters): its flags end it
+            parent = (
+                valid_traceparent(stored)
+                if stored is not None and stored[54:55] in _ODD_HEX else None
+            )
+            if parent is None:
                 out.append(record)
                 spans.append(None)
                 continue

@@ -118,6 +118,37 @@ def test_the_root_ratio_samples_messages_without_a_traceparent() -> None:
         tracing.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("sampling", "traceparent", "expected"),
+    [
+        (Sampling.ratio(1.0), SAMPLED, "continued"),
+        (Sampling.ratio(1.0), UNSAMPLED, None),  # the producer said no
+        (Sampling.ratio(1.0), b"00-garbage-01", "root"),  # invalid: a root, by the ratio
+        (Sampling.ratio(1.0), None, "root"),
+        (Sampling.ratio(0.0), SAMPLED, "continued"),  # parent-based: the ratio is for roots
+        (Sampling.ratio(0.0), b"00-garbage-01", None),
+        (Sampling.ratio(1.0, parent_based=False), UNSAMPLED, "continued"),  # the ratio decides
+        (Sampling.ratio(0.0, parent_based=False), SAMPLED, None),
+        (Sampling(False, 0), None, None),
+    ],
+)
+def test_each_sampler_decides_each_kind_of_incoming_context(
+    sampling: Sampling, traceparent: bytes | None, expected: str | None,
+) -> None:
+    state = tracing.install(SimpleSpanProcessor(InMemorySpanExporter()), sampling)
+    try:
+        trace = state.sample(_record(traceparent))
+    finally:
+        tracing.shutdown()
+    if expected is None:
+        assert trace is None
+    elif expected == "continued":
+        assert trace is not None and (trace.trace_id, trace.parent_span_id) == (TRACE_ID,
+                                                                                 PARENT_ID)
+    else:
+        assert trace is not None and trace.parent_span_id == 0 and trace.trace_id != TRACE_ID
+
+
 def test_the_outbox_row_carries_the_handle_span_context_only_for_a_sampled_message(
     spans: InMemorySpanExporter,
 ) -> None:
