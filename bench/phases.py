@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from bench.workload import (
 from devenv.harness.jobs import ROOT
 from devenv.harness.metrics import metric_sum
 from devenv.harness.sessions import Session
+from devenv.otlp_receiver import OtlpReceiver
 from runtime.settings import Settings
 
 Log = Callable[[str], None]
@@ -226,11 +228,32 @@ def compare_jobs(
                 rates[label].append(run["events_per_s"])
         head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
         return {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
-                "median_ref": base, "ratio_head_to_ref": round(head / base, 3)}
+                "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
+                "ratio_ref_to_head": round(base / head, 3)}
     finally:
         if checkout is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=ROOT,
                            check=False, capture_output=True)
+
+
+OTLP_RECEIVER = "receiver"
+"""``OTEL_EXPORTER_OTLP_ENDPOINT=receiver`` in ``--compare-env``: a local receiver's address."""
+
+
+@contextlib.contextmanager
+def otlp_receiver_for(env: dict[str, str]) -> Iterator[OtlpReceiver | None]:
+    """An OTLP/HTTP receiver that accepts and discards, when ``env`` asks for one.
+
+    ``OTEL_EXPORTER_OTLP_ENDPOINT=receiver`` is replaced (in ``env``) by the address of a
+    receiver started on loopback for the duration (:mod:`devenv.otlp_receiver`, ``keep=False``:
+    answered without decoding, so the job's tracing cost is measured, not a collector's).
+    """
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") != OTLP_RECEIVER:
+        yield None
+        return
+    with OtlpReceiver(keep=False) as receiver:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        yield receiver
 
 
 def _start_py_spy(pid: int, profile_dir: Path, name: str) -> list[subprocess.Popen[bytes]]:

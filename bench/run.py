@@ -198,12 +198,16 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.compare or args.compare_env:
             ref_env = dict(item.split("=", 1) for item in args.compare_env.split(",") if item)
-            log(f"phase compare (this tree vs {args.compare or 'this tree'} {ref_env}, "
-                f"{args.compare_rounds} rounds)")
-            results["compare"] = phases.compare_jobs(
-                services, input_settings, backlog, ref=args.compare, ref_env=ref_env,
-                rounds=args.compare_rounds, prefill_rows=args.prefill_rows,
-                timeout=args.job_timeout, log=log)
+            with phases.otlp_receiver_for(ref_env) as receiver:
+                log(f"phase compare (this tree vs {args.compare or 'this tree'} {ref_env}, "
+                    f"{args.compare_rounds} rounds)")
+                results["compare"] = phases.compare_jobs(
+                    services, input_settings, backlog, ref=args.compare, ref_env=ref_env,
+                    rounds=args.compare_rounds, prefill_rows=args.prefill_rows,
+                    timeout=args.job_timeout, log=log)
+                if receiver is not None:
+                    results["compare"]["otlp_receiver"] = {
+                        "requests": receiver.requests, "bytes": receiver.bytes}
             log(f"  compare: {results['compare']}")
             failed |= "failure" in results["compare"]
 

@@ -2,8 +2,9 @@
 
 ``POST /v1/traces`` with an ``ExportTraceServiceRequest`` (protobuf, optionally gzip) is decoded
 with ``opentelemetry-proto`` and answered ``200`` with an empty ``ExportTraceServiceResponse``,
-as a collector does. The spans are kept as :class:`ReceivedSpan` (``keep=False``: only counted,
-for a benchmark that needs an endpoint that accepts and discards). :func:`render_tree` prints
+as a collector does. The spans are kept as :class:`ReceivedSpan`; with ``keep=False`` requests
+are answered without decoding and only counted (requests, bytes): the endpoint that accepts and
+discards of the benchmark, costing it as little CPU as possible. :func:`render_tree` prints
 the spans of some traces as an indented tree.
 """
 
@@ -85,14 +86,23 @@ class OtlpReceiver:
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
         self.received = 0
-        """Spans received (kept or not)."""
+        """Spans received (decoded: ``keep=True`` only)."""
         self.requests = 0
+        self.bytes = 0
+        """Request bytes received (as sent: compressed or not)."""
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
+                if not receiver.keep:  # accept and discard: no decoding, count the bytes
+                    receiver._discarded(len(body))
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/x-protobuf")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 try:
@@ -143,8 +153,12 @@ class OtlpReceiver:
         with self._lock:
             self.received += len(spans)
             self.requests += 1
-            if self.keep:
-                self._spans.extend(spans)
+            self._spans.extend(spans)
+
+    def _discarded(self, size: int) -> None:
+        with self._lock:
+            self.requests += 1
+            self.bytes += size
 
     def spans(self) -> list[ReceivedSpan]:
         """The spans received so far (a copy)."""

@@ -8,8 +8,6 @@ tracing off every function returns at its first line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from dataflows.favorite_actions.decode import FavoriteMessage, Skipped
 from dataflows.favorite_actions.store import BatchOutcome
 from runtime import tracing
@@ -32,10 +30,6 @@ def _handled(message: FavoriteMessage, outcome: str, **attributes: str) -> Handl
     })
 
 
-def _traced(items: Iterable[Handled | None]) -> list[Handled]:
-    return [item for item in items if item is not None]
-
-
 def trace_batch(outcome: BatchOutcome, started_ns: int | None, ended_ns: int | None) -> None:
     """The spans of a committed batch's sampled messages and its ``INSERT`` span.
 
@@ -43,13 +37,15 @@ def trace_batch(outcome: BatchOutcome, started_ns: int | None, ended_ns: int | N
     """
     if not tracing.enabled():
         return
-    handled = _traced(
-        [_handled(action.message, RECORDED, **{"user_activity.session_id":
-                                               str(action.event.session_id)})
-         for action in outcome.recorded]
-        + [_handled(message, DUPLICATE) for message in outcome.duplicates]
-        + [_handled(message, NO_SESSION) for message in outcome.no_session]
-    )
+    handled = [
+        item for item in (
+            *(_handled(action.message, RECORDED,
+                       **{"user_activity.session_id": str(action.event.session_id)})
+              for action in outcome.recorded if action.message.trace is not None),
+            *(_handled(message, DUPLICATE) for message in outcome.duplicates),
+            *(_handled(message, NO_SESSION) for message in outcome.no_session),
+        ) if item is not None
+    ]
     if not handled:
         return
     database = None
