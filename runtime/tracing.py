@@ -295,7 +295,16 @@ class Tracing:
             consume.end(ended_ns)
 
     def start_publish(self, records: Sequence[Any]) -> tuple[list[Any], _Publishing | None]:
-        """``records`` with a ``publish`` span for each sampled one (see :func:`start_publish`)."""
+        """``records`` with a ``publish`` span for each sampled one (see :func:`start_publish`).
+
+        Sampled: the stored ``traceparent`` is sampled, and under a non-parent-based rule its
+        trace id also passes the ratio (the very decision the message got at decode, which is a
+        function of the trace id: a row whose message was not sampled carries the incoming,
+        maybe sampled, context).
+        """
+        sampling = self.sampling
+        if not sampling.parent_based and not sampling.bound:
+            return list(records), None
         out: list[Any] = []
         spans: list[trace_api.Span | None] = []
         any_span = False
@@ -311,9 +320,13 @@ class Tracing:
                 out.append(record)
                 spans.append(None)
                 continue
+            trace_id = int(parent[3:35], 16)
+            if not sampling.parent_based and (trace_id & _LOW_64) >= sampling.bound:
+                out.append(record)
+                spans.append(None)
+                continue
             context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(SpanContext(
-                int(parent[3:35], 16), int(parent[36:52], 16), is_remote=True,
-                trace_flags=_SAMPLED,
+                trace_id, int(parent[36:52], 16), is_remote=True, trace_flags=_SAMPLED,
             )))
             attributes: dict[str, AttributeValue] = {
                 "messaging.system": "kafka",

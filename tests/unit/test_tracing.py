@@ -270,6 +270,21 @@ def test_publish_continues_the_stored_context_and_replaces_the_outgoing_tracepar
     assert second.status.status_code is StatusCode.ERROR
 
 
+def test_publish_applies_a_non_parent_based_ratio_as_the_decode_did() -> None:
+    exporter = InMemorySpanExporter()
+    state = tracing.install(SimpleSpanProcessor(exporter), Sampling.ratio(0.0, parent_based=False))
+    try:
+        message = _message(SAMPLED)  # the producer sampled it, our ratio (0) did not
+        row = OutboxRow(uuid.uuid4(), "action-tracked", b"k", b"v",
+                        {"traceparent": SAMPLED.decode()})
+        records, publishing = state.start_publish([row])
+    finally:
+        tracing.shutdown()
+    assert message.trace is None
+    assert (records, publishing) == ([row], None)
+    assert exporter.get_finished_spans() == ()
+
+
 class _Outgoing:
     """A swept record (``sinks.kafka_producer.OutgoingRecord``'s shape: header pairs)."""
 
