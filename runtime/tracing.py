@@ -216,9 +216,12 @@ class Tracing:
                 header = value
         if header is not None:
             if parent_based and header[54:55] not in _ODD_HEX:
-                # unsampled if valid (the parent decides), else a root (the ratio decides)
-                if not bound or valid_traceparent(header) is not None:
+                # unsampled if valid (the parent decides), else a root (the ratio decides); a
+                # version-00-shaped header is taken as valid unread (the usual unsampled case)
+                if not bound or len(header) == 55 or valid_traceparent(header) is not None:
                     return None
+            elif not parent_based and _ratio_says_no(header, bound):
+                return None
             else:
                 parent = valid_traceparent(header)
                 if parent is not None:
@@ -314,7 +317,9 @@ class Tracing:
             # what we store is a version-00 traceparent (55 characters): its flags end it
             parent = (
                 valid_traceparent(stored)
-                if stored is not None and stored[54:55] in _ODD_HEX else None
+                if stored is not None and stored[54:55] in _ODD_HEX
+                and (sampling.parent_based or not _ratio_says_no(stored, sampling.bound))
+                else None
             )
             if parent is None:
                 out.append(record)
@@ -392,6 +397,18 @@ def _with_traceparent(headers: Any, traceparent: str) -> Any:
         return {**headers, TRACEPARENT: traceparent}
     encoded = traceparent.encode()
     return [(name, encoded if name == TRACEPARENT else value) for name, value in headers]
+
+
+def _ratio_says_no(traceparent: bytes, bound: int) -> bool:
+    """True when the trace id's low 64 bits (characters 19-34) are at or above ``bound``.
+
+    Read before the header is validated, so a ratio that says no costs no parsing; a header
+    whose characters there are not hex is left to the validation (False).
+    """
+    try:
+        return int(traceparent[19:35], 16) >= bound
+    except ValueError:
+        return False
 
 
 def _new_span_id() -> int:
