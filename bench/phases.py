@@ -213,6 +213,7 @@ def compare_jobs(
                                 text=True, check=True, capture_output=True).stdout.strip()
         reference = {"ref": commit if ref else "this tree", "ref_env": ref_env or {}}
         rates: dict[str, list[float]] = {"head": [], "ref": []}
+        cpu_us: dict[str, list[float]] = {"head": [], "ref": []}
         for round_no in range(rounds):
             order = [("head", None), ("ref", checkout)]
             for label, source in order if round_no % 2 == 0 else order[::-1]:
@@ -226,10 +227,19 @@ def compare_jobs(
                 if not run["ok"]:
                     return {**reference, "failure": f"{name}: {run.get('failure')}"}
                 rates[label].append(run["events_per_s"])
+                job_cpu = (run.get("resources") or {}).get("job_cpu_s")
+                if job_cpu:
+                    cpu_us[label].append(round(1e6 * job_cpu / run["messages"], 1))
         head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
-        return {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
-                "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
-                "ratio_ref_to_head": round(base / head, 3)}
+        result = {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
+                  "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
+                  "ratio_ref_to_head": round(base / head, 3)}
+        if cpu_us["head"] and cpu_us["ref"]:
+            # the job's CPU per event: less disturbed by a busy machine than its throughput
+            cpu_head, cpu_ref = statistics.median(cpu_us["head"]), statistics.median(cpu_us["ref"])
+            result.update({"job_cpu_us_per_event": cpu_us,
+                           "cpu_ratio_ref_to_head": round(cpu_ref / cpu_head, 3)})
+        return result
     finally:
         if checkout is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=ROOT,
