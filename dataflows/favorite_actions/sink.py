@@ -92,8 +92,6 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         self._store = FavoritesStore(settings.topic_action_tracked)
         self._defer_min = settings.sink_defer_min_batch
         self._in_flight: tuple[list[FavoriteMessage], SentBatch] | None = None
-        self._written: dict[int, tuple[int, int]] = {}
-        """Start and commit time (wall ns) of each outcome not yet reported, for its spans."""
 
     @override
     def write_batch(self, values: list[FavoriteMessage]) -> None:
@@ -107,7 +105,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
                 self._deferred_failed(exc, values)
             else:
                 self._in_flight = (values, sent)
-                self._written[id(sent.outcome)] = (started_ns, 0)
+                sent.outcome.written_ns = (started_ns, 0)
                 # finished by the next write or snapshot, or as soon as the polls catch up
                 BACKLOG.when_caught_up(self._finish_in_flight)
             HEALTH.beat()
@@ -132,13 +130,12 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             return
         values, sent = self._in_flight
         self._in_flight = None
-        started_ns = self._written.pop(id(sent.outcome), (0, 0))[0]
         try:
             outcome = self._store.finish_batch(self._db.connection(), sent)
         except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
             self._deferred_failed(exc, values)
             return
-        self._written[id(outcome)] = (started_ns, time.time_ns())
+        outcome.written_ns = ((sent.outcome.written_ns or (0, 0))[0], time.time_ns())
         if self._publisher is not None:
             self._publisher.offer(self.outbox_rows(outcome))
         self.report(outcome)
@@ -158,7 +155,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """One transaction: sessions, rows, marks, outbox (:class:`FavoritesStore`)."""
         started_ns = time.time_ns()
         outcome = self._store.record_batch(conn, batch)
-        self._written[id(outcome)] = (started_ns, time.time_ns())
+        outcome.written_ns = (started_ns, time.time_ns())
         return outcome
 
     def fields(self, message: FavoriteMessage) -> dict[str, Any]:
@@ -176,8 +173,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         outcome's lines are written together (:func:`runtime.logs.log_events`). The spans of its
         sampled messages are made (:func:`~dataflows.favorite_actions.traces.trace_batch`).
         """
-        started_ns, ended_ns = self._written.pop(id(outcome), (0, 0))
-        trace_batch(outcome, started_ns or None, ended_ns or None)
+        trace_batch(outcome)
         now_mono = time.monotonic()
         observe = FAVORITES_CONSUME_DURATION_MS.observe
         recorded = outcome.recorded

@@ -30,13 +30,15 @@ def _handled(message: FavoriteMessage, outcome: str, **attributes: str) -> Handl
     })
 
 
-def trace_batch(outcome: BatchOutcome, started_ns: int | None, ended_ns: int | None) -> None:
+def trace_batch(outcome: BatchOutcome) -> None:
     """The spans of a committed batch's sampled messages and its ``INSERT`` span.
 
-    ``started_ns`` / ``ended_ns``: when the batch's write began and committed (wall clock).
+    The ``INSERT`` span (and the ``handle`` spans' start) come from ``outcome.written_ns``:
+    when the batch's write began and committed (wall clock); without it, all end now.
     """
     if not tracing.enabled():
         return
+    started_ns, ended_ns = outcome.written_ns or (None, None)
     handled = [
         item for item in (
             *(_handled(action.message, RECORDED,
@@ -49,7 +51,7 @@ def trace_batch(outcome: BatchOutcome, started_ns: int | None, ended_ns: int | N
     if not handled:
         return
     database = None
-    if started_ns is not None and ended_ns is not None:
+    if started_ns and ended_ns:
         size = len(outcome.recorded) + len(outcome.duplicates) + len(outcome.no_session)
         database = DatabaseWork("INSERT user_activity.action_events", started_ns, ended_ns, {
             "db.system.name": "postgresql",
@@ -59,7 +61,7 @@ def trace_batch(outcome: BatchOutcome, started_ns: int | None, ended_ns: int | N
             "db.query.summary": "resolve_owner_sessions; record_actions",
             "db.operation.batch.size": size,
         })
-    tracing.finish_messages(handled, started_ns, ended_ns, database)
+    tracing.finish_messages(handled, started_ns or None, ended_ns or None, database)
 
 
 def trace_duplicate(message: FavoriteMessage) -> None:

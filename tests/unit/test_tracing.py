@@ -172,9 +172,10 @@ def test_a_committed_batch_makes_consume_handle_and_one_linked_insert_span(
     builder = ActionRowBuilder("action-tracked", datetime.now(UTC))
     session = SessionSnapshot(uuid.uuid4(), uuid.uuid4(), None, None)
     recorded = [builder.build(m, session, uuid.uuid4(), uuid.uuid4()) for m in (first, unsampled)]
-    outcome = BatchOutcome(recorded=recorded, no_session=[second])
+    outcome = BatchOutcome(recorded=recorded, no_session=[second],
+                           written_ns=(1_000_000_000, 1_050_000_000))
 
-    favorite_traces.trace_batch(outcome, 1_000_000_000, 1_050_000_000)
+    favorite_traces.trace_batch(outcome)
 
     finished = spans.get_finished_spans()
     consumes, handles = _by_name(finished, "consume"), _by_name(finished, "handle")
