@@ -74,6 +74,7 @@ _LOW_64 = (1 << 64) - 1
 _ALL = 1 << 64
 _TRACEPARENT_BYTES = TRACEPARENT.encode()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_DAY_NS = 86_400 * 10**9
 _ODD_HEX = frozenset(b"13579bdf"[i:i + 1] for i in range(8))
 """The last hex digit of a trace-flags byte whose sampled bit (0x01) is set."""
 
@@ -247,7 +248,9 @@ class Tracing:
             record = item.record
             handle_start = started_ns if started_ns is not None else ended_ns
             consume_start = _wall_ns(record.received_at, ended_ns) or handle_start
-            consume_start = min(consume_start, handle_start)
+            if not handle_start - _DAY_NS <= consume_start <= handle_start:
+                # another process's clock (a sign-in held in a snapshot across a restart)
+                consume_start = handle_start
             parent = (
                 trace_api.set_span_in_context(trace_api.NonRecordingSpan(SpanContext(
                     trace.trace_id, trace.parent_span_id, is_remote=True, trace_flags=_SAMPLED,
