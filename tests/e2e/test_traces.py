@@ -5,7 +5,9 @@ The job is configured by the ``OTEL_*`` variables only; the receiver is the test
 A favorite (and a sign-in) produced with a known, sampled trace id yields its consume, handle,
 database and publish spans with that trace id, and the event on the topic carries a
 ``traceparent`` with that trace id and the publish span's id; an unsampled one yields no span
-and its traceparent passes through as it came.
+and its traceparent passes through as it came. A sign-in the sink dead-letters (a failure
+injected into the store for that one message, as ``test_session_linking`` does) ends its trace
+with an ERROR ``handle`` span (the in-memory exporter, the flow in-process).
 """
 
 from __future__ import annotations
@@ -15,11 +17,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from bytewax.testing import run_main
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
+from dataflows.session_linking import build_flow as build_session_linking_flow
+from dataflows.session_linking.decode import SignInMessage
+from dataflows.session_linking.sink import SessionLinksStore
 from devenv.harness.jobs import SESSION_LINKING_FLOW, JobSupervisor, wait_until
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from devenv.otlp_receiver import OtlpReceiver, ReceivedSpan
+from runtime import tracing
+from runtime.tracing import Sampling
 from tests.conftest import SettingsFactory
 from tests.support import consume_all, envelope_record, produce
 
@@ -133,3 +144,47 @@ def test_a_sampled_sign_in_is_one_trace_through_session_linked(
     [linked] = consume_all(settings, settings.topic_session_linked, expect_at_least=1)
     assert linked.header("traceparent") == f"00-{TRACE_ID}-{publish.span_id}-01".encode()
     assert uuid.UUID(linked.json()["Payload"]["AnonymousId"]) == device
+
+
+def test_a_sampled_sign_in_dead_lettered_by_the_sink_ends_its_trace_with_an_error(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = make_settings(tail=False, session_linking_lateness_seconds=0)
+    good_device, poison_device, user = new_id(), new_id(), new_id()
+    insert_session(db, anonymous_id=good_device)
+    insert_session(db, anonymous_id=poison_device)
+    link_batch = SessionLinksStore.link_batch
+
+    def failing_for_poison(
+        store: SessionLinksStore, conn: Any, messages: list[SignInMessage]
+    ) -> Any:
+        if any(m.anonymous_id == poison_device for m in messages):
+            raise RuntimeError("a bug triggered by this one message")
+        return link_batch(store, conn, messages)
+
+    monkeypatch.setattr(SessionLinksStore, "link_batch", failing_for_poison)
+    poison_parent = f"00-{UNSAMPLED_TRACE_ID}-b7ad6b7169203331-01".encode()
+    produce(settings, [
+        envelope_record(settings.topic_user_signed_in,
+                        sign_in_envelope(user_id=user, anonymous_id=good_device),
+                        headers=(("traceparent", SAMPLED),), partition=2),
+        envelope_record(settings.topic_user_signed_in,
+                        sign_in_envelope(user_id=user, anonymous_id=poison_device),
+                        headers=(("traceparent", poison_parent),), partition=2),
+    ])
+    exporter = InMemorySpanExporter()
+    tracing.install(SimpleSpanProcessor(exporter), Sampling.ratio(0.0))
+    try:
+        run_main(build_session_linking_flow(settings))
+    finally:
+        tracing.shutdown()
+
+    handles = {span.context.trace_id: span for span in exporter.get_finished_spans()
+               if span.name == "handle"}
+    poisoned, linked = handles[int(UNSAMPLED_TRACE_ID, 16)], handles[int(TRACE_ID, 16)]
+    assert poisoned.attributes is not None and linked.attributes is not None
+    assert poisoned.attributes["user_activity.outcome"] == "dead-lettered"
+    assert poisoned.status.status_code is StatusCode.ERROR
+    assert poisoned.status.description == "dead-lettered: processing-error"
+    assert linked.attributes["user_activity.outcome"] == "linked"
+    assert linked.status.status_code is StatusCode.OK
