@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from bench.workload import producer as make_producer
 from devenv.harness.jobs import ROOT
 from devenv.harness.metrics import metric_sum
 from devenv.harness.sessions import Session
+from devenv.otlp_receiver import OtlpReceiver
 from runtime.settings import Settings
 
 Log = Callable[[str], None]
@@ -186,6 +188,7 @@ def compare_jobs(
                                 text=True, check=True, capture_output=True).stdout.strip()
         reference = {"ref": commit if ref else "this tree", "ref_env": ref_env or {}}
         rates: dict[str, list[float]] = {"head": [], "ref": []}
+        cpu_us: dict[str, list[float]] = {"head": [], "ref": []}
         for round_no in range(rounds):
             order = [("head", None), ("ref", checkout)]
             for label, source in order if round_no % 2 == 0 else order[::-1]:
@@ -198,13 +201,43 @@ def compare_jobs(
                 if not run["ok"]:
                     return {**reference, "failure": f"{name}: {run.get('failure')}"}
                 rates[label].append(run["events_per_s"])
+                job_cpu = (run.get("resources") or {}).get("job_cpu_s")
+                if job_cpu:
+                    cpu_us[label].append(round(1e6 * job_cpu / run["messages"], 1))
         head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
-        return {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
-                "median_ref": base, "ratio_head_to_ref": round(head / base, 3)}
+        result = {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
+                  "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
+                  "ratio_ref_to_head": round(base / head, 3)}
+        if cpu_us["head"] and cpu_us["ref"]:
+            # the job's CPU per event: less disturbed by a busy machine than its throughput
+            cpu_head, cpu_ref = statistics.median(cpu_us["head"]), statistics.median(cpu_us["ref"])
+            result.update({"job_cpu_us_per_event": cpu_us,
+                           "cpu_ratio_ref_to_head": round(cpu_ref / cpu_head, 3)})
+        return result
     finally:
         if checkout is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=ROOT,
                            check=False, capture_output=True)
+
+
+OTLP_RECEIVER = "receiver"
+"""``OTEL_EXPORTER_OTLP_ENDPOINT=receiver`` in ``--compare-env``: a local receiver's address."""
+
+
+@contextlib.contextmanager
+def otlp_receiver_for(env: dict[str, str]) -> Iterator[OtlpReceiver | None]:
+    """An OTLP/HTTP receiver that accepts and discards, when ``env`` asks for one.
+
+    ``OTEL_EXPORTER_OTLP_ENDPOINT=receiver`` is replaced (in ``env``) by the address of a
+    receiver started on loopback for the duration (:mod:`devenv.otlp_receiver`, ``keep=False``:
+    answered without decoding, so the job's tracing cost is measured, not a collector's).
+    """
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") != OTLP_RECEIVER:
+        yield None
+        return
+    with OtlpReceiver(keep=False) as receiver:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        yield receiver
 
 
 def outbox_mark_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> dict[str, Any]:

@@ -203,9 +203,14 @@ class _Run:
     def phase_compare(self) -> None:
         args = self.args
         ref_env = dict(item.split("=", 1) for item in args.compare_env.split(",") if item)
-        self.results["compare"] = phases.compare_jobs(
-            self.services, self.input, self.backlog, ref=args.compare, ref_env=ref_env,
-            rounds=args.compare_rounds, prefill_rows=args.rows, timeout=args.job_timeout, log=log)
+        with phases.otlp_receiver_for(ref_env) as receiver:
+            self.results["compare"] = phases.compare_jobs(
+                self.services, self.input, self.backlog, ref=args.compare, ref_env=ref_env,
+                rounds=args.compare_rounds, prefill_rows=args.rows, timeout=args.job_timeout,
+                log=log)
+            if receiver is not None:
+                self.results["compare"]["otlp_receiver"] = {
+                    "requests": receiver.requests, "bytes": receiver.bytes}
         log(f"  compare: {self.results['compare']}")
         self.failed |= "failure" in self.results["compare"]
 

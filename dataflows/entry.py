@@ -3,8 +3,8 @@
 ``flow`` is the job's entry point, so the process services start here, never in ``build_flow``
 (which stays free of side effects, so tests run the real flow on Bytewax's testing source and
 sink): the settings (a bad one is one line and exit code 2), JSON logging, the health/metrics
-server, the malloc trimmer, garbage-collector tuning, and SIGTERM / Ctrl-C as a clean stop of
-the whole cluster.
+server, the malloc trimmer, tracing (``OTEL_*``, :mod:`runtime.tracing`), garbage-collector
+tuning, and SIGTERM / Ctrl-C as a clean stop of the whole cluster.
 """
 
 from __future__ import annotations
@@ -30,14 +30,23 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         from runtime.logs import configure_logging
         from runtime.memory import start_trimmer
         from runtime.shutdown import install_signal_handlers
+        from runtime.tracing import configure_from_env
 
         settings = load_settings()
         configure_logging(settings.log_level)
         serve_http(settings.http_host, settings.http_port)
         start_trimmer(settings.malloc_trim_interval_seconds)
+        configure_from_env(_consumer_group(settings, flow_module))
         flow = module.build_flow(settings)
         tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
         if install_signal_handlers():
             ClusterStop(settings.database_dsn(), flow.flow_id).start()
         return flow
     raise AttributeError(name)
+
+
+def _consumer_group(settings: Any, flow_module: str) -> str:
+    """The consumer group the flow's lag is reported under (a span attribute)."""
+    if "session_linking" in flow_module:
+        return str(settings.consumer_group_session_linking)
+    return str(settings.consumer_group_favorites)

@@ -6,6 +6,11 @@ sessions, produces a demo backlog plus a live trickle, runs the favorites job wi
 (``python -m bytewax.run dataflows.favorite_actions:flow -r .run/recovery``), prints progress and
 a summary, then stops everything. With both variables set it migrates, creates topics and runs
 the job in the foreground against those services (no demo data) until interrupted.
+
+``--traces N`` shows traces without an external collector: the demo starts an OTLP/HTTP receiver
+on loopback (:mod:`devenv.otlp_receiver`), points the job at it (``OTEL_*``, sampling parent-based
+with roots off), gives the first N events a sampled ``traceparent``, and prints those N traces
+as trees once the job stopped.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from cli.topics import ensure_topics
 from devenv.harness.jobs import JobProcess
 from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import seed_owners
+from devenv.otlp_receiver import OtlpReceiver, render_tree
 from runtime.configuration import load_settings
 from runtime.settings import ENV_PREFIX, Settings
 
@@ -45,10 +51,18 @@ def _envelope(anonymous_id: uuid.UUID | None, user_id: uuid.UUID | None) -> byte
     ))
 
 
-def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int) -> int:
+def _produce_demo(
+    settings: Settings, devices: list[uuid.UUID], count: int, traced: list[str] | None = None,
+) -> int:
+    """Produce ``count`` demo events; the first ``len(traced)`` with those sampled trace ids."""
     producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all"})
     rng = random.Random(7)
+    traced = traced or []
     for i in range(count):
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            [("traceparent", f"00-{traced[i]}-{rng.getrandbits(64) or 1:016x}-01".encode())]
+            if i < len(traced) else None
+        )
         roll = rng.random()
         topic = settings.topic_favorite_added if roll < 0.8 else settings.topic_favorite_removed
         if i % 200 == 0:
@@ -59,7 +73,8 @@ def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int) -> i
             value = _envelope(rng.choice(devices), None)
         while True:
             try:
-                producer.produce(topic, value=value, key=str(uuid.uuid4()).encode())
+                producer.produce(topic, value=value, key=str(uuid.uuid4()).encode(),
+                                 headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -98,13 +113,27 @@ def _on_topic(consumer: Consumer, topic: str) -> int:
             time.sleep(0.5)
 
 
-def _job(settings: Settings, recovery: Path, log_path: Path | None = None) -> JobProcess:
+def _job(
+    settings: Settings, recovery: Path, log_path: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> JobProcess:
     """The favorites job with recovery, on the settings' own HTTP address and tail setting."""
     return JobProcess(
         settings, recovery.parent, tail=None, recovery_dir=recovery, snapshot_interval=5,
         backup_interval=60, host=settings.http_host, port=settings.http_port,
-        log_path=log_path, env=os.environ,
+        log_path=log_path, env=os.environ, extra_env=extra_env,
     )
+
+
+def _print_traces(receiver: OtlpReceiver, trace_ids: list[str]) -> None:
+    """The spans of the traced demo events, one tree per trace, in production order."""
+    wanted = set(trace_ids)
+    spans = [span for span in receiver.spans() if span.trace_id in wanted]
+    order = {trace_id: i for i, trace_id in enumerate(trace_ids)}
+    spans.sort(key=lambda span: (order[span.trace_id], span.start_ns))
+    print(f"traces of the first {len(trace_ids)} events ({len(spans)} spans received; span id, "
+          "name, kind, duration, outcome, status, links):")
+    print(render_tree(spans, len(trace_ids)) or "  (no spans received)")
 
 
 def run_configured(settings: Settings) -> int:
@@ -116,8 +145,8 @@ def run_configured(settings: Settings) -> int:
     os.execvpe(sys.executable, job.command(), job.env)  # noqa: S606
 
 
-def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
-    """Local services + demo data + the job; prints progress and a summary."""
+def run_demo(events: int, sessions: int, linger: float, timeout: float, traces: int = 0) -> int:
+    """Local services + demo data + the job; prints progress and a summary (and traces)."""
     from devenv.kafka_broker import KafkaBroker
     from devenv.postgres_server import PostgresServer
 
@@ -128,6 +157,8 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
     broker = KafkaBroker(RUN_DIR / "kafka")
     job: JobProcess | None = None
     watcher: Consumer | None = None
+    receiver = OtlpReceiver().start() if traces else None
+    trace_ids = [f"{random.getrandbits(128) or 1:032x}" for _ in range(min(traces, events))]
     try:
         broker.start()
         dsn = postgres.create_database("user_activity")
@@ -139,9 +170,14 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
         tracked_topic = settings.topic_action_tracked
         before_rows, before_published = _rows(dsn), _on_topic(watcher, tracked_topic)
         devices, _users = seed_owners(dsn, sessions, started_ago=timedelta(0))
-        produced = _produce_demo(settings, devices, events)
+        produced = _produce_demo(settings, devices, events, trace_ids)
         print(f"seeded {sessions} sessions, produced {produced} favorites events")
-        job = _job(settings, RUN_DIR / "recovery", RUN_DIR / "job.log")
+        tracing_env = None if receiver is None else {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_TRACES_SAMPLER": "parentbased_always_off",  # only the traced events
+            "OTEL_BSP_SCHEDULE_DELAY": "500",
+        }
+        job = _job(settings, RUN_DIR / "recovery", RUN_DIR / "job.log", tracing_env)
         print(f"running: {' '.join(job.command()[1:])}  (log: .run/job.log)")
         started = time.monotonic()
         job.start(wait_http=0)
@@ -172,6 +208,9 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
         if done_at is None:
             print(f"the job exited ({job.returncode}) before the demo was done; "
                   "see .run/job.log", flush=True)
+        if receiver is not None:
+            job.terminate(30)  # SIGTERM: a clean stop, the job's last spans are flushed
+            _print_traces(receiver, trace_ids)
         return 0 if done_at is not None else 1
     except KeyboardInterrupt:
         print("interrupted: stopping the job, Kafka and PostgreSQL", flush=True)
@@ -181,6 +220,8 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float) -> int:
             job.terminate(30, signal.SIGINT)
         if watcher is not None:
             watcher.close()
+        if receiver is not None:
+            receiver.stop()
         broker.stop()
         postgres.stop()
         print("stopped the job, Kafka and PostgreSQL")
@@ -196,13 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="give up (exit 1, saying what is missing) if the backlog is not "
                              "recorded and on the topic after this many seconds")
+    parser.add_argument("--traces", type=int, default=0, metavar="N",
+                        help="trace the first N demo events and print their spans as trees "
+                             "(a local OTLP receiver, no collector needed)")
     args = parser.parse_args(argv)
     configured = all(
         f"{ENV_PREFIX}{name}" in os.environ for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")
     )
     if configured:
         return run_configured(load_settings())
-    return run_demo(args.events, args.sessions, args.linger, args.timeout)
+    return run_demo(args.events, args.sessions, args.linger, args.timeout, args.traces)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ Trace context (W3C Trace Context, https://www.w3.org/TR/trace-context/):
   upper-case hex, not ASCII, longer than :data:`MAX_TRACEPARENT_INPUT_LENGTH`, empty) is
   DROPPED: the event is emitted without it. A bad header is never a reason to dead-letter a
   valid message.
-* ``tracestate`` is NOT passed through: we do not take part in the trace, so there is no vendor
-  entry of ours to add, and not copying it keeps every emitted header bounded (55 bytes in all).
+* ``tracestate`` is NOT passed through: we add no vendor entry of ours, and not copying it
+  keeps every emitted header bounded (55 bytes in all).
+* With tracing on (:mod:`runtime.tracing`) a **sampled** message carries a :class:`MessageTrace`
+  and its event's ``traceparent`` names the message's ``handle`` span instead (same trace id,
+  sampled); an unsampled message's event carries the incoming one as above.
 """
 
 from __future__ import annotations
@@ -40,6 +43,24 @@ _FUTURE_VERSION = re.compile(
 """A later version: its first 55 characters as in version 00, then the end or a dash."""
 _ZERO_TRACE_ID = b"0" * 32
 _ZERO_PARENT_ID = b"0" * 16
+
+
+@dataclass(frozen=True, slots=True)
+class MessageTrace:
+    """The trace of a sampled message (:mod:`runtime.tracing`): ids chosen before its spans exist.
+
+    ``parent_span_id`` is the incoming ``traceparent``'s span (0: the message started a new
+    trace); ``handle_span_id`` is the id its ``handle`` span will get, named by the outbox row.
+    """
+
+    trace_id: int
+    parent_span_id: int
+    handle_span_id: int
+
+    @property
+    def traceparent(self) -> str:
+        """The version-00, sampled ``traceparent`` of the ``handle`` span (55 characters)."""
+        return f"00-{self.trace_id:032x}-{self.handle_span_id:016x}-01"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +92,15 @@ def valid_traceparent(value: bytes) -> str | None:
     return "00" + value[2:TRACEPARENT_LENGTH].decode("ascii")
 
 
-def propagated_headers(record: SourceRecord) -> dict[str, str]:
+def propagated_headers(record: SourceRecord, trace: MessageTrace | None = None) -> dict[str, str]:
     """The headers an event inherits from the record that caused it: a valid ``traceparent``.
 
-    An invalid or oversized traceparent is dropped (see the module doc); ``tracestate`` and every
+    With ``trace`` (a sampled message), the ``traceparent`` of its ``handle`` span. Otherwise an
+    invalid or oversized traceparent is dropped (see the module doc); ``tracestate`` and every
     other header are never copied.
     """
+    if trace is not None:
+        return {TRACEPARENT: trace.traceparent}
     traceparent = record.header(TRACEPARENT)
     if traceparent is None:
         return {}

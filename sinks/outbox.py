@@ -55,6 +55,7 @@ from runtime.metrics import (
 from runtime.periodic import Periodic
 from runtime.settings import Settings
 from runtime.supervisor import SupervisedThread
+from runtime.tracing import start_publish
 from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
@@ -264,11 +265,16 @@ class OutboxPublisher:
         the same record error: each refused record is produced again on its own, and only a
         refusal of the record alone stands (it is then parked by the caller).
         """
+        # Tracing: a row whose stored traceparent is sampled goes out under a `publish` span
+        # (child of that context) and with the span's traceparent (runtime.tracing).
+        records, publishing = start_publish(records)
         errors = self._producer.produce_and_wait(records)
         refused = [i for i, err in enumerate(errors) if err is not None and is_record_error(err)]
         if len(refused) > 1 or (refused and len(records) > 1):
             for index in refused:
                 errors[index] = self._producer.produce_and_wait([records[index]])[0]
+        if publishing is not None:
+            publishing.end(errors)
         return errors
 
     def _delivery_failed(self, error: KafkaError, rows: int, path: str) -> None:

@@ -31,6 +31,7 @@ from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
 from prometheus_client import Counter
 from typing_extensions import override
 
+from runtime import tracing
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.logs import log_event
@@ -210,3 +211,8 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                 **self.fields(p.item),
             )
         self._dlq.publish(letters)
+        tracing.finish_messages([
+            tracing.Handled(trace, p.item.record, "dead-lettered", error=letter.reason.value)
+            for p, letter in zip(poisoned, letters, strict=True)
+            if (trace := getattr(p.item, "trace", None)) is not None
+        ])

@@ -15,11 +15,13 @@ import orjson
 
 from dataflows.envelopes import EMPTY_GUID, parse_envelope
 from dataflows.favorite_actions.wire import FavoriteWire, decode_fast, from_model
+from runtime.tracing import sample
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.envelope import CONTRACT_VERSION
 from schemas.favorites import ActionType, FavoriteEnvelope
 from schemas.kafka_record import SourceRecord
+from schemas.outbox import MessageTrace
 
 IDEMPOTENCY_PREFIX = "user-activity-favorites"
 
@@ -65,6 +67,8 @@ class FavoriteMessage:
     owner_key: str = field(init=False)
     """The owner the session is resolved for (and the stream is keyed by): ``anonymous:{id}``
     when the payload has an AnonymousId, else ``user:{id}``."""
+    trace: MessageTrace | None = None
+    """Set when the message is sampled for tracing (:func:`runtime.tracing.sample`)."""
 
     def __post_init__(self) -> None:
         message_id = self.envelope.message_id
@@ -146,7 +150,8 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
     :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the input-bounds table in
     :mod:`schemas`). Empty GUIDs or not exactly one of UserId / AnonymousId -> ``invalid-owner``
     skip. Headers never make a record poison: an invalid ``traceparent`` is dropped when the
-    event is built (:func:`schemas.outbox.propagated_headers`).
+    event is built (:func:`schemas.outbox.propagated_headers`). Tracing's sampling decision is
+    taken here, once per message (:func:`runtime.tracing.sample`: None when off or unsampled).
     """
     try:
         action_type = action_types[record.topic]
@@ -160,6 +165,6 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
             or EMPTY_GUID in (payload.user_id, payload.anonymous_id)
         ):
             return Skipped(record, SkipReason.INVALID_OWNER, envelope, action_type)
-        return FavoriteMessage(record, action_type, envelope)
+        return FavoriteMessage(record, action_type, envelope, sample(record))
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
         return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)

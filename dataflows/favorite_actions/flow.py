@@ -36,6 +36,7 @@ from dataflows.favorite_actions.decode import (
 )
 from dataflows.favorite_actions.dry_run import DryRunActionSink
 from dataflows.favorite_actions.sink import ActionHistorySink, message_fields
+from dataflows.favorite_actions.traces import trace_duplicate, trace_poison, trace_skipped
 from dataflows.operators import (
     configured_start,
     deduplicated,
@@ -70,6 +71,7 @@ def _log_skip(reason: SkipReason, fields: dict[str, Any]) -> None:
 
 def _log_duplicate(message: FavoriteMessage) -> None:
     _log_skip(SkipReason.DUPLICATE, message_fields(message))
+    trace_duplicate(message)
 
 
 def _log_skipped(skipped: Skipped) -> None:
@@ -81,6 +83,7 @@ def _log_skipped(skipped: Skipped) -> None:
     if skipped.action_type is not None:
         fields["ActionType"] = skipped.action_type.value
     _log_skip(skipped.reason, fields)
+    trace_skipped(skipped)
 
 
 Routed = DeadLetter | tuple[str, FavoriteMessage]
@@ -112,6 +115,7 @@ def decoder(action_types: Mapping[str, ActionType]) -> Callable[[list[InputItem]
             elif isinstance(decoded, Skipped):
                 _log_skipped(decoded)
             else:
+                trace_poison(decoded)
                 append(decoded)
         if consumed:
             # The seed's `consumed` outcome, once per batch at INFO: a line per message would

@@ -141,7 +141,7 @@ class ActionRowBuilder:
         ))
         outbox = OutboxRow(
             outbox_message_id, self._topic, orjson.dumps(action_event_id)[1:-1], value,
-            propagated_headers(message.record),
+            propagated_headers(message.record, message.trace),
         )
         return _new_row(RecordedAction, (message, event, outbox))
 

@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
 from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch
+from dataflows.favorite_actions.traces import trace_batch
 from runtime.backlog import BACKLOG
 from runtime.health import HEALTH
 from runtime.logs import log_event, log_events
@@ -97,12 +98,14 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """Commit the batch in flight, then send ``values`` (deferred) or write them now."""
         self._finish_in_flight()
         if self._defer_min and len(values) >= self._defer_min and BACKLOG.reading():
+            started_ns = time.time_ns()
             try:
                 sent = self._store.send_batch(self._db.connection(), values)
             except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
                 self._deferred_failed(exc, values)
             else:
                 self._in_flight = (values, sent)
+                sent.outcome.written_ns = (started_ns, 0)
                 # finished by the next write or snapshot, or as soon as the polls catch up
                 BACKLOG.when_caught_up(self._finish_in_flight)
             HEALTH.beat()
@@ -132,6 +135,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
             self._deferred_failed(exc, values)
             return
+        outcome.written_ns = ((sent.outcome.written_ns or (0, 0))[0], time.time_ns())
         if self._publisher is not None:
             self._publisher.offer(self.outbox_rows(outcome))
         self.report(outcome)
@@ -149,7 +153,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
 
     def write(self, conn: Connection, batch: Sequence[FavoriteMessage]) -> BatchOutcome:
         """One transaction: sessions, rows, marks, outbox (:class:`FavoritesStore`)."""
-        return self._store.record_batch(conn, batch)
+        started_ns = time.time_ns()
+        outcome = self._store.record_batch(conn, batch)
+        outcome.written_ns = (started_ns, time.time_ns())
+        return outcome
 
     def fields(self, message: FavoriteMessage) -> dict[str, Any]:
         """SPEC §6 log fields."""
@@ -163,8 +170,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """Metrics and one log line per message of a committed batch.
 
         Counters move once per batch (``inc(n)``), the histogram observes each message, and each
-        outcome's lines are written together (:func:`runtime.logs.log_events`).
+        outcome's lines are written together (:func:`runtime.logs.log_events`). The spans of its
+        sampled messages are made (:func:`~dataflows.favorite_actions.traces.trace_batch`).
         """
+        trace_batch(outcome)
         now_mono = time.monotonic()
         observe = FAVORITES_CONSUME_DURATION_MS.observe
         recorded = outcome.recorded

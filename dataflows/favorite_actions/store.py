@@ -54,6 +54,9 @@ class BatchOutcome:
     recorded: list[RecordedAction] = field(default_factory=list)
     duplicates: list[FavoriteMessage] = field(default_factory=list)
     no_session: list[FavoriteMessage] = field(default_factory=list)
+    written_ns: tuple[int, int] | None = None
+    """Wall-clock start and commit (ns) of the write that committed it, for its trace spans
+    (set by the sink; None when not timed)."""
 
     def extend(self, other: BatchOutcome) -> None:
         """Add ``other``'s messages to this outcome."""

@@ -13,10 +13,12 @@ from typing import Any
 from uuid import UUID
 
 from dataflows.envelopes import EMPTY_GUID, parse_envelope
+from runtime.tracing import sample
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.envelope import CONTRACT_VERSION
 from schemas.kafka_record import SourceRecord
+from schemas.outbox import MessageTrace
 from schemas.sessions import UserSignedInEnvelope
 
 IDEMPOTENCY_PREFIX = "user-activity-signed-in"
@@ -28,6 +30,8 @@ class SignInMessage:
 
     record: SourceRecord
     envelope: UserSignedInEnvelope
+    trace: MessageTrace | None = None
+    """Set when the sign-in is sampled for tracing (:func:`runtime.tracing.sample`)."""
 
     @property
     def message_id(self) -> UUID:
@@ -99,7 +103,8 @@ def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
     that does not fit the (assumed) contract -> ``schema-mismatch`` (also a ``CorrelationId``
     over :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the envelope is shared,
     see the input-bounds table in :mod:`schemas`); anything unexpected ->
-    ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`.
+    ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`. Tracing's
+    sampling decision is taken here, once per sign-in (:func:`runtime.tracing.sample`).
     """
     try:
         envelope = parse_envelope(record, UserSignedInEnvelope, ("UserId", "AnonymousId"))
@@ -108,6 +113,6 @@ def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
         payload = envelope.payload
         if EMPTY_GUID in (envelope.message_id, payload.user_id, payload.anonymous_id):
             return InvalidSignIn(record, envelope)
-        return SignInMessage(record, envelope)
+        return SignInMessage(record, envelope, sample(record))
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
         return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)

@@ -33,6 +33,7 @@ from dataflows.operators import (
     warn_version_mismatch,
 )
 from dataflows.session_linking.decode import (
+    DecodedSignIn,
     InvalidSignIn,
     SignInMessage,
     decode_sign_in,
@@ -42,6 +43,7 @@ from dataflows.session_linking.dry_run import DryRunLinkSink
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
 from dataflows.session_linking.reorder import ReorderLogic
 from dataflows.session_linking.sink import SessionLinkSink
+from dataflows.session_linking.traces import trace_duplicate, trace_invalid, trace_poison
 from runtime.logs import log_event
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
@@ -69,6 +71,14 @@ def _log_outcome(
 
 def _log_invalid(_step_id: str, invalid: InvalidSignIn) -> None:
     _log_outcome(LinkOutcome.INVALID, invalid.record, invalid)
+    trace_invalid(invalid)
+
+
+def _decode(record: SourceRecord) -> DecodedSignIn:
+    decoded = decode_sign_in(record)
+    if isinstance(decoded, DeadLetter):
+        trace_poison(decoded)
+    return decoded
 
 
 def _warn_version(message: SignInMessage) -> SignInMessage:
@@ -79,6 +89,7 @@ def _warn_version(message: SignInMessage) -> SignInMessage:
 
 def _log_duplicate(message: SignInMessage) -> None:
     _log_outcome(LinkOutcome.DUPLICATE, message.record, message)
+    trace_duplicate(message)
 
 
 @dataclass(frozen=True)
@@ -132,7 +143,7 @@ def build_flow(
             consumer_group=settings.consumer_group_session_linking,
         )
 
-    decoded = op.map("decode_sign_in", records, decode_sign_in)
+    decoded = op.map("decode_sign_in", records, _decode)
     valid = op.branch("route_decoded", decoded, lambda d: isinstance(d, SignInMessage))
     rejected = op.branch(
         "route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter)

@@ -219,5 +219,5 @@ def build_session_event(
         topic=topics.of(change.kind),
         key=str(change.session_id).encode(),
         value=value,
-        headers=propagated_headers(message.record),
+        headers=propagated_headers(message.record, message.trace),
     )

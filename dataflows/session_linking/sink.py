@@ -48,6 +48,7 @@ from dataflows.session_linking.linking import (
     late_conflict,
 )
 from dataflows.session_linking.sql import query
+from dataflows.session_linking.traces import trace_batch
 from runtime.logs import log_event
 from runtime.metrics import (
     SESSION_LINKING_DLQ,
@@ -241,10 +242,15 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
             started=settings.topic_session_started,
             ended=settings.topic_session_ended,
         ))
+        self._written: dict[int, tuple[int, int]] = {}
+        """Start and commit time (wall ns) of each result not yet reported, for its spans."""
 
     def write(self, conn: Connection, batch: Sequence[SignInMessage]) -> list[LinkResult]:
         """One transaction: marks, session changes, outbox rows (:class:`SessionLinksStore`)."""
-        return self._store.link_batch(conn, batch)
+        started_ns = time.time_ns()
+        results = self._store.link_batch(conn, batch)
+        self._written[id(results)] = (started_ns, time.time_ns())
+        return results
 
     def fields(self, message: SignInMessage) -> dict[str, Any]:
         """Ids of the sign-in and where it came from."""
@@ -255,7 +261,9 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
         return [row for link in result for row in link.outbox]
 
     def report(self, results: list[LinkResult]) -> None:
-        """Metrics and one log line per sign-in of a committed batch."""
+        """Metrics, one log line per sign-in and the spans of the sampled ones."""
+        started_ns, ended_ns = self._written.pop(id(results), (0, 0))
+        trace_batch(results, started_ns or None, ended_ns or None)
         now_mono = time.monotonic()
         for result in results:
             message = result.message

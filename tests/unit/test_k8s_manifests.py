@@ -17,6 +17,7 @@ import yaml
 
 from cli import replay
 from runtime.settings import ENV_PREFIX, Settings
+from runtime.tracing import Sampling, tracing_wanted
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -357,13 +358,24 @@ def test_configmap_sets_every_non_secret_setting_and_the_secret_every_secret_one
     fields = Settings.model_fields
     secret_fields = {n for n, f in fields.items() if "SecretStr" in str(f.annotation)}
 
-    assert set(config) | secret <= set(names.values())  # no typo, no stale name
+    settings_keys = {key for key in config if not key.startswith("OTEL_")}  # OpenTelemetry's own
+    assert settings_keys | secret <= set(names.values())  # no typo, no stale name
     assert not set(config) & {names[n] for n in secret_fields}
     assert {names[n] for n in set(names) - secret_fields - UNSET_SETTINGS} - {
         "USER_ACTIVITY_KAFKA_SASL_USERNAME"
     } <= set(config)
     assert {"USER_ACTIVITY_DATABASE_URL", "USER_ACTIVITY_KAFKA_SASL_PASSWORD",
             "USER_ACTIVITY_KAFKA_SASL_USERNAME"} <= secret
+
+
+def test_configmap_names_only_standard_otel_variables_and_leaves_tracing_off() -> None:
+    otel = {key: value for key, value in CONFIG.items() if key.startswith("OTEL_")}
+
+    assert set(otel) == {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME",
+                         "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SDK_DISABLED"}
+    assert not tracing_wanted(otel)  # the endpoint is empty until an operator sets it
+    assert tracing_wanted({**otel, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert Sampling.from_env(otel) == Sampling.ratio(0.01)
 
 
 def test_configmap_and_example_secret_form_valid_settings_for_sasl_ssl(

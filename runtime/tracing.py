@@ -1,0 +1,569 @@
+"""Traces of each sampled message through a flow (OpenTelemetry), set up by ``OTEL_*`` only.
+
+Configuration: the standard variables and nothing else. Tracing is **on** when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and
+``OTEL_SDK_DISABLED`` is not ``true``; spans then go to that collector over OTLP/HTTP
+(protobuf) through a ``BatchSpanProcessor`` (a background thread; a full queue drops spans,
+never blocks the flow). Off, every hook below is one ``None`` check: no span, no id, no clock.
+Resource attributes: ``service.name`` (``OTEL_SERVICE_NAME``, default
+``user-activity-stream``), ``service.version`` (the package's), ``k8s.pod.name`` (``POD_NAME``
+or ``BYTEWAX_POD_NAME``), ``bytewax.process.id`` and ``bytewax.worker.index`` (the process's
+first worker: process id x ``BYTEWAX_WORKERS_PER_PROCESS``; one worker per pod in k8s), plus
+``OTEL_RESOURCE_ATTRIBUTES``.
+
+Sampling is decided **once per message**, when it is decoded (:func:`sample`), from
+``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default ``parentbased_always_on``):
+parent-based samplers follow the incoming ``traceparent``'s sampled flag (the producer
+decides); a message without a valid one, or any message under a non-parent-based sampler, is
+sampled by the ratio rule of ``TraceIdRatioBased`` on its trace id. An unsampled message gets
+``None`` and costs no span object, no id and no timestamp. A sampled one gets a
+:class:`~schemas.outbox.MessageTrace`: its trace id, its parent, and the span id its ``handle``
+span will have, so the outbox row can name that span before the span exists.
+
+Spans are made **after the outcome is known**, with their real start and end times (the
+consumer's hand-over time is ``SourceRecord.received_at``), by :func:`finish_messages`:
+
+* ``consume <topic>`` (CONSUMER, messaging attributes), child of the incoming context, from the
+  hand-over to the outcome;
+* ``handle`` (INTERNAL), its child, from the start of the decision (the batch's write) to the
+  outcome; attribute ``user_activity.outcome`` and the span status (ERROR for the outcomes that
+  are the producer's or the data's fault);
+* one database span per batch (CLIENT, ``INSERT user_activity.action_events`` or
+  ``UPDATE user_activity.sessions``): a **child of the first sampled message's** ``handle``
+  span, and a **span link** from every other sampled message's ``handle`` span. A span has one
+  parent and one statement serves the whole batch (many traces): one span, linked, tells the
+  truth (one statement, its real duration, its batch size) at one span per batch, where a copy
+  per trace would multiply spans by the sampled messages and show statements that never ran.
+
+The outbox publisher then calls :func:`start_publish`: a row whose stored ``traceparent`` is
+sampled gets a ``publish <topic>`` span (PRODUCER, child of the stored ``handle`` context) from
+the produce call to the broker's acknowledgement, and goes out with that span's
+``traceparent``, so the consumer of the event joins the same trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
+
+from schemas.kafka_record import SourceRecord
+from schemas.outbox import TRACEPARENT, MessageTrace, valid_traceparent
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "user-activity-stream"
+"""``service.name`` unless ``OTEL_SERVICE_NAME`` says otherwise."""
+
+_LOW_64 = (1 << 64) - 1
+_ALL = 1 << 64
+_TRACEPARENT_BYTES = TRACEPARENT.encode()
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_DAY_NS = 86_400 * 10**9
+_ODD_HEX = frozenset(b"13579bdf"[i:i + 1] for i in range(8))
+"""The last hex digit of a trace-flags byte whose sampled bit (0x01) is set."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The per-message sampling rule (``OTEL_TRACES_SAMPLER`` / ``_ARG``).
+
+    ``parent_based``: a valid incoming ``traceparent`` decides by its sampled flag. Otherwise a
+    trace id is sampled when its low 64 bits are below ``bound`` (``TraceIdRatioBased``'s rule:
+    ``bound = round(ratio * 2**64)``; 0 samples nothing, ``2**64`` everything).
+    """
+
+    parent_based: bool
+    bound: int
+
+    @classmethod
+    def ratio(cls, ratio: float, *, parent_based: bool = True) -> Sampling:
+        """Sample ``ratio`` (0..1) of the root traces."""
+        return cls(parent_based, round(min(1.0, max(0.0, ratio)) * _ALL))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Sampling:
+        """The rule the standard variables name; an unknown sampler warns and uses the default."""
+        name = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+        arg = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+        try:
+            ratio = float(arg) if arg else 1.0
+        except ValueError:
+            logger.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a number: 1.0", arg)
+            ratio = 1.0
+        rules = {
+            "always_on": cls(False, _ALL),
+            "always_off": cls(False, 0),
+            "traceidratio": cls.ratio(ratio, parent_based=False),
+            "parentbased_always_on": cls(True, _ALL),
+            "parentbased_always_off": cls(True, 0),
+            "parentbased_traceidratio": cls.ratio(ratio),
+        }
+        if name not in rules:
+            logger.warning("OTEL_TRACES_SAMPLER=%r is not supported: parentbased_always_on", name)
+        return rules.get(name, rules["parentbased_always_on"])
+
+
+def tracing_wanted(env: Mapping[str, str]) -> bool:
+    """True when the variables ask for traces: an OTLP endpoint set, the SDK not disabled."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    )
+
+
+class _PresetIds(IdGenerator):
+    """Random ids, except the next ones a thread asked for (a span id named in advance)."""
+
+    def __init__(self) -> None:
+        self._next = threading.local()
+
+    def preset(self, trace_id: int, span_id: int) -> None:
+        """The next span this thread starts gets ``span_id`` (and ``trace_id`` if a root)."""
+        self._next.trace_id = trace_id
+        self._next.span_id = span_id
+
+    def generate_span_id(self) -> int:
+        span_id: int = getattr(self._next, "span_id", 0)
+        if span_id:
+            self._next.span_id = 0
+            return span_id
+        return random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        trace_id: int = getattr(self._next, "trace_id", 0)
+        if trace_id:
+            self._next.trace_id = 0
+            return trace_id
+        return random.getrandbits(128) or 1
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    """What became of one sampled message: the ``handle`` span's outcome and attributes."""
+
+    trace: MessageTrace
+    record: SourceRecord
+    outcome: str
+    message_id: str | None = None
+    error: str | None = None
+    """Set for an outcome that is a fault (span status ERROR with this description)."""
+    attributes: Mapping[str, AttributeValue] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseWork:
+    """The one statement (or transaction) of a batch, for its database span."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, AttributeValue]
+
+
+@dataclass(frozen=True, slots=True)
+class TracedRecord:
+    """A record to produce with the ``traceparent`` of its ``publish`` span."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Any
+
+
+class Tracing:
+    """The process's tracer, sampling rule and preset ids (one per process, see module doc)."""
+
+    def __init__(
+        self, provider: TracerProvider, sampling: Sampling, ids: _PresetIds, consumer_group: str
+    ) -> None:
+        self.provider = provider
+        self.sampling = sampling
+        self._ids = ids
+        self._tracer = provider.get_tracer("user_activity_stream", _version())
+        self._group = consumer_group
+
+    def sample(self, record: SourceRecord) -> MessageTrace | None:
+        """The message's trace if it is sampled, else None (decided once, see module doc).
+
+        The unsampled cases return before any parsing where they can: no ratio and no parent
+        rule (a sampler at 0), or a parent-based rule with roots off and an unsampled flag.
+        """
+        sampling = self.sampling
+        bound = sampling.bound
+        parent_based = sampling.parent_based
+        if not bound and not parent_based:
+            return None
+        header = None
+        for key, value in record.headers:
+            if key == TRACEPARENT:
+                header = value
+        if header is not None:
+            if parent_based and header[54:55] not in _ODD_HEX:
+                # unsampled if valid (the parent decides), else a root (the ratio decides); a
+                # version-00-shaped header is taken as valid unread (the usual unsampled case)
+                if not bound or len(header) == 55 or valid_traceparent(header) is not None:
+                    return None
+            elif not parent_based and _ratio_says_no(header, bound):
+                return None
+            else:
+                parent = valid_traceparent(header)
+                if parent is not None:
+                    trace_id = int(parent[3:35], 16)
+                    if not parent_based and (trace_id & _LOW_64) >= bound:
+                        return None
+                    return MessageTrace(trace_id, int(parent[36:52], 16), _new_span_id())
+        if not bound:
+            return None
+        trace_id = random.getrandbits(128) or 1
+        if (trace_id & _LOW_64) >= bound:
+            return None
+        return MessageTrace(trace_id, 0, _new_span_id())
+
+    def finish_messages(
+        self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
+        database: DatabaseWork | None = None,
+    ) -> None:
+        """The ``consume``, ``handle`` and database spans of a batch's sampled messages."""
+        database_context: SpanContext | None = None
+        for item in handled:
+            trace = item.trace
+            record = item.record
+            handle_start = started_ns if started_ns is not None else ended_ns
+            consume_start = _wall_ns(record.received_at, ended_ns) or handle_start
+            if not handle_start - _DAY_NS <= consume_start <= handle_start:
+                # another process's clock (a sign-in held in a snapshot across a restart)
+                consume_start = handle_start
+            parent = (
+                trace_api.set_span_in_context(trace_api.NonRecordingSpan(SpanContext(
+                    trace.trace_id, trace.parent_span_id, is_remote=True, trace_flags=_SAMPLED,
+                )))
+                if trace.parent_span_id else None
+            )
+            attributes: dict[str, AttributeValue] = {
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "consume",
+                "messaging.destination.name": record.topic,
+                "messaging.destination.partition.id": str(record.partition),
+                "messaging.kafka.offset": record.offset,
+                "messaging.consumer.group.name": self._group,
+            }
+            if item.message_id is not None:
+                attributes["messaging.message.id"] = item.message_id
+            if not trace.parent_span_id:
+                self._ids.preset(trace.trace_id, 0)
+            consume = self._tracer.start_span(
+                f"consume {record.topic}", parent, SpanKind.CONSUMER, attributes,
+                start_time=consume_start,
+            )
+            handle_attributes: dict[str, AttributeValue] = {"user_activity.outcome": item.outcome}
+            if item.attributes:
+                handle_attributes.update(item.attributes)
+            links = (
+                [Link(database_context, {"user_activity.link": "batch-database-work"})]
+                if database_context is not None else None
+            )
+            self._ids.preset(0, trace.handle_span_id)
+            handle = self._tracer.start_span(
+                "handle", trace_api.set_span_in_context(consume), SpanKind.INTERNAL,
+                handle_attributes, links, start_time=handle_start,
+            )
+            if item.error is None:
+                handle.set_status(Status(StatusCode.OK))
+            else:
+                handle.set_status(Status(StatusCode.ERROR, f"{item.outcome}: {item.error}"))
+            if database is not None and database_context is None:
+                work = self._tracer.start_span(
+                    database.name, trace_api.set_span_in_context(handle), SpanKind.CLIENT,
+                    database.attributes, start_time=database.start_ns,
+                )
+                work.end(database.end_ns)
+                database_context = work.get_span_context()
+            handle.end(ended_ns)
+            consume.end(ended_ns)
+
+    def start_publish(self, records: Sequence[Any]) -> tuple[list[Any], _Publishing | None]:
+        """``records`` with a ``publish`` span for each sampled one (see :func:`start_publish`).
+
+        Sampled: the stored ``traceparent`` is sampled, and under a non-parent-based rule its
+        trace id also passes the ratio (the very decision the message got at decode, which is a
+        function of the trace id: a row whose message was not sampled carries the incoming,
+        maybe sampled, context).
+        """
+        sampling = self.sampling
+        if not sampling.parent_based and not sampling.bound:
+            return list(records), None
+        out: list[Any] = []
+        spans: list[trace_api.Span | None] = []
+        any_span = False
+        for record in records:
+            headers = record.headers
+            stored = _stored_traceparent(headers)
+            # what we store is a version-00 traceparent (55 characters): its flags end it
+            parent = (
+                valid_traceparent(stored)
+                if stored is not None and stored[54:55] in _ODD_HEX
+                and (sampling.parent_based or not _ratio_says_no(stored, sampling.bound))
+                else None
+            )
+            if parent is None:
+                out.append(record)
+                spans.append(None)
+                continue
+            trace_id = int(parent[3:35], 16)
+            if not sampling.parent_based and (trace_id & _LOW_64) >= sampling.bound:
+                out.append(record)
+                spans.append(None)
+                continue
+            context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(SpanContext(
+                trace_id, int(parent[36:52], 16), is_remote=True, trace_flags=_SAMPLED,
+            )))
+            attributes: dict[str, AttributeValue] = {
+                "messaging.system": "kafka",
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+                "messaging.destination.name": record.topic,
+            }
+            message_id = getattr(record, "id", None)
+            if message_id is not None:
+                attributes["messaging.message.id"] = str(message_id)
+            if record.key is not None:
+                attributes["messaging.kafka.message.key"] = bytes(record.key).decode(
+                    "utf-8", "replace")
+            span = self._tracer.start_span(
+                f"publish {record.topic}", context, SpanKind.PRODUCER, attributes)
+            own = span.get_span_context()
+            traceparent = f"00-{own.trace_id:032x}-{own.span_id:016x}-01"
+            out.append(TracedRecord(record.topic, record.key, record.value,
+                                    _with_traceparent(headers, traceparent)))
+            spans.append(span)
+            any_span = True
+        return out, (_Publishing(spans) if any_span else None)
+
+
+class _Publishing:
+    """The ``publish`` spans of one produce call, ended with the broker's answers."""
+
+    def __init__(self, spans: list[trace_api.Span | None]) -> None:
+        self._spans = spans
+
+    def end(self, errors: Sequence[object | None]) -> None:
+        """End each span: OK when its record was acknowledged, ERROR with the error otherwise."""
+        for span, error in zip(self._spans, errors, strict=True):
+            if span is None:
+                continue
+            if error is None:
+                span.set_status(Status(StatusCode.OK))
+            else:
+                name = getattr(error, "name", None)
+                span.set_status(Status(StatusCode.ERROR, name() if callable(name) else str(error)))
+            span.end()
+
+
+def _stored_traceparent(headers: Any) -> bytes | None:
+    """The ``traceparent`` among a record's headers (a mapping, or ``(name, value)`` pairs)."""
+    if not headers:
+        return None
+    if isinstance(headers, Mapping):
+        value = headers.get(TRACEPARENT)
+    else:
+        value = None
+        for name, item in headers:
+            if name == TRACEPARENT:
+                value = item
+    if value is None:
+        return None
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _with_traceparent(headers: Any, traceparent: str) -> Any:
+    """``headers`` (same container type) with ``traceparent`` replaced."""
+    if isinstance(headers, Mapping):
+        return {**headers, TRACEPARENT: traceparent}
+    encoded = traceparent.encode()
+    return [(name, encoded if name == TRACEPARENT else value) for name, value in headers]
+
+
+def _ratio_says_no(traceparent: bytes, bound: int) -> bool:
+    """True when the trace id's low 64 bits (characters 19-34) are at or above ``bound``.
+
+    Read before the header is validated, so a ratio that says no costs no parsing; a header
+    whose characters there are not hex is left to the validation (False).
+    """
+    try:
+        return int(traceparent[19:35], 16) >= bound
+    except ValueError:
+        return False
+
+
+def _new_span_id() -> int:
+    return random.getrandbits(64) or 1
+
+
+def _wall_ns(monotonic_at: float, now_ns: int) -> int | None:
+    """The wall-clock time (ns) of a ``time.monotonic()`` reading; None for an unset one."""
+    if monotonic_at <= 0:
+        return None
+    return now_ns - int((time.monotonic() - monotonic_at) * 1e9)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("user-activity-stream")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def resource_from_env(env: Mapping[str, str]) -> Resource:
+    """The resource attributes of this process (module doc)."""
+    process_id = env.get("BYTEWAX_PROCESS_ID", "").strip()
+    pod = env.get("POD_NAME") or env.get("BYTEWAX_POD_NAME") or ""
+    statefulset = env.get("BYTEWAX_STATEFULSET_NAME", "")
+    if not process_id and pod and statefulset and pod.startswith(statefulset + "-"):
+        process_id = pod[len(statefulset) + 1:]
+    try:
+        process = int(process_id or 0)
+        per_process = int(env.get("BYTEWAX_WORKERS_PER_PROCESS", "") or 1)
+    except ValueError:
+        process, per_process = 0, 1
+    attributes: dict[str, AttributeValue] = {
+        "service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME,
+        "service.version": _version(),
+        "k8s.pod.name": pod or socket.gethostname(),
+        "bytewax.process.id": process,
+        "bytewax.worker.index": process * per_process,
+    }
+    resource = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES merged in
+    if env.get("OTEL_SERVICE_NAME"):
+        return resource
+    return resource.merge(Resource({"service.name": SERVICE_NAME}))
+
+
+_state: Tracing | None = None
+_state_lock = threading.Lock()
+
+
+def install(
+    processor: SpanProcessor, sampling: Sampling, *, resource: Resource | None = None,
+    consumer_group: str = "",
+) -> Tracing:
+    """Trace this process with ``processor`` and ``sampling`` (the demo and the tests)."""
+    global _state  # noqa: PLW0603
+    ids = _PresetIds()
+    # Sampling is decided per message (:meth:`Tracing.sample`): every span started is wanted.
+    provider = TracerProvider(
+        sampler=ALWAYS_ON, resource=resource or resource_from_env(os.environ), id_generator=ids,
+        shutdown_on_exit=False,
+    )
+    provider.add_span_processor(processor)
+    with _state_lock:
+        _state = Tracing(provider, sampling, ids, consumer_group)
+    return _state
+
+
+def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None = None) -> bool:
+    """Turn tracing on if the ``OTEL_*`` variables ask for it (module doc); True if on.
+
+    Idempotent: a second call keeps the first set-up. Spans are flushed at exit
+    (:func:`shutdown`, also registered with :mod:`atexit`).
+    """
+    env = os.environ if env is None else env
+    if _state is not None or not tracing_wanted(env):
+        return _state is not None
+    import atexit
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    sampling = Sampling.from_env(env)
+    install(BatchSpanProcessor(OTLPSpanExporter()), sampling, resource=resource_from_env(env),
+            consumer_group=consumer_group)
+    atexit.register(shutdown)
+    logger.info("tracing on: OTLP/HTTP to %s, sampler %s %s",
+                env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+                env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+                env.get("OTEL_TRACES_SAMPLER_ARG", ""))
+    return True
+
+
+def shutdown() -> None:
+    """Flush and stop tracing (finished spans are exported first); tracing is off after it."""
+    global _state
+    with _state_lock:
+        state, _state = _state, None
+    if state is not None:
+        state.provider.shutdown()
+
+
+def enabled() -> bool:
+    """True while tracing is on in this process."""
+    return _state is not None
+
+
+def sample(record: SourceRecord) -> MessageTrace | None:
+    """The message's trace if tracing is on and it is sampled, else None (module doc)."""
+    state = _state
+    return None if state is None else state.sample(record)
+
+
+def finish_messages(
+    handled: Sequence[Handled], started_ns: int | None = None, ended_ns: int | None = None,
+    database: DatabaseWork | None = None,
+) -> None:
+    """Make the spans of ``handled`` (sampled messages whose outcome is known); see module doc.
+
+    ``started_ns`` is when the decision began (None: at ``ended_ns``, an instant decision),
+    ``ended_ns`` when the outcome was known (None: now). ``database`` is the batch's statement.
+    """
+    state = _state
+    if state is None or not handled:
+        return
+    state.finish_messages(
+        handled, started_ns, ended_ns if ended_ns is not None else time.time_ns(), database)
+
+
+def finish_alone(record: SourceRecord, outcome: str, *, message_id: str | None = None,
+                 error: str | None = None,
+                 attributes: Mapping[str, AttributeValue] | None = None) -> None:
+    """Sample and trace a message decided on its own, at once (invalid, poison, duplicate)."""
+    state = _state
+    if state is None:
+        return
+    trace = state.sample(record)
+    if trace is not None:
+        state.finish_messages(
+            [Handled(trace, record, outcome, message_id, error, attributes)], None,
+            time.time_ns())
+
+
+def start_publish(records: Sequence[Any]) -> tuple[Sequence[Any], _Publishing | None]:
+    """``records`` to produce, each sampled one with its ``publish`` span's ``traceparent``.
+
+    Off, or no record with a sampled stored ``traceparent``: ``records`` itself and None.
+    Otherwise the records to produce instead and the spans to end with the delivery results
+    (``_Publishing.end(errors)``, one result per record, None for acknowledged).
+    """
+    state = _state
+    if state is None:
+        return records, None
+    return state.start_publish(records)
+
