@@ -53,7 +53,15 @@ def message_fields(message: FavoriteMessage) -> dict[str, Any]:
 
 
 class ActionHistorySink(PartitionedSink[FavoriteMessage]):
-    """Records ``(owner_key, FavoriteMessage)`` items: one owner's messages go to one partition."""
+    """Records ``(owner_shard, FavoriteMessage)`` items: one owner's messages go to one partition.
+
+    The key is an owner shard number (``flow.owner_shards``); shard ``i`` goes to partition
+    ``i`` modulo the partition count, so the partitions share the shards evenly.
+    """
+
+    @override
+    def part_fn(self, item_key: str) -> int:
+        return int(item_key)
 
     @override
     def build_partition(self, part: str) -> _ActionHistoryPartition:
