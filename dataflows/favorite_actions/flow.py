@@ -90,7 +90,7 @@ def _log_skipped(skipped: Skipped) -> None:
 
 
 Routed = DeadLetter | tuple[str, FavoriteMessage]
-"""What ``decode_favorites`` emits: poison for the DLQ, or a message keyed by its owner."""
+"""What ``decode_favorites`` emits: poison for the DLQ, or a message keyed by its owner's shard."""
 
 
 OWNER_SHARDS_PER_SINK_PARTITION = 8
