@@ -34,12 +34,15 @@ def flow_attribute(flow_module: str, name: str) -> Any:
 
         settings = load_settings()
         configure_logging(settings.log_level)
+        # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
+        # their first poll), never the default kill (exit -15) of a process still starting.
+        handled = install_signal_handlers()
         serve_http(settings.http_host, settings.http_port)
         start_trimmer(settings.malloc_trim_interval_seconds)
         configure_from_env(_consumer_group(settings, flow_module))
         flow = module.build_flow(settings)
         tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
-        if install_signal_handlers():
+        if handled:  # a stop requested meanwhile is announced at its first check
             ClusterStop(settings.database_dsn(), flow.flow_id).start()
         return flow
     raise AttributeError(name)

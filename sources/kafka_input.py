@@ -257,18 +257,18 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             raise StopIteration
         messages = self._consumer.consume(self._batch_size, 0)
         batch: list[InputItem] = []
+        append = batch.append
         now = time.monotonic()
         end = self._end_offset
-        last_timestamp: int | None = None
-        for msg in messages:
+        topic, partition = self._topic, self._partition
+        next_offset = self._next_offset
+        last = None  # the last record passed on (its CreateTime feeds the lag gauge)
+        for msg in messages:  # hot: one pass per consumed record, locals only
             error = msg.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
-                    batch.append(
-                        ConsumerError(
-                            self._topic, self._partition, error.name(), error.str(),
-                            error.fatal(),
-                        )
+                    append(
+                        ConsumerError(topic, partition, error.name(), error.str(), error.fatal())
                     )
                 continue
             offset = msg.offset()
@@ -277,21 +277,17 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             if end is not None and offset >= end:
                 # At or past the end: everything before it was read (a transaction marker or
                 # a compacted record just before the end would otherwise never be "read").
-                self._next_offset = max(self._next_offset or 0, end)
+                next_offset = max(next_offset or 0, end)
                 continue
-            batch.append(
-                SourceRecord(
-                    topic=self._topic,
-                    partition=self._partition,
-                    offset=offset,
-                    key=msg.key(),
-                    value=msg.value(),
-                    headers=_headers(msg.headers()),
-                    received_at=now,
-                )
-            )
-            self._next_offset = offset + 1
-            last_timestamp = msg.timestamp()[1]
+            raw_headers = msg.headers()
+            append(SourceRecord(
+                topic, partition, offset, msg.key(), msg.value(),
+                _headers(raw_headers) if raw_headers else (), now,
+            ))
+            next_offset = offset + 1
+            last = msg
+        self._next_offset = next_offset
+        last_timestamp = None if last is None else last.timestamp()[1]
         if last_timestamp is not None:
             self._progress.read(self._next_offset or 0, last_timestamp, time.time())
         BACKLOG.polled(self._topic, self._partition, full=self._behind(len(messages)))

@@ -13,7 +13,7 @@ from uuid import UUID
 
 import orjson
 
-from dataflows.envelopes import EMPTY_GUID, parse_envelope
+from dataflows.envelopes import parse_envelope
 from dataflows.favorite_actions.wire import FavoriteWire, decode_fast, from_model
 from runtime.tracing import sample
 from schemas.dlq import DlqReason
@@ -159,10 +159,18 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
         if isinstance(envelope, DeadLetter):
             return envelope
         payload = envelope.payload
+        owner = payload.anonymous_id
+        if owner is None:
+            owner = payload.user_id
+        elif payload.user_id is not None:
+            owner = None  # both set
+        # not exactly one owner, or an empty GUID (``.int == 0``) among the ids
         if (
-            EMPTY_GUID in (payload.favorite_id, payload.property_object_id, envelope.message_id)
-            or (payload.user_id is None) == (payload.anonymous_id is None)
-            or EMPTY_GUID in (payload.user_id, payload.anonymous_id)
+            owner is None
+            or not owner.int
+            or not payload.favorite_id.int
+            or not payload.property_object_id.int
+            or not envelope.message_id.int
         ):
             return Skipped(record, SkipReason.INVALID_OWNER, envelope, action_type)
         return FavoriteMessage(record, action_type, envelope, sample(record))

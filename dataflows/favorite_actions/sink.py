@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
+from dataflows.favorite_actions.records import RecordedAction
 from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch
 from dataflows.favorite_actions.traces import trace_batch
 from runtime.backlog import BACKLOG
@@ -27,6 +29,7 @@ from runtime.metrics import (
     FAVORITES_RECORDED,
     FAVORITES_RETRIES,
     FAVORITES_SKIPPED,
+    observe_durations_ms,
 )
 from runtime.settings import Settings
 from schemas.favorites import ActionType
@@ -39,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 _RECORDED = {action: FAVORITES_RECORDED.labels(action_type=action.value) for action in ActionType}
 _SKIPPED = {reason: FAVORITES_SKIPPED.labels(reason=reason.value) for reason in SkipReason}
+_received_at = attrgetter("record.received_at")
 
 
 def message_fields(message: FavoriteMessage) -> dict[str, Any]:
@@ -54,7 +58,15 @@ def message_fields(message: FavoriteMessage) -> dict[str, Any]:
 
 
 class ActionHistorySink(PartitionedSink[FavoriteMessage]):
-    """Records ``(owner_key, FavoriteMessage)`` items: one owner's messages go to one partition."""
+    """Records ``(owner_shard, FavoriteMessage)`` items: one owner's messages go to one partition.
+
+    The key is an owner shard number (``flow.owner_shards``); shard ``i`` goes to partition
+    ``i`` modulo the partition count, so the partitions share the shards evenly.
+    """
+
+    @override
+    def part_fn(self, item_key: str) -> int:
+        return int(item_key)
 
     @override
     def build_partition(self, part: str) -> _ActionHistoryPartition:
@@ -169,36 +181,46 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def report(self, outcome: BatchOutcome) -> None:
         """Metrics and one log line per message of a committed batch.
 
-        Counters move once per batch (``inc(n)``), the histogram observes each message, and each
-        outcome's lines are written together (:func:`runtime.logs.log_events`). The spans of its
-        sampled messages are made (:func:`~dataflows.favorite_actions.traces.trace_batch`).
+        Counters move once per batch (``inc(n)``), the histogram once per distinct poll time
+        (:func:`runtime.metrics.observe_durations_ms`), and each outcome's lines are written
+        together (:func:`runtime.logs.log_events`). The spans of its sampled messages are made
+        (:func:`~dataflows.favorite_actions.traces.trace_batch`).
         """
         trace_batch(outcome)
         now_mono = time.monotonic()
-        observe = FAVORITES_CONSUME_DURATION_MS.observe
         recorded = outcome.recorded
         if recorded:
             messages = [action.message for action in recorded]
-            for message in messages:
-                observe((now_mono - message.record.received_at) * 1000)
+            observe_durations_ms(FAVORITES_CONSUME_DURATION_MS, now_mono,
+                                 map(_received_at, messages))
             action_types = [message.action_type for message in messages]
             for action_type, counter in _RECORDED.items():
                 if count := action_types.count(action_type):
                     counter.inc(count)
-            rows = [
-                {"outcome": "recorded", "SessionId": action.event.session_id,
-                 **message_fields(action.message)}
-                for action in recorded
-            ]
-            log_events(logger, "recorded", rows)
+            log_events(logger, "recorded", [_recorded_fields(action) for action in recorded])
         for reason, skipped in (
             (SkipReason.DUPLICATE, outcome.duplicates),
             (SkipReason.NO_SESSION, outcome.no_session),
         ):
             if not skipped:
                 continue
-            for message in skipped:
-                observe((now_mono - message.record.received_at) * 1000)
+            observe_durations_ms(FAVORITES_CONSUME_DURATION_MS, now_mono,
+                                 map(_received_at, skipped))
             _SKIPPED[reason].inc(len(skipped))
             event = SKIP_OUTCOMES[reason]
             log_events(logger, event, [{"outcome": event, **message_fields(m)} for m in skipped])
+
+
+def _recorded_fields(action: RecordedAction) -> dict[str, Any]:
+    """``{"outcome": "recorded", "SessionId": ..., **message_fields(message)}``, built at once."""
+    message = action.message
+    payload = message.envelope.payload
+    return {
+        "outcome": "recorded",
+        "SessionId": action.event.session_id,
+        "MessageId": message.envelope.message_id,
+        "FavoriteId": payload.favorite_id,
+        "PropertyObjectId": payload.property_object_id,
+        "ActionType": message.action_type,
+        "source": message.record.where(),
+    }

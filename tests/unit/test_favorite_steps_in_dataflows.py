@@ -14,7 +14,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from dataflows.favorite_actions.flow import decoder, is_keyed
+from dataflows.favorite_actions.flow import decoder, is_keyed, owner_shard, owner_shards
 from dataflows.operators import deduplicated
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
@@ -23,6 +23,7 @@ from sources.kafka_input import InputItem
 
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}
+SHARDS = owner_shards(2)
 
 
 def _value(message_id: uuid.UUID, anonymous: uuid.UUID | None, user: uuid.UUID | None) -> bytes:
@@ -64,14 +65,15 @@ def _ignore(_message: FavoriteMessage) -> None:
 
 
 def _owner_and_key(item: tuple[str, FavoriteMessage]) -> tuple[str, str]:
-    owner, message = item
-    return owner, message.idempotency_key.split(":", 1)[1]
+    shard, message = item
+    assert shard == owner_shard(message, SHARDS)
+    return message.owner_key, message.idempotency_key.split(":", 1)[1]
 
 
 def _flow(records: list[InputItem], out: list[Any], rejected: list[Any]) -> Dataflow:
     flow = Dataflow("favorite_steps")
     stream: Stream[InputItem] = op.input("records", flow, TestingSource(records, batch_size=7))
-    routed = op.flat_map_batch("decode_favorites", stream, decoder(ACTION_TYPES))
+    routed = op.flat_map_batch("decode_favorites", stream, decoder(ACTION_TYPES, SHARDS))
     by_kind = op.branch("route_poison", routed, is_keyed)
     op.output("collect_rejected", by_kind.falses, TestingSink(rejected))
     fresh = deduplicated("dedup_by_message_id", by_kind.trues, 3600, _ignore)  # type: ignore[arg-type]
@@ -89,7 +91,7 @@ RUNNERS: dict[str, Callable[[Dataflow], None]] = {
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS), ids=list(RUNNERS))
-def test_each_valid_message_passes_once_keyed_by_its_owner(
+def test_each_valid_message_passes_once_keyed_by_its_owners_shard(
     runner: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     records, expected = _records()
@@ -118,9 +120,14 @@ def test_decode_step_keeps_order_and_logs_a_version_mismatch(
     valid[0] = SourceRecord(ADDED, 0, 0, b"k", orjson.dumps(other))
 
     with caplog.at_level(logging.INFO):
-        routed = decoder(ACTION_TYPES)(list(valid))
+        routed = decoder(ACTION_TYPES, SHARDS)(list(valid))
 
     assert [m.record.offset for _, m in routed] == [r.offset for r in valid]  # type: ignore[misc]
-    assert all(owner == m.owner_key for owner, m in routed)  # type: ignore[misc]
+    keyed = [item for item in routed if isinstance(item, tuple)]
+    assert len(keyed) == len(routed)
+    assert all(shard == owner_shard(m, SHARDS) for shard, m in keyed)
+    owners = [m.envelope.payload.anonymous_id or m.envelope.payload.user_id for _, m in keyed]
+    # the shard is the owner's AnonymousId (else UserId) modulo the shard count (16)
+    assert [int(shard) for shard, _ in keyed] == [o.int % 16 for o in owners if o is not None]
     assert [r.getMessage() for r in caplog.records] == ["contract-version-mismatch", "consumed"]
     assert caplog.records[-1].records == len(valid)  # type: ignore[attr-defined]

@@ -15,7 +15,12 @@ import pytest
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
+from dataflows.favorite_actions.flow import (
+    FavoritesSinks,
+    build_flow,
+    owner_shard,
+    owner_shards,
+)
 from devenv.harness.messages import favorite_envelope
 from runtime.settings import Settings
 from schemas.dlq import DlqReason
@@ -68,7 +73,9 @@ def test_the_real_flow_routes_every_record_to_its_one_outcome(
     recorded = {m.message_id for _, m in history}
     assert len(history) == 25 == len(recorded)  # the redelivery was dropped by the dedup step
     assert recorded == {uuid.UUID(e["MessageId"]) for e in added + removed}
-    assert all(key == m.owner_key for key, m in history)
+    shards = owner_shards(SETTINGS.sink_partitions)
+    assert all(key == owner_shard(m, shards) for key, m in history)  # each owner: its one shard
+    assert len({key for key, _ in history}) > 1  # the owners spread over several shards
     assert sum(m.action_type is ActionType.REMOVE_FROM_FAVORITES for _, m in history) == 5
     assert sorted((letter.record.offset, letter.reason) for letter in letters) == [
         (202, DlqReason.INVALID_JSON), (203, DlqReason.TOMBSTONE),
