@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The local deployment test of k8s/: build the image, run the manifests' pods as containers.
+#
+#   bash scripts/deploy-test.sh          # as root; about 6-8 min on 2 cores (k8s/README.md)
+#
+# 1. installs what is missing (Debian's docker.io and mmdebstrap; the project's .venv, PostgreSQL
+#    and Kafka jars through scripts/bootstrap.sh) and starts a Docker engine of its own
+#    (dockerd --storage-driver=vfs --bridge=none --iptables=false), stopped again at the end;
+# 2. builds the base image from Debian packages if it is not cached (k8s/base-image.sh; no
+#    container registry is needed) unless PYTHON_IMAGE is given, then the project image from
+#    k8s/Dockerfile with BuildKit (the context is what k8s/Dockerfile.dockerignore lets in);
+# 3. runs python -m devenv.deploy: local Kafka and PostgreSQL on loopback, the Jobs and
+#    StatefulSets of k8s/*.yaml translated to `docker run --network host` calls
+#    (devenv/deploy/pods.py), and the checks; prints the summary table (step, result, seconds).
+# Exit status: 0 only when every step passed. Logs: .run/deploy-test/.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+RUN="$ROOT/.run/deploy-test"
+IMAGE="${IMAGE:-user-activity-stream:deploy-test}"
+mkdir -p "$RUN"
+
+declare -a STEPS=()
+record() { STEPS+=("$(printf '%-56s%-8s%8s' "$1" "$2" "$3")"); }
+print_table() {
+  printf '\n%-56s%-8s%8s\n' "step (scripts/deploy-test.sh)" "result" "seconds"
+  for row in "${STEPS[@]}"; do echo "$row"; done
+}
+fail() { echo "deploy-test: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || fail "run as root (it installs Debian packages and starts dockerd)"
+
+# ---- 1. packages, the Python environment, the Docker engine ----------------------------------
+t=$SECONDS
+missing=()
+[ -x /usr/sbin/dockerd ] || missing+=(docker.io)
+command -v mmdebstrap >/dev/null 2>&1 || [ -n "${PYTHON_IMAGE:-}" ] || missing+=(mmdebstrap)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deploy-test: installing ${missing[*]}" >&2
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+bash scripts/bootstrap.sh
+record "install (apt, .venv)" ok $((SECONDS - t))
+
+# Debian's client (its docker build has the daemon's builtin BuildKit); another docker CLI on
+# PATH may need the buildx plugin for DOCKER_BUILDKIT=1.
+DOCKER="${DOCKER:-/usr/bin/docker}"
+export DOCKER
+DOCKERD_PID=""
+SOCKET="$RUN/docker.sock"
+stop_dockerd() {
+  if [ -n "$DOCKERD_PID" ]; then
+    kill "$DOCKERD_PID" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
+    echo "deploy-test: dockerd stopped" >&2
+  fi
+}
+trap stop_dockerd EXIT
+t=$SECONDS
+# Its own socket, data and exec roots: another engine on this machine is left alone. The data
+# root keeps the cached base image and build cache between runs.
+/usr/sbin/dockerd --host "unix://$SOCKET" --data-root "${DOCKER_DATA_ROOT:-/var/lib/docker-deploy-test}" \
+  --exec-root /run/docker-deploy-test --pidfile /run/docker-deploy-test.pid \
+  --storage-driver=vfs --bridge=none --iptables=false --ip-masq=false \
+  >"$RUN/dockerd.log" 2>&1 &
+DOCKERD_PID=$!
+export DOCKER_HOST="unix://$SOCKET"
+for _ in $(seq 1 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.5; done
+"$DOCKER" info >/dev/null 2>&1 || { tail -20 "$RUN/dockerd.log" >&2; fail "dockerd did not start"; }
+record "dockerd (vfs, no bridge)" ok $((SECONDS - t))
+
+# ---- 2. images -------------------------------------------------------------------------------
+t=$SECONDS
+if [ -z "${PYTHON_IMAGE:-}" ]; then
+  PYTHON_IMAGE="$(bash k8s/base-image.sh)"
+fi
+record "base image ($PYTHON_IMAGE)" ok $((SECONDS - t))
+
+t=$SECONDS
+if DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
+    --build-arg PYTHON_IMAGE="$PYTHON_IMAGE" -f k8s/Dockerfile -t "$IMAGE" . \
+    >"$RUN/build.log" 2>&1; then
+  build_seconds=$((SECONDS - t))
+  size="$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE")"
+  context="$(grep -m1 -o 'transferring context: [0-9.]* *[kMG]*B' "$RUN/build.log" | tail -1 || true)"
+  echo "deploy-test: $IMAGE built in ${build_seconds} s, $((size / 1000000)) MB (${context:-context ?})" >&2
+  record "image build ($((size / 1000000)) MB)" ok "$build_seconds"
+else
+  record "image build" FAIL $((SECONDS - t))
+  tail -30 "$RUN/build.log" >&2
+  print_table
+  exit 1
+fi
+
+# ---- 3. the manifests' pods ------------------------------------------------------------------
+status=0
+.venv/bin/python -m devenv.deploy --image "$IMAGE" --docker "$DOCKER" --run-dir "$RUN" || status=$?
+print_table
+exit "$status"
