@@ -20,11 +20,16 @@ RUN="$ROOT/.run/deploy-test"
 IMAGE="${IMAGE:-user-activity-stream:deploy-test}"
 mkdir -p "$RUN"
 
-declare -a STEPS=()
-record() { STEPS+=("$(printf '%-56s%-8s%8s' "$1" "$2" "$3")"); }
+# Rows of the summary table: step, result, seconds, detail (tab-separated); the Python part
+# adds its own and prints the whole table.
+STEPS_FILE="$RUN/steps.tsv"
+: > "$STEPS_FILE"
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >> "$STEPS_FILE"; }
 print_table() {
-  printf '\n%-56s%-8s%8s\n' "step (scripts/deploy-test.sh)" "result" "seconds"
-  for row in "${STEPS[@]}"; do echo "$row"; done
+  printf '\n%-36s%-8s%8s  %s\n' step result seconds detail
+  while IFS=$'\t' read -r step result seconds detail; do
+    printf '%-36s%-8s%8s  %s\n' "$step" "$result" "$seconds" "${detail:0:170}"
+  done < "$STEPS_FILE"
 }
 fail() { echo "deploy-test: $*" >&2; exit 1; }
 
@@ -41,7 +46,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 bash scripts/bootstrap.sh
-record "install (apt, .venv)" ok $((SECONDS - t))
+record "install: apt, .venv" ok $((SECONDS - t)) "${missing[*]:-nothing missing}"
 
 # Debian's client (its docker build has the daemon's builtin BuildKit); another docker CLI on
 # PATH may need the buildx plugin for DOCKER_BUILDKIT=1.
@@ -53,7 +58,6 @@ stop_dockerd() {
   if [ -n "$DOCKERD_PID" ]; then
     kill "$DOCKERD_PID" 2>/dev/null || true
     for _ in $(seq 1 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
-    echo "deploy-test: dockerd stopped" >&2
   fi
 }
 trap stop_dockerd EXIT
@@ -68,14 +72,22 @@ DOCKERD_PID=$!
 export DOCKER_HOST="unix://$SOCKET"
 for _ in $(seq 1 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.5; done
 "$DOCKER" info >/dev/null 2>&1 || { tail -20 "$RUN/dockerd.log" >&2; fail "dockerd did not start"; }
-record "dockerd (vfs, no bridge)" ok $((SECONDS - t))
+record "dockerd" ok $((SECONDS - t)) "$("$DOCKER" version --format '{{.Server.Version}}'), vfs, no bridge, $SOCKET"
 
 # ---- 2. images -------------------------------------------------------------------------------
 t=$SECONDS
 if [ -z "${PYTHON_IMAGE:-}" ]; then
-  PYTHON_IMAGE="$(bash k8s/base-image.sh)"
+  if ! PYTHON_IMAGE="$(bash k8s/base-image.sh 2>"$RUN/base-image.log")"; then
+    cat "$RUN/base-image.log" >&2
+    record "image: base" FAIL $((SECONDS - t)) "k8s/base-image.sh: $RUN/base-image.log"
+    print_table
+    exit 1
+  fi
+  cat "$RUN/base-image.log" >&2
 fi
-record "base image ($PYTHON_IMAGE)" ok $((SECONDS - t))
+base_size="$("$DOCKER" image inspect --format '{{.Size}}' "$PYTHON_IMAGE")"
+record "image: base" ok $((SECONDS - t)) \
+  "$PYTHON_IMAGE, $((base_size / 1000000)) MB$(grep -q reused "$RUN/base-image.log" 2>/dev/null && echo ', cached')"
 
 t=$SECONDS
 if DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
@@ -83,11 +95,13 @@ if DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
     >"$RUN/build.log" 2>&1; then
   build_seconds=$((SECONDS - t))
   size="$("$DOCKER" image inspect --format '{{.Size}}' "$IMAGE")"
-  context="$(grep -m1 -o 'transferring context: [0-9.]* *[kMG]*B' "$RUN/build.log" | tail -1 || true)"
-  echo "deploy-test: $IMAGE built in ${build_seconds} s, $((size / 1000000)) MB (${context:-context ?})" >&2
-  record "image build ($((size / 1000000)) MB)" ok "$build_seconds"
+  context="$(grep -A3 'load build context' "$RUN/build.log" \
+    | grep -o 'transferring context: [0-9.]* *[kMG]*B' | head -1 || true)"
+  cached="$(grep -c ' CACHED$' "$RUN/build.log" || true)"
+  record "image: k8s/Dockerfile" ok "$build_seconds" \
+    "$IMAGE, $((size / 1000000)) MB, BuildKit, ${context:-context ?}, $cached steps cached"
 else
-  record "image build" FAIL $((SECONDS - t))
+  record "image: k8s/Dockerfile" FAIL $((SECONDS - t)) "$RUN/build.log"
   tail -30 "$RUN/build.log" >&2
   print_table
   exit 1
@@ -95,6 +109,12 @@ fi
 
 # ---- 3. the manifests' pods ------------------------------------------------------------------
 status=0
-.venv/bin/python -m devenv.deploy --image "$IMAGE" --docker "$DOCKER" --run-dir "$RUN" || status=$?
+.venv/bin/python -m devenv.deploy --image "$IMAGE" --docker "$DOCKER" --run-dir "$RUN" \
+  --steps-file "$STEPS_FILE" || status=$?
+t=$SECONDS
+stop_dockerd
+DOCKERD_PID=""
+record "dockerd stopped" ok $((SECONDS - t))
 print_table
+if [ "$status" -ne 0 ]; then echo "deploy-test: FAILED (logs: $RUN/logs)" >&2; fi
 exit "$status"

@@ -11,7 +11,8 @@ What is translated, as the kubelet would run it:
   ``--group-add fsGroup``, ``--read-only``, ``--cap-drop``/``--cap-add``,
   ``--security-opt no-new-privileges``; ``runAsNonRoot`` with uid 0 is refused;
 * volumes: each ``emptyDir`` is a directory of the pod (mode 0777, as the kubelet makes it;
-  shared by the pod's containers, kept across container restarts, gone with the pod), each
+  shared by the pod's containers, kept across container restarts, gone with the pod; one of
+  ``medium: Memory`` lies on a tmpfs, ``memory_dir``, e.g. under /dev/shm), each
   ``configMap``/``secret`` a directory of its keys' files (``defaultMode``) mounted read-only,
   each ``volumeClaimTemplate`` one host directory per pod, ``<claim>-<pod>``, kept across pod
   replacements (the PersistentVolumeClaim), group-owned by ``fsGroup``;
@@ -281,10 +282,12 @@ def translate_pod(
     claims_dir: Path,
     hosts: Mapping[str, str] | None = None,
     ports: Mapping[int, int] | None = None,
+    memory_dir: Path | None = None,
 ) -> PodRun:
     """Translate the pod template of ``workload`` (StatefulSet or Job) into one :class:`PodRun`.
 
-    ``pod_dir`` holds this pod's non-persistent volumes, ``claims_dir`` the StatefulSet's claim
+    ``pod_dir`` holds this pod's non-persistent volumes (``memory_dir``, on a tmpfs, those of
+    ``medium: Memory``; default ``pod_dir``), ``claims_dir`` the StatefulSet's claim
     directories. ``ports`` maps a container port bound on a wildcard address to the host port
     this pod uses instead (required for each such port the pod declares).
     """
@@ -299,7 +302,7 @@ def translate_pod(
     context = _PodContext(pod_name, namespace, labels, pod_ip)
 
     volumes = _volumes(manifests, workload, spec, pod_name, pod_dir=pod_dir,
-                       claims_dir=claims_dir)
+                       claims_dir=claims_dir, memory_dir=memory_dir)
     by_name = {v.name: v for v in volumes}
     restart = _restart_policy(kind, spec, workload)
     grace = int(spec.get("terminationGracePeriodSeconds", _DEFAULT_GRACE_SECONDS))
@@ -423,12 +426,14 @@ def _pod_network(env: dict[str, str], *, pod_ip: str, ports: Mapping[int, int],
 
 
 def _volumes(manifests: Manifests, workload: Object, spec: Object, pod: str, *, pod_dir: Path,
-             claims_dir: Path) -> list[Volume]:
+             claims_dir: Path, memory_dir: Path | None) -> list[Volume]:
     fs_group = spec.get("securityContext", {}).get("fsGroup")
     volumes: list[Volume] = []
     for v in spec.get("volumes", []):
         path = pod_dir / "volumes" / v["name"]
         if "emptyDir" in v:
+            if (v["emptyDir"] or {}).get("medium") == "Memory" and memory_dir is not None:
+                path = memory_dir / pod / v["name"]
             volumes.append(Volume(v["name"], "emptyDir", path, 0o777, fs_group))
         elif "configMap" in v or "secret" in v:
             kind, ref = (("ConfigMap", v["configMap"]["name"]) if "configMap" in v

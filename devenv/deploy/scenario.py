@@ -15,6 +15,7 @@ import dataclasses
 import re
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from devenv.deploy import checks
 from devenv.deploy.docker import ContainerFailed, Kubelet, http_probe
@@ -49,10 +52,14 @@ KAFKA_CA = "user-activity-kafka-ca"
 BACKLOG = 3000
 """Favorites events produced before the cluster starts."""
 LIVE = 1500
-"""Favorites events produced while one pod is killed and replaced."""
+"""Favorites events produced while one pod is killed and replaced..."""
+LIVE_SECONDS = 9.0
+"""... over this long; the SIGKILL comes a third of the way in."""
 AFTER_STOP = 300
 """Favorites events produced after the rolling stop, to show the cluster works again."""
 SIGN_INS = 5
+MEMORY_FS = Path("/dev/shm")  # noqa: S108 - only under a new mkdtemp directory
+"""A tmpfs: emptyDirs of ``medium: Memory`` live in a new directory there."""
 SNAPSHOT_WAIT_SECONDS = 35.0
 """A little more than the StatefulSet's ``-s 30``: a snapshot covers what was recorded before."""
 
@@ -88,6 +95,8 @@ class Deployment:
         self.dsn = ""
         self.bootstrap = ""
         self.manifests = Manifests.load(ROOT / "k8s")
+        self.memory_dir = Path(tempfile.mkdtemp(prefix="user-activity-deploy-test-",
+                                                dir=MEMORY_FS if MEMORY_FS.is_dir() else None))
         self.settings = self.manifests.data("ConfigMap", CONFIG)
 
     # ---- the table ---------------------------------------------------------------------------
@@ -176,7 +185,7 @@ class Deployment:
         pod = translate_pod(
             self.manifests, workload, pod_name=name, pod_ip=ip, image=self.image,
             pod_dir=self.run_dir / "pods" / name, claims_dir=self.run_dir / "claims",
-            hosts=hosts, ports={p: free_port() for p in wildcard_ports},
+            hosts=hosts, ports={p: free_port() for p in wildcard_ports}, memory_dir=self.memory_dir,
         )
         for change in pod.changes:
             print(f"[translate] {change}", flush=True)
@@ -312,12 +321,22 @@ class Deployment:
                 raise StepFailed(f"not exactly once: {found}")
             time.sleep(2.0)
 
-    def produce(self, count: int, seed: int) -> list[uuid.UUID]:
-        """``count`` favorites on both topics; their ids are added to what must be recorded."""
+    def produce(self, count: int, seed: int, seconds: float = 0.0) -> list[uuid.UUID]:
+        """``count`` favorites on both topics, spread over ``seconds`` (in 10 bursts).
+
+        Their ids are added to what must be recorded.
+        """
         topics = [self.settings["USER_ACTIVITY_TOPIC_FAVORITE_ADDED"],
                   self.settings["USER_ACTIVITY_TOPIC_FAVORITE_REMOVED"]]
-        ids = checks.produce_favorites(self.bootstrap, topics, self.devices, count, seed=seed)
-        self.favorite_ids.extend(ids)
+        bursts = 10 if seconds else 1
+        ids: list[uuid.UUID] = []
+        for burst in range(bursts):
+            size = count // bursts + (1 if burst < count % bursts else 0)
+            ids += checks.produce_favorites(self.bootstrap, topics, self.devices, size,
+                                            seed=seed * 100 + burst)
+            self.favorite_ids.extend(ids[-size:])
+            if seconds and burst < bursts - 1:
+                time.sleep(seconds / bursts)
         return ids
 
 
@@ -402,9 +421,9 @@ def kill_and_replace(d: Deployment) -> str:
     peer = pods[0].container("stream").container_name
     restarts_before = (d.kubelet.state(peer) or {}).get("RestartCount", 0)
     since = datetime.now(UTC)
-    producer = threading.Thread(target=d.produce, args=(LIVE, 2))
+    producer = threading.Thread(target=d.produce, args=(LIVE, 2, LIVE_SECONDS))
     producer.start()
-    time.sleep(1.0)
+    time.sleep(LIVE_SECONDS / 3)
     d.save_log(pods[1].container("stream"))
     d.kubelet.delete_pod(pods[1])  # docker rm --force: SIGKILL, the pod is gone
     killed = time.monotonic()
@@ -496,10 +515,17 @@ def session_linking(d: Deployment) -> str:
         if time.monotonic() > deadline:
             raise StepFailed(f"sessions not linked: {checks.session_users(d.dsn, guests)}")
         time.sleep(1.0)
-    linked = checks.consume_json(d.bootstrap, d.settings["USER_ACTIVITY_TOPIC_SESSION_LINKED"])
-    per_user = {str(u): sum(1 for r in linked if str(u) in str(r)) for u in users.values()}
-    if any(count != 1 for count in per_user.values()):
-        raise StepFailed(f"session-linked per user: {per_user}")
+    topic = d.settings["USER_ACTIVITY_TOPIC_SESSION_LINKED"]
+    while True:  # the outbox publishes after the commit
+        linked = checks.consume_json(d.bootstrap, topic)
+        per_user = {str(u): sum(1 for r in linked if str(u) in orjson.dumps(r).decode().lower())
+                    for u in users.values()}
+        published = checks.unpublished(d.dsn, topic) == 0 and len(linked) >= SIGN_INS
+        if published or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if len(linked) != SIGN_INS or any(count != 1 for count in per_user.values()):
+        raise StepFailed(f"{len(linked)} session-linked records; per user: {per_user}")
     name = pod.container("stream").container_name
     sent = time.monotonic()
     d.kubelet.stop(name, pod.container("stream").stop_timeout)
@@ -533,6 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--image", required=True, help="the image built from k8s/Dockerfile")
     parser.add_argument("--docker", default="docker", help="the docker CLI to use")
     parser.add_argument("--run-dir", type=Path, default=ROOT / ".run" / "deploy-test")
+    parser.add_argument("--steps-file", type=Path, default=None,
+                        help="append the rows to this tab-separated file instead of printing "
+                             "the table (scripts/deploy-test.sh prints it)")
     args = parser.parse_args(argv)
     run_dir: Path = args.run_dir.resolve()
     for stale in ("pods", "claims", "logs"):
@@ -552,9 +581,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if d.kubelet.state(container.container_name) is not None:
                     d.save_log(container)
         removed = d.kubelet.remove_all()
+        shutil.rmtree(d.memory_dir, ignore_errors=True)
         d.stop_services()
         print(f"[deploy-test] removed {len(removed)} containers; logs in {run_dir / 'logs'}")
-    d.print_table()
+    if args.steps_file is None:
+        d.print_table()
+    else:
+        with args.steps_file.open("a") as rows:
+            for r in d.rows:
+                detail = " ".join(r.detail.split())[:400]
+                rows.write(f"{r.step}\t{r.result}\t{r.seconds}\t{detail}\n")
     return 1 if d.failed else 0
 
 

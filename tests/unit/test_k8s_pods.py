@@ -129,6 +129,17 @@ def test_empty_dirs_are_shared_by_the_pods_containers(manifests: Manifests, tmp_
     assert (writer.read_only, reader.read_only) == (False, True)
 
 
+def test_a_memory_empty_dir_lies_in_the_memory_dir(manifests: Manifests, tmp_path: Path) -> None:
+    workload = manifests.get("StatefulSet", FAVORITES)
+    pod = translate_pod(manifests, workload, pod_name=f"{FAVORITES}-0", pod_ip="127.0.10.1",
+                        image=IMAGE, pod_dir=tmp_path / "pod", claims_dir=tmp_path / "claims",
+                        ports={3030: 40000}, memory_dir=tmp_path / "shm")
+
+    paths = {v.name: v.host_path for v in pod.volumes}
+    assert paths["hostfile"] == tmp_path / "shm" / f"{FAVORITES}-0" / "hostfile"  # medium: Memory
+    assert paths["tmp"] == tmp_path / "pod" / "volumes" / "tmp"
+
+
 def test_config_map_volume_holds_the_scripts_read_only(manifests: Manifests, tmp_path: Path
                                                        ) -> None:
     pod = favorites_pod(manifests, 0, tmp_path)
