@@ -1,5 +1,7 @@
 """The local deployment test of ``k8s/``: the manifests' pods as ``docker run`` calls on one host.
 
-``pods`` translates (pure), ``docker`` runs containers, ``checks`` counts what the pods wrote,
-``scenario`` is ``scripts/deploy-test.sh``'s test (``python -m devenv.deploy``).
+``manifests`` reads ``k8s/*.yaml``, ``pods`` translates a pod template (pure), ``docker`` runs
+containers as a kubelet would, ``checks`` counts what the pods wrote, ``deployment`` holds one
+test's state and table, ``scenario`` is its steps (``python -m devenv.deploy``, run by
+``scripts/deploy-test.sh``).
 """

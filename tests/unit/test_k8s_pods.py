@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from devenv.deploy.pods import (
-    Manifests,
-    PodRun,
-    TranslationError,
-    pod_hosts,
-    translate_pod,
-)
+from devenv.deploy.manifests import Manifests, TranslationError
+from devenv.deploy.pods import PodRun, pod_hosts, translate_pod
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 IMAGE = "user-activity-stream:test"
