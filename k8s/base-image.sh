@@ -5,7 +5,9 @@
 #   bash k8s/base-image.sh            # prints the tag, e.g. user-activity-base:bookworm-3f2a9c1e0b7d
 #
 # mmdebstrap makes a bookworm root filesystem with python3.11 (+ venv/ensurepip), passwd
-# (useradd) and ca-certificates; `docker import` turns it into an image. The machine's CA bundle
+# (useradd) and what python:3.11-slim carries besides Python: ca-certificates, netbase and tzdata
+# (without it, psycopg cannot read the server's TimeZone and falls back to UTC, with a warning);
+# `docker import` turns it into an image. The machine's CA bundle
 # ($PIP_CERT / $SSL_CERT_FILE: PyPI may be reached through a TLS-inspecting proxy) is copied in as
 # /etc/ssl/certs/build-ca-bundle.crt and named by PIP_CERT, so `pip install` in the build works.
 # The tag carries a hash of this recipe and of that bundle: a second run with the same recipe
@@ -15,7 +17,7 @@ set -euo pipefail
 DOCKER="${DOCKER:-docker}"
 SUITE="${BASE_SUITE:-bookworm}"
 MIRROR="${BASE_MIRROR:-http://deb.debian.org/debian}"
-PACKAGES="python3.11,python3.11-venv,passwd,ca-certificates"
+PACKAGES="python3.11,python3.11-venv,passwd,ca-certificates,netbase,tzdata"
 CA_BUNDLE="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
 [ -r "$CA_BUNDLE" ] || { echo "base-image: no CA bundle at $CA_BUNDLE" >&2; exit 1; }
 

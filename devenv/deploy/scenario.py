@@ -52,6 +52,7 @@ def read_only_check(d: Deployment) -> str:
         "for p in / /app /opt/venv /etc /usr /var /var/lib/user-activity /nonexistent; do "
         '  if touch "$p/.deploy-test" 2>/dev/null; then echo "WROTE $p"; fi; done; '
         'touch /tmp/.deploy-test && echo "WROTE-MOUNT /tmp"; '
+        "python -c \"import zoneinfo; zoneinfo.ZoneInfo('Europe/Berlin')\" && echo TZDATA-OK; "
         "find / -xdev \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o "
         "-type d -writable -print 2>/dev/null | sed 's/^/WRITABLE-DIR /'"
     )
@@ -65,13 +66,15 @@ def read_only_check(d: Deployment) -> str:
         raise StepFailed(f"the root filesystem is writable at {wrote}")
     if "WROTE-MOUNT /tmp" not in log:
         raise StepFailed("the /tmp emptyDir is not writable")
+    if "TZDATA-OK" not in log:
+        raise StepFailed(f"no time zone database in the image (tzdata): {log[-300:]}")
     writable = sorted(set(re.findall(r"^WRITABLE-DIR (\S+)", log, re.M)))
     mounts = {m.target for m in run.mounts}
     stray = [p for p in writable if not any(p == m or p.startswith(m + "/") for m in mounts)]
     if stray:
         raise StepFailed(f"writable outside the mounts: {stray}")
     return f"uid=10001 gid=10001; writes to / /app /opt/venv /etc /usr /var failed; " \
-           f"writable dirs: {writable} (= the mounts)"
+           f"writable dirs: {writable} (= the mounts); time zones readable"
 
 
 def migrate(d: Deployment) -> str:
