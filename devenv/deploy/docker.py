@@ -18,13 +18,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from devenv.deploy.pods import ContainerRun, PodRun, Probe, Volume
 
-__all__ = ["LABEL", "ContainerFailed", "Kubelet", "ProbeResult", "http_probe"]
+__all__ = ["LABEL", "ContainerFailed", "Kubelet", "ProbeResult", "http_probe", "prepare_volume"]
 
 LABEL = "user-activity-deploy-test=1"
 
@@ -81,7 +80,7 @@ class Kubelet:
         Returns the seconds each init container took.
         """
         for volume in pod.volumes:
-            _prepare(volume)
+            prepare_volume(volume)
         took: dict[str, float] = {}
         for init in pod.init_containers:
             started = time.monotonic()
@@ -146,10 +145,6 @@ class Kubelet:
         done = self.docker(*args, check=False, timeout=60)
         return done.stdout + done.stderr
 
-    def signal(self, names: Sequence[str], signal: str) -> None:
-        """``docker kill --signal`` to each container."""
-        self.docker("kill", "--signal", signal, *names)
-
     def stop(self, name: str, timeout: int) -> None:
         """``docker stop``: SIGTERM, SIGKILL after ``timeout`` s; no restart afterwards."""
         self.docker("stop", "--time", str(timeout), name, timeout=timeout + 30)
@@ -164,7 +159,7 @@ class Kubelet:
         return names
 
 
-def _prepare(volume: Volume) -> None:
+def prepare_volume(volume: Volume) -> None:
     """Make the host directory of ``volume``; a claim's is kept, others are made anew."""
     path = volume.host_path
     if volume.persistent and path.is_dir():
