@@ -11,7 +11,7 @@
 # ($PIP_CERT / $SSL_CERT_FILE: PyPI may be reached through a TLS-inspecting proxy) is copied in as
 # /etc/ssl/certs/build-ca-bundle.crt and named by PIP_CERT, so `pip install` in the build works.
 # The tag carries a hash of this recipe and of that bundle: a second run with the same recipe
-# reuses the image (about 25 s and 230 MB saved); a changed recipe or CA makes a new one.
+# reuses the image (33-158 s and 170 MB saved); a changed recipe or CA makes a new one.
 # Needs root, mmdebstrap, a running Docker engine and Debian's mirror (deb.debian.org).
 set -euo pipefail
 DOCKER="${DOCKER:-docker}"
