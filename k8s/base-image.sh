@@ -21,8 +21,9 @@ PACKAGES="python3.11,python3.11-venv,passwd,ca-certificates,netbase,tzdata"
 CA_BUNDLE="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
 [ -r "$CA_BUNDLE" ] || { echo "base-image: no CA bundle at $CA_BUNDLE" >&2; exit 1; }
 
-recipe_hash="$( { cat "${BASH_SOURCE[0]}"; echo "$SUITE $MIRROR $PACKAGES"; cat "$CA_BUNDLE"; } \
-  | sha256sum | cut -c1-12)"
+# The recipe: this script without its comment lines, the suite, mirror, packages and the CA.
+recipe_hash="$( { grep -v '^ *#' "${BASH_SOURCE[0]}"; echo "$SUITE $MIRROR $PACKAGES"
+  cat "$CA_BUNDLE"; } | sha256sum | cut -c1-12)"
 tag="user-activity-base:$SUITE-$recipe_hash"
 if "$DOCKER" image inspect "$tag" >/dev/null 2>&1; then
   echo "base-image: $tag exists, reused" >&2

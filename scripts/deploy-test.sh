@@ -100,6 +100,10 @@ if DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
   cached="$(grep -c ' CACHED$' "$RUN/build.log" || true)"
   record "image: k8s/Dockerfile" ok "$build_seconds" \
     "$IMAGE, $((size / 1000000)) MB, BuildKit, ${context:-context ?}, $cached steps cached"
+  # What earlier runs left: the previous image of this tag, base images of an older recipe.
+  "$DOCKER" images user-activity-base --format '{{.Repository}}:{{.Tag}}' | grep -vxF "$PYTHON_IMAGE" \
+    | xargs -r "$DOCKER" rmi >/dev/null 2>&1 || true
+  "$DOCKER" image prune --force >/dev/null 2>&1 || true
 else
   record "image: k8s/Dockerfile" FAIL $((SECONDS - t)) "$RUN/build.log"
   tail -30 "$RUN/build.log" >&2
