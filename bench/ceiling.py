@@ -87,3 +87,107 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
         "wal_bytes_per_recorded_event": round(wal / recorded) if recorded else None,
         "resources": resources,
     }
+
+
+_OLD_SCHEMA = """
+CREATE SCHEMA bench_old_outbox;
+CREATE TABLE bench_old_outbox.outbox (
+    id uuid PRIMARY KEY, topic text NOT NULL, key bytea NULL, value bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{}'::jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz NULL, attempts integer NOT NULL DEFAULT 0, last_error text NULL,
+    parked_at timestamptz NULL);
+CREATE INDEX ON bench_old_outbox.outbox (created_at, id)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+CREATE INDEX ON bench_old_outbox.outbox (published_at) WHERE published_at IS NOT NULL;
+CREATE INDEX ON bench_old_outbox.outbox (parked_at) WHERE parked_at IS NOT NULL;
+"""
+# The publisher of migrations 0001-0005 (before issue 16): claim, mark published, then purge.
+_OLD_CLAIM = """
+SELECT id, topic, key, value, headers FROM bench_old_outbox.outbox
+ WHERE published_at IS NULL AND parked_at IS NULL ORDER BY created_at, id LIMIT %s
+   FOR UPDATE SKIP LOCKED
+"""
+_OLD_MARK = ("UPDATE bench_old_outbox.outbox SET published_at = now()"
+             " WHERE id = ANY(%s) AND published_at IS NULL")
+_OLD_PURGE = """
+DELETE FROM bench_old_outbox.outbox WHERE id IN (
+    SELECT id FROM bench_old_outbox.outbox WHERE published_at IS NOT NULL
+     ORDER BY published_at LIMIT 5000)
+"""
+
+
+def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> dict[str, Any]:
+    """The outbox publisher's PostgreSQL cost per published row, old vs new, without Kafka.
+
+    On the rows the ceiling phase left in the outbox (up to ``limit``), in one process:
+    - ``new``: the job's own :class:`sinks.outbox.OutboxPublisher` (lease, windows read back
+      in pages of ``batch``, one watermark update per page), its broker replaced by one that
+      acknowledges every record at once;
+    - ``old``: the publisher before issue 16 on a copy of the rows in the old table layout
+      (claim ``FOR UPDATE SKIP LOCKED``, ``UPDATE ... SET published_at``, then the purge
+      ``DELETE``), its statements kept here for the comparison.
+    Reports per row: the PostgreSQL backend's CPU (µs, from ``/proc/<pid>/stat``), the wall
+    time (µs) and the WAL bytes.
+    """
+    from runtime.settings import Settings
+    from sinks.outbox import OutboxPublisher
+
+    class _AcknowledgingPublisher(OutboxPublisher):
+        def _produce(self, records: Any) -> list[Any]:
+            return [None] * len(records)
+
+    result: dict[str, Any] = {}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(_OLD_SCHEMA)
+        conn.execute(
+            "INSERT INTO bench_old_outbox.outbox (id, topic, key, value, headers, created_at)"
+            " SELECT id, topic, key, value, headers, created_at FROM user_activity.outbox"
+            " LIMIT %s", (limit,))
+        pid = conn.info.backend_pid
+        wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
+        rows = 0
+        while True:
+            with conn.transaction():
+                claimed = conn.execute(_OLD_CLAIM, (batch,)).fetchall()
+                if not claimed:
+                    break
+                conn.execute(_OLD_MARK, ([r[0] for r in claimed],))
+            rows += len(claimed)
+        while conn.execute(_OLD_PURGE).rowcount:
+            pass
+        result["old"] = _cost(rows, wal_lsn(conn) - wal0, _backend_cpu(pid) - cpu0,
+                              time.monotonic() - t0)
+        conn.execute("DROP SCHEMA bench_old_outbox CASCADE")
+
+        settings = Settings(database_url=db_url, outbox_batch_size=batch)
+        publisher = _AcknowledgingPublisher(settings, "bench-outbox")
+        try:
+            assert publisher._take_lease(force=True), "another publisher holds the outbox lease"
+            pid = publisher._db.connection().info.backend_pid
+            wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
+            rows = 0
+            while (count := publisher.publish_committed()) > 0:
+                rows += count
+            result["new"] = _cost(rows, wal_lsn(conn) - wal0, _backend_cpu(pid) - cpu0,
+                                  time.monotonic() - t0)
+        finally:
+            publisher._release()
+    return result
+
+
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of PostgreSQL backend ``pid`` (same machine)."""
+    import os
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cost(rows: int, wal: int, cpu: float, wall: float) -> dict[str, Any]:
+    return {
+        "rows": rows,
+        "pg_cpu_us_per_row": round(1e6 * cpu / rows, 1) if rows else None,
+        "us_per_row": round(1e6 * wall / rows, 1) if rows else None,
+        "wal_bytes_per_row": round(wal / rows) if rows else None,
+    }

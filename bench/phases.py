@@ -47,7 +47,7 @@ def _db_counts(db_url: str) -> dict[str, int]:
         row = conn.execute(
             "SELECT (SELECT count(*) FROM user_activity.action_events),"
             " (SELECT count(*) FROM user_activity.outbox),"
-            " (SELECT count(*) FROM user_activity.outbox WHERE published_at IS NULL)"
+            " (SELECT count(*) FROM user_activity.outbox_unpublished)"
         ).fetchone()
     assert row is not None
     return {"action_events": int(row[0]), "outbox": int(row[1]), "outbox_unpublished": int(row[2])}
@@ -246,45 +246,6 @@ def _start_py_spy(pid: int, profile_dir: Path, name: str) -> list[subprocess.Pop
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
     return spies
-
-
-def outbox_mark_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> dict[str, Any]:
-    """The publisher's per-row DB cost, without Kafka: claim + mark published vs claim + delete.
-
-    Runs the publisher's own statements (``sinks.outbox``) on the rows the ceiling phase left
-    unpublished: the first half marked published (retention > 0, the default), the rest deleted
-    (retention 0). Reports microseconds and WAL bytes per row for each.
-    """
-    from sinks.outbox import _CLAIM, _DELETE_PUBLISHED, _MARK_PUBLISHED
-
-    result: dict[str, Any] = {}
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        pending_row = conn.execute(
-            "SELECT count(*) FROM user_activity.outbox WHERE published_at IS NULL").fetchone()
-        pending = min(limit, int(pending_row[0]) if pending_row else 0)
-        for label, statement, count in (
-            ("mark_published", _MARK_PUBLISHED, pending // 2),
-            ("delete", _DELETE_PUBLISHED, pending - pending // 2),
-        ):
-            done = 0
-            wal0 = wal_lsn(conn)
-            t0 = time.monotonic()
-            while done < count:
-                with conn.transaction():
-                    rows = conn.execute(_CLAIM, (0, min(batch, count - done))).fetchall()
-                    if not rows:
-                        break
-                    conn.execute(statement, ([r[0] for r in rows],))
-                done += len(rows)
-            elapsed = time.monotonic() - t0
-            wal = wal_lsn(conn) - wal0
-            result[label] = {
-                "rows": done,
-                "us_per_row": round(1e6 * elapsed / done, 1) if done else None,
-                "rows_per_s": round(done / elapsed, 1) if elapsed else None,
-                "wal_bytes_per_row": round(wal / done) if done else None,
-            }
-    return result
 
 
 def steady_state(

@@ -113,10 +113,10 @@ def print_table(results: dict[str, Any]) -> None:
     rows.append(("ceiling: WAL bytes per recorded event",
                  _fmt(ceiling.get("wal_bytes_per_recorded_event")), "", ""))
     cost = results.get("outbox_publish_db_cost") or {}
-    for label in ("mark_published", "delete"):
+    for label in ("old", "new"):
         if label in cost:
-            rows.append((f"outbox publisher DB cost ({label}): us/row, WAL B/row",
-                         f"{_fmt(cost[label].get('us_per_row'), 1)}, "
+            rows.append((f"outbox publisher DB cost ({label}): PG CPU us/row, WAL B/row",
+                         f"{_fmt(cost[label].get('pg_cpu_us_per_row'), 1)}, "
                          f"{_fmt(cost[label].get('wal_bytes_per_row'))}", "", ""))
     ratios = results.get("ratios") or {}
     rows.append(("ratio job / naive", _fmt(ratios.get("job_vs_naive"), 1),

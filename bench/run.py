@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import phases
-from bench.ceiling import decode_backlog, run_ceiling
+from bench.ceiling import decode_backlog, outbox_publish_cost, run_ceiling
 from bench.jobproc import CpuSampler, kill_all_jobs
 from bench.naive import run_naive
 from bench.prefill import prefill
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 sampler=lambda: CpuSampler(None, services.postmaster_pid, services.kafka_pid))
             results["ceiling"]["decode_outside_timing"] = decode_rates
             log(f"  ceiling: {results['ceiling']['events_per_s']} ev/s")
-            results["outbox_publish_db_cost"] = phases.outbox_mark_cost(db)
+            results["outbox_publish_db_cost"] = outbox_publish_cost(db)
             log(f"  outbox db cost: {results['outbox_publish_db_cost']}")
             services.drop_database("ceiling")
 
