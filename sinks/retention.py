@@ -18,8 +18,9 @@ YYYYMMDD (the marks partition of the migration day also holds every earlier mark
 
 Guarantees: idempotent (a second run finds nothing to do); one run at a time across processes
 (the session advisory lock :data:`MAINTENANCE_KEY`; a concurrent run returns at once with
-``ran=False``); a partition is locked (``lock_timeout`` 2 s) before it is checked and dropped,
-so writers of it have finished, and one that cannot be locked in time is left for the next run.
+``ran=False``); a partition and its parent are locked (``lock_timeout`` 2 s; writes wait that long at most) before
+it is checked and dropped, so writers of it have finished, and one that cannot be locked in time is
+left for the next run.
 The permanent dedup authority, the unique ``action_events.source_message_id``, is never touched:
 a redelivery older than the retention writes a new mark and records nothing.
 """
@@ -104,7 +105,7 @@ def maintain(conn: Connection, retention_days: int, today: date | None = None
         newest_expired = today - timedelta(days=retention_days + 1)
         for parent, check in (("consumer_idempotency_marks", False), ("outbox", True)):
             for name in _expired(conn, parent, newest_expired):
-                if _drop(conn, name, check_published=check):
+                if _drop(conn, parent, name, check_published=check):
                     report.dropped.append(name)
                 else:
                     report.kept.append(name)
@@ -141,12 +142,18 @@ def _expired(conn: Connection, parent: str, newest_expired: date) -> list[str]:
     return names
 
 
-def _drop(conn: Connection, name: str, *, check_published: bool) -> bool:
-    """Drop partition ``name`` (after checking its rows are published); False if kept."""
+def _drop(conn: Connection, parent: str, name: str, *, check_published: bool) -> bool:
+    """Drop partition ``name`` (after checking its rows are published); False if kept.
+
+    The parent is locked before the partition, in the order writers lock them (a writer
+    inserting through the parent then waits instead of deadlocking with the drop).
+    """
     table = sql.Identifier("user_activity", name)
     try:
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '2s'")
+            conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier("user_activity", parent)))
             conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
             if check_published:
                 row = conn.execute(
