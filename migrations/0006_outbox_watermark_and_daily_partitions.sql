@@ -4,9 +4,9 @@
 -- Idempotency marks: partitioned by processed_on (the UTC day of the marking transaction). The
 -- primary key is (key, processed_on): a same-day redelivery conflicts and is a no-op; a
 -- redelivery on a later day writes a new mark and nothing else (the unique
--- action_events.source_message_id stays the permanent authority). The existing table becomes the
--- partition of everything up to today (attached, not copied), dropped as one piece once it is
--- older than the retention.
+-- action_events.source_message_id stays the permanent authority). The existing table, if it holds
+-- marks, becomes the partition of everything up to today (attached, not copied), dropped as one
+-- piece once it is older than the retention.
 --
 -- Outbox: partitioned by created_at (UTC days). No per-row publication state: each row keeps
 -- the id of the transaction that wrote it (txid), and the publisher persists, once per publish
@@ -36,6 +36,10 @@ DO $$
 DECLARE
     today date := (now() AT TIME ZONE 'UTC')::date;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM user_activity.consumer_idempotency_marks_upto_migration) THEN
+        DROP TABLE user_activity.consumer_idempotency_marks_upto_migration;  -- a new database
+        RETURN;
+    END IF;
     -- Every existing mark counts as made today (a constant default: no table rewrite).
     EXECUTE format('ALTER TABLE user_activity.consumer_idempotency_marks_upto_migration'
                    ' ADD COLUMN processed_on date NOT NULL DEFAULT %L', today);

@@ -18,9 +18,9 @@ YYYYMMDD (the marks partition of the migration day also holds every earlier mark
 
 Guarantees: idempotent (a second run finds nothing to do); one run at a time across processes
 (the session advisory lock :data:`MAINTENANCE_KEY`; a concurrent run returns at once with
-``ran=False``); a partition and its parent are locked (``lock_timeout`` 2 s; writes wait that long at most) before
-it is checked and dropped, so writers of it have finished, and one that cannot be locked in time is
-left for the next run.
+``ran=False``); a partition and its parent are locked (``lock_timeout`` 2 s: writes wait that
+long at most) before it is checked and dropped, so writers of it have finished, and one that
+cannot be locked in time is left for the next run.
 The permanent dedup authority, the unique ``action_events.source_message_id``, is never touched:
 a redelivery older than the retention writes a new mark and records nothing.
 """

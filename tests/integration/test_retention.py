@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 RETENTION_DAYS = 7
 MIGRATED = datetime.now(UTC).date()
-"""The day the test database is migrated: its marks partition holds every mark up to it."""
+"""The day the test database is migrated (its partitions: the day before to 3 days ahead)."""
 EXPIRED = MIGRATED + timedelta(days=RETENTION_DAYS + 1)
 """A ``today`` on which the partitions of MIGRATED and before are expired."""
 
@@ -98,9 +98,11 @@ def test_expired_partitions_are_dropped_once_their_rows_are_published(
     report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
 
     assert report.ran
+    before = MIGRATED - timedelta(days=1)  # the migration made the partitions of yesterday too
     assert set(report.dropped) == {
+        f"consumer_idempotency_marks_p{_day(before)}",
         f"consumer_idempotency_marks_p{_day(MIGRATED)}",
-        f"outbox_p{_day(MIGRATED - timedelta(days=1))}", f"outbox_p{_day(MIGRATED)}",
+        f"outbox_p{_day(before)}", f"outbox_p{_day(MIGRATED)}",
     }
     marks = fdb.execute("SELECT key FROM user_activity.consumer_idempotency_marks").fetchall()
     assert marks == [(recent_mark,)] and old_mark != recent_mark
@@ -146,7 +148,8 @@ def test_nothing_inside_the_retention_is_dropped(fdb: psycopg.Connection[Any]) -
 
     report = maintain(fdb, RETENTION_DAYS, today=EXPIRED - timedelta(days=1))
 
-    assert report.dropped == [f"outbox_p{_day(MIGRATED - timedelta(days=1))}"]  # empty, older
+    before = _day(MIGRATED - timedelta(days=1))  # empty, a day older
+    assert sorted(report.dropped) == [f"consumer_idempotency_marks_p{before}", f"outbox_p{before}"]
     assert fdb.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
                        ).fetchall() == [(key,)]
     assert fdb.execute("SELECT count(*) FROM user_activity.outbox").fetchone() == (1,)
