@@ -112,7 +112,7 @@ def maintain(conn: Connection, retention_days: int, today: date | None = None
         report.deleted_rows = _delete_expired_rows(conn, today - timedelta(days=retention_days))
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))
-    log_event(logger, "maintenance-done", logging.INFO, created=report.created,
+    log_event(logger, "maintenance-done", logging.INFO, partitions_created=report.created,
               dropped=report.dropped, kept=report.kept, deleted_rows=report.deleted_rows)
     return report
 
