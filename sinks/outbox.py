@@ -24,8 +24,10 @@ How a row's publication is known (migration 0006, PgQ-style):
   cluster) stand by and take the lease within ``outbox_idle_poll_seconds`` when its holder's
   session ends (a crash, a stop, a lost connection). So two processes publish each row once in
   the normal case. The watermark update is also conditional on the generation it read.
-- Latency: a sink's commit in this process wakes the publisher (``offer``) and its rows are on
-  the topic in milliseconds; rows committed by another process are picked up within
+- Latency (the fast path): a sink's commit in the lease holder's process hands its rows over
+  (``offer``); they are produced from memory at once, and the next window moves the watermark
+  past the acknowledged ones without sending them again. So a committed row is on the topic in
+  milliseconds; rows committed by another process are picked up within
   ``outbox_idle_poll_seconds`` (0.25 s).
 - Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped. A row is behind the
   watermark only after the broker acknowledged it (idempotent producer, ``acks=all``).
@@ -46,7 +48,9 @@ How a row's publication is known (migration 0006, PgQ-style):
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -161,6 +165,9 @@ SELECT EXISTS (
        AND NOT pg_visible_in_snapshot(o.txid, w.delivered))
 """
 _FAILURE_LOG_EVERY_SECONDS = 10.0
+_OFFER_QUEUE_BATCHES = 64
+_EARLY_MAX = 200_000
+"""Ids acknowledged by the fast path and not yet behind the watermark, at most (memory bound)."""
 _STOP_DRAIN_SECONDS = 10.0
 
 
@@ -201,6 +208,8 @@ class OutboxPublisher:
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
+        self._sent_early: set[UUID] = set()
         self._thread: SupervisedThread | None = None
         self._watchdog: OutboxWatchdog | None = None
         self._lease: Connection | None = None
@@ -216,12 +225,15 @@ class OutboxPublisher:
             self._watchdog = OutboxWatchdog(self._settings).start()
 
     def offer(self, rows: Sequence[OutboxRow]) -> None:
-        """A sink committed ``rows``: wake the publisher (never blocks; the rows are in the table).
+        """A sink committed ``rows``: hand them over and wake the publisher (never blocks).
 
-        The lease holder reads them back in its next window; a standby ignores the call (the
-        holder, in another process, picks them up within its poll interval).
+        Dropped when the queue is full: the rows are in the table, and the window sends them.
+        A standby drops them (:meth:`publish_offered`); the holder, in another process, picks
+        them up within its poll interval.
         """
         if rows:
+            with contextlib.suppress(queue.Full):
+                self._offered.put_nowait(rows)
             self._wake.set()
 
     @property
@@ -292,8 +304,13 @@ class OutboxPublisher:
             }).fetchall()
             if not rows and not window.resumed and delivered_rows == 0:
                 return 0  # nothing committed since: the watermark stays where it is
-            records = [outgoing_record(r[2], r[3], r[4], r[5]) for r in rows]
-            errors = self._produce(records)
+            # rows the fast path already had acknowledged are not sent again
+            early = self._sent_early
+            todo = [i for i, r in enumerate(rows) if r[1] not in early]
+            errors: list[KafkaError | None] = [None] * len(rows)
+            produced = self._produce([outgoing_record(*rows[i][2:6]) for i in todo])
+            for index, err in zip(todo, produced, strict=True):
+                errors[index] = err
             sent = _settled_prefix(errors)
             refused = [(rows[i], errors[i]) for i in range(sent) if errors[i] is not None]
             last_page = sent == len(rows) and len(rows) < limit
@@ -306,7 +323,8 @@ class OutboxPublisher:
             if sent or last_page:
                 generation = self._advance(conn, state, generation, refused)
             delivered_rows += sent - len(refused)
-            _count_published(r[2] for r, e in zip(rows[:sent], errors, strict=False) if e is None)
+            _count_published(rows[i][2] for i in todo if i < sent and errors[i] is None)
+            early.difference_update(r[1] for r in rows[:sent])
             if sent < len(rows):
                 failed = errors[sent]
                 assert failed is not None
@@ -315,6 +333,29 @@ class OutboxPublisher:
             if last_page:
                 return delivered_rows
             after = (str(rows[-1][0]), rows[-1][1])
+
+    def publish_offered(self) -> int:
+        """The fast path: produce the rows this process's sinks offered, from memory; how many.
+
+        Only the lease holder does, before its next window reads them back (so a committed row
+        is on the topic without waiting for a query); the ids the broker acknowledged are
+        remembered and the window moves the watermark past them without sending them again. A
+        row not acknowledged here is left to the window (retried, or parked). A standby drops
+        what it is offered: the holder reads those rows from the table.
+        """
+        rows: list[OutboxRow] = []
+        while len(rows) < self._settings.outbox_batch_size:
+            try:
+                rows.extend(self._offered.get_nowait())
+            except queue.Empty:
+                break
+        if not rows or not self.holds_lease or len(self._sent_early) >= _EARLY_MAX:
+            return 0
+        errors = self._producer.produce_and_wait(rows)
+        acknowledged = [row for row, err in zip(rows, errors, strict=True) if err is None]
+        self._sent_early.update(row.id for row in acknowledged)
+        _count_published(row.topic for row in acknowledged)
+        return len(acknowledged)
 
     def publish_requeued(self) -> int:
         """Send the parked rows an operator requeued (lease holder only); return how many.
@@ -387,7 +428,9 @@ class OutboxPublisher:
         """Hold the lease, taking it if it is free (tried at most every poll interval)."""
         if self.holds_lease:
             return True
-        self._lease = None
+        if self._lease is not None:  # its session ended: the lease is gone with it
+            self._lease = None
+            self._sent_early.clear()
         now = time.monotonic()
         if not force and now - self._last_lease_try < self._settings.outbox_idle_poll_seconds:
             return False
@@ -456,7 +499,7 @@ class OutboxPublisher:
         try:
             if not self._take_lease():
                 return 0
-            count = 0
+            count = self.publish_offered()
             now = time.monotonic()
             if now - self._last_requeue_check >= self._settings.outbox_idle_poll_seconds:
                 self._last_requeue_check = now
@@ -465,6 +508,7 @@ class OutboxPublisher:
         except (psycopg.Error, LeaseLostError) as exc:
             if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
                 self._lease = None
+                self._sent_early.clear()  # (a bound only: skipping an acknowledged row is safe)
                 self._db.reset()  # a new session takes the lease again if it is free
             raise
 
