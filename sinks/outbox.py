@@ -48,6 +48,7 @@ How a row's publication is known (migration 0006, PgQ-style):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -168,6 +169,34 @@ _FAILURE_LOG_EVERY_SECONDS = 10.0
 _OFFER_QUEUE_BATCHES = 64
 _EARLY_MAX = 200_000
 """Ids acknowledged by the fast path and not yet behind the watermark, at most (memory bound)."""
+_RECENT_WINDOW_IDS = 50_000
+"""Ids last sent by a window, remembered so that their late offer is not sent again.
+
+A window can read a row between its sink's commit and the sink's offer; the offer then comes
+(milliseconds later) for a row already sent. The rows in that gap are those of the sink
+commits in flight at the window's snapshot: far fewer than this.
+"""
+
+
+class _RecentIds:
+    """The last ``size`` ids added, for membership tests (oldest forgotten first)."""
+
+    def __init__(self, size: int) -> None:
+        self._order: collections.deque[UUID] = collections.deque()
+        self._ids: set[UUID] = set()
+        self._size = size
+
+    def extend(self, ids: Iterable[UUID]) -> None:
+        """Remember ``ids`` (the oldest are forgotten beyond the size)."""
+        for row_id in ids:
+            if row_id not in self._ids:
+                self._ids.add(row_id)
+                self._order.append(row_id)
+        while len(self._order) > self._size:
+            self._ids.discard(self._order.popleft())
+
+    def __contains__(self, row_id: object) -> bool:
+        return row_id in self._ids
 _STOP_DRAIN_SECONDS = 10.0
 
 
@@ -210,6 +239,7 @@ class OutboxPublisher:
         self._wake = threading.Event()
         self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
         self._sent_early: set[UUID] = set()
+        self._sent_by_window = _RecentIds(_RECENT_WINDOW_IDS)
         self._thread: SupervisedThread | None = None
         self._watchdog: OutboxWatchdog | None = None
         self._lease: Connection | None = None
@@ -325,6 +355,7 @@ class OutboxPublisher:
             delivered_rows += sent - len(refused)
             _count_published(rows[i][2] for i in todo if i < sent and errors[i] is None)
             early.difference_update(r[1] for r in rows[:sent])
+            self._sent_by_window.extend(rows[i][1] for i in todo if i < sent)
             if sent < len(rows):
                 failed = errors[sent]
                 assert failed is not None
@@ -344,15 +375,22 @@ class OutboxPublisher:
         what it is offered: the holder reads those rows from the table.
         """
         rows: list[OutboxRow] = []
-        while len(rows) < self._settings.outbox_batch_size:
+        while True:  # all of it: a row offered before the next window must not wait for it
             try:
                 rows.extend(self._offered.get_nowait())
             except queue.Empty:
                 break
         if not rows or not self.holds_lease or len(self._sent_early) >= _EARLY_MAX:
             return 0
-        errors = self._producer.produce_and_wait(rows)
-        acknowledged = [row for row, err in zip(rows, errors, strict=True) if err is None]
+        sent_by_window = self._sent_by_window
+        rows = [row for row in rows if row.id not in sent_by_window]  # a window was quicker
+        acknowledged: list[OutboxRow] = []
+        size = self._settings.outbox_batch_size
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            errors = self._producer.produce_and_wait(
+                [outgoing_record(r.topic, r.key, r.value, r.headers) for r in chunk])
+            acknowledged += [row for row, err in zip(chunk, errors, strict=True) if err is None]
         self._sent_early.update(row.id for row in acknowledged)
         _count_published(row.topic for row in acknowledged)
         return len(acknowledged)

@@ -202,3 +202,21 @@ def _watermark_moved_past(db: psycopg.Connection[Any], rows: list[OutboxRow]) ->
             return False
         time.sleep(0.05)
     return True
+
+
+def test_an_offer_arriving_after_a_window_sent_its_rows_sends_nothing_again(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    publisher = OutboxPublisher(settings)
+    publisher.start()
+    _wait_for(lambda: publisher.holds_lease, 10)
+    rows = _committed_rows(db, settings.topic_action_tracked, 20)  # committed, not yet offered
+    assert _watermark_moved_past(db, rows)  # the poll's window sent them
+
+    publisher.offer(rows)  # the sink's offer, late
+    consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=20,
+                           timeout=10, settle=2.0)
+    publisher.stop()
+
+    assert len(consumed) == 20
