@@ -63,6 +63,8 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
         wal0 = wal_lsn(conn)
         cpu = sampler() if sampler is not None else None
         start = time.monotonic()
+        sample: tuple[str, str, int] | None = None  # the WAL range of the first 10k recorded
+        first = _lsn_text(conn)
         for i in range(0, len(messages), batch_size):
             batch = messages[i : i + batch_size]
             outcome = store.record_batch(conn, batch)
@@ -70,11 +72,14 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
             recorded += len(outcome.recorded)
             duplicates += len(outcome.duplicates)
             no_session += len(outcome.no_session)
+            if sample is None and recorded >= WAL_SAMPLE_EVENTS:
+                sample = (first, _lsn_text(conn), recorded)
             if time.monotonic() - start > max_seconds:
                 break
         elapsed = time.monotonic() - start
         resources = cpu.stop() if cpu is not None else None
         wal = wal_lsn(conn) - wal0
+        breakdown = wal_by_relation(conn, *sample) if sample is not None else None
     return {
         "messages_fed": fed,
         "recorded": recorded,
@@ -85,5 +90,144 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
         "events_per_s": round(fed / elapsed, 1) if elapsed else None,
         "recorded_per_s": round(recorded / elapsed, 1) if elapsed else None,
         "wal_bytes_per_recorded_event": round(wal / recorded) if recorded else None,
+        "wal_bytes_per_recorded_event_by_relation": breakdown,
         "resources": resources,
+    }
+
+
+WAL_SAMPLE_EVENTS = 10_000
+"""Recorded events whose WAL :func:`wal_by_relation` breaks down."""
+
+
+def _lsn_text(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    return str(row[0]) if row else "0/0"
+
+
+def wal_by_relation(conn: psycopg.Connection[Any], start: str, end: str, events: int
+                    ) -> dict[str, float] | None:
+    """WAL bytes per event between two LSNs by relation (record bytes, page images included).
+
+    Reads the WAL with ``pg_walinspect`` (PostgreSQL 15+; created if missing, which needs a
+    superuser). ``None`` when it is not available. ``page images`` is the part of the total
+    that full-page images take.
+    """
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        rows = conn.execute(
+            """SELECT coalesce(c.relname, 'other'), sum(r.record_length), sum(r.fpi_length)
+                 FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn) r
+                 LEFT JOIN pg_class c ON c.relfilenode::text
+                      = substring(r.block_ref FROM 'rel \\d+/\\d+/(\\d+)')
+                GROUP BY 1 ORDER BY 2 DESC""", (start, end),
+        ).fetchall()
+    except psycopg.Error:
+        return None
+    result = {str(name): round(int(size) / events, 1) for name, size, _fpi in rows}
+    result["page images"] = round(sum(int(fpi) for _n, _s, fpi in rows) / events, 1)
+    result["total"] = round(sum(int(size) for _n, size, _f in rows) / events, 1)
+    return result
+
+
+_OLD_SCHEMA = """
+CREATE SCHEMA bench_old_outbox;
+CREATE TABLE bench_old_outbox.outbox (
+    id uuid PRIMARY KEY, topic text NOT NULL, key bytea NULL, value bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{}'::jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz NULL, attempts integer NOT NULL DEFAULT 0, last_error text NULL,
+    parked_at timestamptz NULL);
+CREATE INDEX ON bench_old_outbox.outbox (created_at, id)
+    WHERE published_at IS NULL AND parked_at IS NULL;
+CREATE INDEX ON bench_old_outbox.outbox (published_at) WHERE published_at IS NOT NULL;
+CREATE INDEX ON bench_old_outbox.outbox (parked_at) WHERE parked_at IS NOT NULL;
+"""
+# The publisher of migrations 0001-0005 (before issue 16): claim, mark published, then purge.
+_OLD_CLAIM = """
+SELECT id, topic, key, value, headers FROM bench_old_outbox.outbox
+ WHERE published_at IS NULL AND parked_at IS NULL ORDER BY created_at, id LIMIT %s
+   FOR UPDATE SKIP LOCKED
+"""
+_OLD_MARK = ("UPDATE bench_old_outbox.outbox SET published_at = now()"
+             " WHERE id = ANY(%s) AND published_at IS NULL")
+_OLD_PURGE = """
+DELETE FROM bench_old_outbox.outbox WHERE id IN (
+    SELECT id FROM bench_old_outbox.outbox WHERE published_at IS NOT NULL
+     ORDER BY published_at LIMIT 5000)
+"""
+
+
+def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> dict[str, Any]:
+    """The outbox publisher's PostgreSQL cost per published row, old vs new, without Kafka.
+
+    On the rows the ceiling phase left in the outbox (up to ``limit``), in one process:
+    - ``new``: the job's own :class:`sinks.outbox.OutboxPublisher` (lease, windows read back
+      in pages of ``batch``, one watermark update per page), its broker replaced by one that
+      acknowledges every record at once;
+    - ``old``: the publisher before issue 16 on a copy of the rows in the old table layout
+      (claim ``FOR UPDATE SKIP LOCKED``, ``UPDATE ... SET published_at``, then the purge
+      ``DELETE``), its statements kept here for the comparison.
+    Reports per row: the PostgreSQL backend's CPU (µs, from ``/proc/<pid>/stat``), the wall
+    time (µs) and the WAL bytes.
+    """
+    from runtime.settings import Settings
+    from sinks.outbox import OutboxPublisher
+
+    class _AcknowledgingPublisher(OutboxPublisher):
+        def _produce(self, records: Any) -> list[Any]:
+            return [None] * len(records)
+
+    result: dict[str, Any] = {}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(_OLD_SCHEMA)
+        conn.execute(
+            "INSERT INTO bench_old_outbox.outbox (id, topic, key, value, headers, created_at)"
+            " SELECT id, topic, key, value, headers, created_at FROM user_activity.outbox"
+            " LIMIT %s", (limit,))
+        pid = conn.info.backend_pid
+        wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
+        rows = 0
+        while True:
+            with conn.transaction():
+                claimed = conn.execute(_OLD_CLAIM, (batch,)).fetchall()
+                if not claimed:
+                    break
+                conn.execute(_OLD_MARK, ([r[0] for r in claimed],))
+            rows += len(claimed)
+        while conn.execute(_OLD_PURGE).rowcount:
+            pass
+        result["old"] = _cost(rows, wal_lsn(conn) - wal0, _backend_cpu(pid) - cpu0,
+                              time.monotonic() - t0)
+        conn.execute("DROP SCHEMA bench_old_outbox CASCADE")
+
+        settings = Settings(database_url=db_url, outbox_batch_size=batch)
+        publisher = _AcknowledgingPublisher(settings, "bench-outbox")
+        try:
+            assert publisher._take_lease(force=True), "another publisher holds the outbox lease"
+            pid = publisher._db.connection().info.backend_pid
+            wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
+            rows = 0
+            while (count := publisher.publish_committed()) > 0:
+                rows += count
+            result["new"] = _cost(rows, wal_lsn(conn) - wal0, _backend_cpu(pid) - cpu0,
+                                  time.monotonic() - t0)
+        finally:
+            publisher._release()
+    return result
+
+
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of PostgreSQL backend ``pid`` (same machine)."""
+    import os
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cost(rows: int, wal: int, cpu: float, wall: float) -> dict[str, Any]:
+    return {
+        "rows": rows,
+        "pg_cpu_us_per_row": round(1e6 * cpu / rows, 1) if rows else None,
+        "us_per_row": round(1e6 * wall / rows, 1) if rows else None,
+        "wal_bytes_per_row": round(wal / rows) if rows else None,
     }

@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 
-from bench.ceiling import wal_lsn
 from bench.measure import CpuSampler, Job, OutputCounter, cpu_us_per_event, read_topic
 from bench.services import Services
 from bench.workload import (
@@ -238,39 +236,6 @@ def otlp_receiver_for(env: dict[str, str]) -> Iterator[OtlpReceiver | None]:
     with OtlpReceiver(keep=False) as receiver:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
         yield receiver
-
-
-def outbox_mark_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> dict[str, Any]:
-    """The publisher's per-row DB cost, without Kafka: claim + mark published vs claim + delete.
-
-    Runs the publisher's own statements (``sinks.outbox``) on the rows the ceiling phase left
-    unpublished: the first half marked published, the rest deleted. µs and WAL bytes per row.
-    """
-    from sinks.outbox import _CLAIM, _DELETE_PUBLISHED, _MARK_PUBLISHED
-
-    result: dict[str, Any] = {}
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        pending_row = conn.execute(
-            "SELECT count(*) FROM user_activity.outbox WHERE published_at IS NULL").fetchone()
-        pending = min(limit, int(pending_row[0]) if pending_row else 0)
-        for label, statement, count in (("mark_published", _MARK_PUBLISHED, pending // 2),
-                                        ("delete", _DELETE_PUBLISHED, pending - pending // 2)):
-            done, wal0, t0 = 0, wal_lsn(conn), time.monotonic()
-            while done < count:
-                with conn.transaction():
-                    rows = conn.execute(_CLAIM, (0, min(batch, count - done))).fetchall()
-                    if not rows:
-                        break
-                    conn.execute(statement, ([r[0] for r in rows],))
-                done += len(rows)
-            elapsed, wal = time.monotonic() - t0, wal_lsn(conn) - wal0
-            result[label] = {
-                "rows": done,
-                "us_per_row": round(1e6 * elapsed / done, 1) if done else None,
-                "rows_per_s": round(done / elapsed, 1) if elapsed else None,
-                "wal_bytes_per_row": round(wal / done) if done else None,
-            }
-    return result
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float | None:

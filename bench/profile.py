@@ -43,8 +43,8 @@ BUCKETS: dict[str, str] = {
     "  message_fields (str(uuid) for logs)": r"favorite_actions/sink\.py:message_fields",
     "flow: other skip logs (_log_skip)": r":_log_skip",
     "outbox publisher thread (all)": r"outbox\.py:OutboxPublisher\._run",
-    "  publisher: claim SELECT + row conversion": (
-        r"outbox\.py:OutboxPublisher\.publish_pending;[^;]*(cursor|connection)\.py"),
+    "  publisher: window read-back + watermark (PostgreSQL calls)": (
+        r"outbox\.py:OutboxPublisher\.publish_committed;[^;]*(cursor|connection)\.py"),
     "  publisher: produce_and_wait (produce + delivery reports + flush)": (
         r"kafka_producer\.py:produce_and_wait"),
     "sink: write_batch on the worker (all)": (

@@ -87,13 +87,16 @@ def evaluate(results: dict[str, Any]) -> None:
         results["targets"][key] = {"value": value, "target": f"{op} {bound:g}", "met": met}
 
 
+_OUTBOX = "outbox_publish_db_cost"
 _ROWS = (
     ("prefill: action_events rows", "prefill.action_events_rows"),
     ("naive consumer: events/s", "naive.events_per_s"),
     ("write-path ceiling (record_batch x1000): events/s", "ceiling.events_per_s"),
     ("ceiling: WAL bytes per recorded event", "ceiling.wal_bytes_per_recorded_event"),
-    ("outbox DB cost, mark published: us/row", "outbox_publish_db_cost.mark_published.us_per_row"),
-    ("outbox DB cost, delete: us/row", "outbox_publish_db_cost.delete.us_per_row"),
+    ("outbox publisher, old: PG CPU us/row, WAL B/row",
+     (f"{_OUTBOX}.old.pg_cpu_us_per_row", f"{_OUTBOX}.old.wal_bytes_per_row")),
+    ("outbox publisher, new: PG CPU us/row, WAL B/row",
+     (f"{_OUTBOX}.new.pg_cpu_us_per_row", f"{_OUTBOX}.new.wal_bytes_per_row")),
     ("Quix Streams peer: events/s", "peer.events_per_s"),
     ("peer: CPU us/event peer / postgres / kafka", "peer.cpu_us_per_event"),
     ("steady: p50 / p95 ms", ("steady.p50_ms", "steady.p95_ms")),

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import phases
-from bench.ceiling import decode_backlog, run_ceiling
+from bench.ceiling import decode_backlog, outbox_publish_cost, run_ceiling
 from bench.measure import CpuSampler, cpu_us_per_event, kill_all_jobs
 from bench.naive import run_naive
 from bench.peer import run_peer
@@ -235,7 +235,7 @@ class _Run:
                 messages, self.input.topic_action_tracked, db,
                 sampler=lambda: CpuSampler(self.services))
             self.results["ceiling"]["decode_outside_timing"] = rates
-            self.results["outbox_publish_db_cost"] = phases.outbox_mark_cost(db)
+            self.results["outbox_publish_db_cost"] = outbox_publish_cost(db)
 
         self.on_copy("ceiling", measure)
         log(f"  ceiling: {self.results['ceiling']['events_per_s']} ev/s, outbox db cost: "

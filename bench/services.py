@@ -168,7 +168,7 @@ class Services:
             row = conn.execute(
                 "SELECT (SELECT count(*) FROM user_activity.action_events),"
                 " (SELECT count(*) FROM user_activity.outbox),"
-                " (SELECT count(*) FROM user_activity.outbox WHERE published_at IS NULL)"
+                " (SELECT count(*) FROM user_activity.outbox_unpublished)"
             ).fetchone()
         assert row is not None
         return dict(zip(("action_events", "outbox", "outbox_unpublished"), map(int, row),

@@ -1,4 +1,4 @@
-"""Operator commands: ``user-activity migrate|create-topics|init-recovery|replay|outbox``.
+"""Operator commands: ``user-activity migrate|create-topics|init-recovery|replay|outbox|maintain``.
 
 Also ``python -m cli …``. Settings come from ``USER_ACTIVITY_*``; a bad one stops the command with
 one line naming the variable and exit code 2.
@@ -13,7 +13,6 @@ from uuid import UUID
 
 from runtime.configuration import load_settings
 from runtime.logs import configure_logging
-from runtime.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--id", dest="ids", action="append", type=UUID, metavar="ID",
                        help="a parked row's id (repeatable)")
     which.add_argument("--all", action="store_true", help="every parked row")
+    commands.add_parser(
+        "maintain", help="create the daily partitions ahead, drop the expired ones (idempotent)"
+    )
     from cli import replay
 
     replay_parser = commands.add_parser(
@@ -79,26 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "replay":
         return replay.run(args, settings)
     elif args.command == "outbox":
-        return _outbox(args, settings)
-    return 0
+        from cli import outbox as outbox_command
 
+        return outbox_command.run(args, settings)
+    elif args.command == "maintain":
+        from cli import maintain
 
-def _outbox(args: argparse.Namespace, settings: Settings) -> int:
-    import psycopg
-
-    from sinks.outbox import parked_rows, requeue_parked
-
-    with psycopg.connect(settings.database_dsn(), autocommit=True) as conn:
-        if args.outbox_command == "parked":
-            rows = parked_rows(conn, limit=1000)
-            print(f"{'id':<38}{'topic':<45}{'attempts':>9}  {'error':<24}{'parked at':<34}bytes")
-            for row_id, topic, attempts, error, parked_at, size in rows:
-                print(f"{row_id!s:<38}{topic:<45}{attempts:>9}  {error:<24}"
-                      f"{parked_at.isoformat():<34}{size}")
-            print(f"{len(rows)} parked row(s)")
-            return 0
-        count = requeue_parked(conn, None if args.all else args.ids)
-    print(f"requeued {count} parked outbox row(s): the publisher sends them within seconds")
+        return maintain.run(settings)
     return 0
 
 

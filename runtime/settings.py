@@ -135,19 +135,26 @@ class Settings(BaseSettings):
         True, description="Run the outbox publisher (and its stall watchdog) in this process.")
     outbox_batch_size: int = Field(1000, ge=1, description="Rows per publish cycle.")
     outbox_idle_poll_seconds: float = Field(
-        0.5, gt=0, description="How often the publisher sweeps the table when idle.")
-    outbox_retention_seconds: float = Field(
-        3_600.0, ge=0,
-        description="Published rows are kept this long, then purged in bounded chunks;"
-                    " `0`: deleted on publish.")
-    outbox_sweep_grace_seconds: float = Field(
-        5.0, ge=0,
-        description="Rows unpublished this long (a crash, a failed delivery, another"
-                    " process's rows) are swept from the table.")
+        0.25, gt=0,
+        description="How often the publisher holding the lease looks for rows committed by"
+                    " other processes (its own process's commits wake it at once), and how"
+                    " often a standby publisher tries to take the lease.")
     outbox_stall_seconds: float = Field(
         60.0, gt=0,
         description="`/readyz` is 503 (and the stall alert fires) while the oldest committed,"
                     " unpublished, unparked outbox row is older than this.")
+
+    # Retention (bounded storage): daily partitions dropped by the maintenance step.
+    retention_days: int = Field(
+        7, ge=1,
+        description="Idempotency marks and published outbox rows are kept at least this many"
+                    " days (longer than any redelivery or replay window), then dropped a daily"
+                    " partition at a time (`user-activity maintain`).")
+    maintenance_interval_seconds: float = Field(
+        3_600.0, ge=0,
+        description="How often the job runs the maintenance step itself (partitions created"
+                    " ahead, expired ones dropped; one process at a time); `0`: only the"
+                    " `user-activity maintain` command (a CronJob) does.")
 
     # Consumer groups for lag tools only.
     consumer_group_favorites: str = Field(

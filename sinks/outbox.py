@@ -1,46 +1,67 @@
-"""The outbox publisher: committed outbox rows -> Kafka, at least once, with stable MessageIds.
+"""The outbox publisher: committed outbox rows -> Kafka, at least once, with no per-row write.
 
-Two paths, one guarantee:
-- Fast path: after a sink's transaction commits, it ``offer``s the rows it wrote; the publisher
-  produces them from memory (no read-back) and then marks them published (or deletes them, with
-  retention 0) by id. This is the normal case: a committed row is on the topic in milliseconds.
-- Sweep: rows left unpublished longer than ``outbox_sweep_grace_seconds`` (a crash between commit
-  and publish, a failed delivery, an offer dropped because the queue was full, another process's
-  rows) are claimed with ``FOR UPDATE SKIP LOCKED`` (two publishers never send the same claimed
-  row concurrently), produced, and marked in the claiming transaction.
-- A row is marked only after the broker acknowledged it (idempotent producer, ``acks=all``,
-  delivery reports checked); a crash before that leaves it unpublished, and the sweep sends it
-  after restart. A row can be sent twice (a slow fast path overtaken by the sweep), never lost.
-- Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped.
+How a row's publication is known (migration 0006, PgQ-style):
+- Each ``user_activity.outbox`` row keeps ``txid``, the id of the transaction that wrote it. The
+  publisher persists, in the one-row ``outbox_watermark``, ``delivered``: a
+  ``pg_current_snapshot()`` such that every committed row whose txid is visible in it was
+  acknowledged by the broker (or parked). A row is unpublished while its txid is not visible in
+  ``delivered``. Sink partitions commit concurrently and in any order; a snapshot says exactly
+  which transactions had committed, so no row is skipped.
+- A publish cycle takes the current snapshot ``target`` and sends the window: rows visible in
+  ``target`` and not in ``delivered`` (txid in ``delivered``'s in-progress list, or at or past its
+  ``xmax``), in ``(txid, id)`` order, a page of ``outbox_batch_size`` at a time; then it moves
+  the watermark with ONE update (``delivered = target``). A window of several pages records its
+  progress (``target``, the last row sent) after each page. That update is the publisher's only
+  write in the normal case: no UPDATE or DELETE per row (old rows go with their daily
+  partition, :mod:`sinks.retention`).
+- A crash anywhere (between the sink's commit and the produce, between the broker's
+  acknowledgement and the watermark update) leaves the watermark behind the rows: the next
+  cycle, in this process or another, sends them again. A row can be sent twice then, never lost,
+  always with its stable MessageId. Watermark updates are made with ``synchronous_commit = off``:
+  a database crash can only move the watermark back, which re-sends.
+- One publisher at a time (the lease): the one holding the session advisory lock
+  :data:`LEASE_KEY` on its own connection publishes; the others (the other processes of a
+  cluster) stand by and take the lease within ``outbox_idle_poll_seconds`` when its holder's
+  session ends (a crash, a stop, a lost connection). So two processes publish each row once in
+  the normal case. The watermark update is also conditional on the generation it read.
+- Latency (the fast path): a sink's commit in the lease holder's process hands its rows over
+  (``offer``); they are produced from memory at once, and the next window moves the watermark
+  past the acknowledged ones without sending them again. So a committed row is on the topic in
+  milliseconds; rows committed by another process are picked up within
+  ``outbox_idle_poll_seconds`` (0.25 s).
+- Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped. A row is behind the
+  watermark only after the broker acknowledged it (idempotent producer, ``acks=all``).
 - A row the broker refuses for good (a per-record error, :func:`sinks.errors.is_record_error`:
-  too large, invalid) is parked: ``parked_at``, ``attempts`` and ``last_error`` are set, the
-  sweep no longer reads it, it is counted (``user_activity_outbox_parked_total``) and logged with
-  its id, and the rows behind it are published. An operator re-queues it once the cause is
-  fixed (``python -m cli outbox requeue --id ID | --all``). A row is never parked for a
-  failure of the service (broker down, timeouts, authorization): those are retried.
-- Supervised: the publish loop runs under :class:`runtime.supervisor.SupervisedThread` (an
-  unexpected exception is logged with its traceback, counted, and the loop restarts after
-  back-off), and a separate watchdog thread measures the age of the oldest committed,
-  unpublished, unparked row in PostgreSQL every few seconds
-  (``user_activity_outbox_oldest_unpublished_seconds``): older than
+  too large, invalid; confirmed by sending it alone) is parked: copied to
+  ``outbox_parked`` with ``attempts`` and ``last_error`` in the transaction that moves the
+  watermark past it, counted (``user_activity_outbox_parked_total``) and logged with its id; the
+  rows behind it are published. An operator requeues it (``python -m cli outbox requeue``); the
+  lease holder then sends it and sets its ``published_at`` (a per-row write, for parked rows
+  only). A failure of the service (broker down, timeouts, authorization) is retried, never
+  parked.
+- Supervised: the publish loop runs under :class:`runtime.supervisor.SupervisedThread`, and a
+  separate watchdog thread measures the age of the oldest committed, unpublished row in
+  PostgreSQL every few seconds (``user_activity_outbox_oldest_unpublished_seconds``): older than
   ``outbox_stall_seconds`` -> ``/readyz`` 503 with the reason, whatever state the publish loop
-  is in (crashed, stuck, starved, or another process's publisher gone).
-- Old published rows are purged in bounded chunks (never one unbounded DELETE).
+  is in, and whichever process holds the lease (or none).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from confluent_kafka import KafkaError
+from psycopg.types.json import Jsonb
 
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
@@ -59,53 +80,156 @@ from runtime.tracing import start_publish
 from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
-from sinks.kafka_producer import KafkaProducer, OutgoingRecord, Producible
+from sinks.kafka_producer import KafkaProducer, OutgoingRecord
+from sinks.retention import PeriodicMaintenance
 
 logger = logging.getLogger(__name__)
 
+LEASE_KEY = 0x75615F6F7574626F
+"""The session advisory lock held by the one publishing process ('ua_outbo')."""
 
-_CLAIM = """
-SELECT id, topic, key, value, headers
-  FROM user_activity.outbox
- WHERE published_at IS NULL
-   AND parked_at IS NULL
-   AND created_at <= now() - make_interval(secs => %s)
- ORDER BY created_at, id
- LIMIT %s
-   FOR UPDATE SKIP LOCKED
+_NO_ROW = ("0", UUID(int=0))
+_WATERMARK = """
+SELECT delivered::text, target::text, after_txid::text, after_id, generation
+  FROM user_activity.outbox_watermark WHERE id = 1
 """
-_MARK_PUBLISHED = (
-    "UPDATE user_activity.outbox SET published_at = now()"
-    " WHERE id = ANY(%s) AND published_at IS NULL"
-)
-_DELETE_PUBLISHED = "DELETE FROM user_activity.outbox WHERE id = ANY(%s)"
+_CURRENT_SNAPSHOT = "SELECT pg_current_snapshot()::text"
+# The next page of the window (delivered, target], after the cursor, in (txid, id) order: the
+# transactions in progress at `delivered` that `target` sees, then those started after it.
+_PAGE = """
+SELECT * FROM (
+    (SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at
+       FROM user_activity.outbox o
+      WHERE o.txid = ANY (ARRAY(SELECT x FROM pg_snapshot_xip(%(delivered)s::pg_snapshot) x
+                                 WHERE pg_visible_in_snapshot(x, %(target)s::pg_snapshot)))
+        AND (o.txid, o.id) > (%(after_txid)s::xid8, %(after_id)s::uuid)
+      ORDER BY o.txid, o.id LIMIT %(limit)s)
+    UNION ALL
+    (SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at
+       FROM user_activity.outbox o
+      WHERE o.txid >= pg_snapshot_xmax(%(delivered)s::pg_snapshot)
+        AND o.txid < pg_snapshot_xmax(%(target)s::pg_snapshot)
+        AND (o.txid, o.id) > (%(after_txid)s::xid8, %(after_id)s::uuid)
+        AND pg_visible_in_snapshot(o.txid, %(target)s::pg_snapshot)
+      ORDER BY o.txid, o.id LIMIT %(limit)s)
+) page ORDER BY txid, id LIMIT %(limit)s
+"""
+_ADVANCE = """
+UPDATE user_activity.outbox_watermark
+   SET delivered = %(delivered)s::pg_snapshot, target = %(target)s::pg_snapshot,
+       after_txid = %(after_txid)s::xid8, after_id = %(after_id)s,
+       generation = generation + 1, updated_at = now()
+ WHERE id = 1 AND generation = %(generation)s
+"""
 _PARK = """
-UPDATE user_activity.outbox
-   SET parked_at = now(), attempts = attempts + 1, last_error = %s
- WHERE id = %s AND published_at IS NULL
+INSERT INTO user_activity.outbox_parked
+       (id, topic, key, value, headers, created_at, attempts, last_error)
+VALUES (%s, %s, %s, %s, %s, %s, 1, %s)
+ON CONFLICT (id) DO UPDATE
+   SET attempts = outbox_parked.attempts + 1, last_error = EXCLUDED.last_error,
+       parked_at = now(), requeued_at = NULL, published_at = NULL
 """
+_REQUEUED = """
+SELECT id, topic, key, value, headers FROM user_activity.outbox_parked
+ WHERE requeued_at IS NOT NULL ORDER BY requeued_at LIMIT %s
+"""
+_REQUEUED_PUBLISHED = """
+UPDATE user_activity.outbox_parked SET published_at = now(), requeued_at = NULL
+ WHERE id = ANY(%s) AND requeued_at IS NOT NULL
+"""
+_REPARK = """
+UPDATE user_activity.outbox_parked
+   SET attempts = attempts + 1, last_error = %s, parked_at = now(), requeued_at = NULL
+ WHERE id = %s AND requeued_at IS NOT NULL
+"""
+# Pending: committed after the watermark (the first such transaction's rows stand for the
+# oldest; txids follow transaction start closely), or requeued. Index probes only.
 _OLDEST_UNPUBLISHED = """
-SELECT extract(epoch FROM now() - min(created_at))::float8
-  FROM user_activity.outbox
- WHERE published_at IS NULL AND parked_at IS NULL
+SELECT extract(epoch FROM now() - min(created_at))::float8 FROM (
+    SELECT o.created_at FROM user_activity.outbox o
+     WHERE o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(delivered)
+                                 FROM user_activity.outbox_watermark))
+    UNION ALL
+    (SELECT o.created_at FROM user_activity.outbox o
+      WHERE o.txid >= (SELECT pg_snapshot_xmax(delivered) FROM user_activity.outbox_watermark)
+      ORDER BY o.txid LIMIT 1)
+    UNION ALL
+    SELECT requeued_at FROM user_activity.outbox_parked WHERE requeued_at IS NOT NULL
+) pending
 """
-_OFFER_QUEUE_BATCHES = 64
-_PURGE_CHUNK = """
-DELETE FROM user_activity.outbox
- WHERE id IN (SELECT id FROM user_activity.outbox
-               WHERE published_at < now() - make_interval(secs => %s)
-               ORDER BY published_at
-               LIMIT %s)
+# Rows visible in a snapshot of the caller's that the watermark has not passed yet.
+_PENDING_IN = """
+SELECT EXISTS (
+    SELECT 1 FROM user_activity.outbox o, user_activity.outbox_watermark w
+     WHERE (o.txid >= pg_snapshot_xmax(w.delivered)
+            OR o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(w.delivered))))
+       AND pg_visible_in_snapshot(o.txid, %s::pg_snapshot)
+       AND NOT pg_visible_in_snapshot(o.txid, w.delivered))
 """
-PURGE_CHUNK_ROWS = 5_000
-"""Rows one purge statement deletes at most (well under any statement timeout)."""
-_PURGE_BUDGET_SECONDS = 1.0
-_PURGE_EVERY_SECONDS = 60.0
 _FAILURE_LOG_EVERY_SECONDS = 10.0
+_OFFER_QUEUE_BATCHES = 64
+_EARLY_MAX = 200_000
+"""Ids acknowledged by the fast path and not yet behind the watermark, at most (memory bound)."""
+_RECENT_WINDOW_IDS = 50_000
+"""Ids last sent by a window, remembered so that their late offer is not sent again.
+
+A window can read a row between its sink's commit and the sink's offer; the offer then comes
+(milliseconds later) for a row already sent. The rows in that gap are those of the sink
+commits in flight at the window's snapshot: far fewer than this.
+"""
+
+
+class _RecentIds:
+    """The last ``size`` ids added, for membership tests (oldest forgotten first)."""
+
+    def __init__(self, size: int) -> None:
+        self._order: collections.deque[UUID] = collections.deque()
+        self._ids: set[UUID] = set()
+        self._size = size
+
+    def extend(self, ids: Iterable[UUID]) -> None:
+        """Remember ``ids`` (the oldest are forgotten beyond the size)."""
+        for row_id in ids:
+            if row_id not in self._ids:
+                self._ids.add(row_id)
+                self._order.append(row_id)
+        while len(self._order) > self._size:
+            self._ids.discard(self._order.popleft())
+
+    def __contains__(self, row_id: object) -> bool:
+        return row_id in self._ids
+_STOP_DRAIN_SECONDS = 10.0
+
+
+def outgoing_record(topic: str, key: bytes | None, value: bytes,
+                    headers: dict[str, Any] | None) -> OutgoingRecord:
+    """The Kafka record of a stored outbox row: the stored headers become the record's headers.
+
+    Header values are sent as their ``str`` UTF-8 encoded (what the sinks stored is str).
+    """
+    return OutgoingRecord(
+        topic, bytes(key) if key is not None else None, bytes(value),
+        [(name, str(v).encode()) for name, v in (headers or {}).items()],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """The watermark as read: the window (delivered, target] and the last row sent of it."""
+
+    delivered: str
+    target: str
+    after: tuple[str, UUID]
+    generation: int
+    resumed: bool
+
+
+class LeaseLostError(Exception):
+    """The watermark was moved by someone else: this publisher no longer holds the lease."""
 
 
 class OutboxPublisher:
-    """Publishes ``user_activity.outbox`` rows in a background thread (or on demand)."""
+    """Publishes committed ``user_activity.outbox`` rows in a background thread (or on demand)."""
 
     def __init__(self, settings: Settings, name: str = "outbox") -> None:
         self._settings = settings
@@ -113,13 +237,16 @@ class OutboxPublisher:
         self._producer = KafkaProducer(settings, name)
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
+        self._sent_early: set[UUID] = set()
+        self._sent_by_window = _RecentIds(_RECENT_WINDOW_IDS)
         self._thread: SupervisedThread | None = None
         self._watchdog: OutboxWatchdog | None = None
-        self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
-        self._last_purge = 0.0
-        self._last_sweep = 0.0
+        self._lease: Connection | None = None
+        self._last_lease_try = -1e9
+        self._last_requeue_check = -1e9
         self._last_failure_log = -_FAILURE_LOG_EVERY_SECONDS
-        self._carried: list[OutboxRow] = []
 
     def start(self) -> None:
         """Start the supervised publish loop and the stall watchdog (idempotent)."""
@@ -129,18 +256,27 @@ class OutboxPublisher:
             self._watchdog = OutboxWatchdog(self._settings).start()
 
     def offer(self, rows: Sequence[OutboxRow]) -> None:
-        """Hand over committed rows for immediate publication (never blocks).
+        """A sink committed ``rows``: hand them over and wake the publisher (never blocks).
 
-        Dropped when the publisher is not running or its queue is full: the rows are in the
-        table, and the sweep publishes them after the grace period.
+        Dropped when the queue is full: the rows are in the table, and the window sends them.
+        A standby drops them (:meth:`publish_offered`); the holder, in another process, picks
+        them up within its poll interval.
         """
-        if rows and self._thread is not None:
+        if rows:
             with contextlib.suppress(queue.Full):
                 self._offered.put_nowait(rows)
+            self._wake.set()
+
+    @property
+    def holds_lease(self) -> bool:
+        """True while this publisher's session holds the lease (as far as it knows)."""
+        lease = self._lease
+        return lease is not None and not lease.closed and not lease.broken
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the thread after its current cycle, publish what is left (one try), close."""
+        """Stop the loop, publish what this process committed (see :meth:`drain`), close."""
         self._stop.set()
+        self._wake.set()
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
@@ -148,123 +284,221 @@ class OutboxPublisher:
             self._thread.stop(timeout)
             self._thread = None
             try:  # a bounded run ends with its rows on the topic when the services are up
-                self.drain()
+                self.drain(wait_seconds=_STOP_DRAIN_SECONDS)
             except Exception as exc:  # noqa: BLE001 - left rows are sent by the next publisher
                 log_event(logger, "outbox-final-drain-failed", logging.WARNING,
                           error=type(exc).__name__)
+        self._release()
         self._producer.close(5)
-        self._db.close()
         HEALTH.resumed("outbox")  # a stopped publisher waits for nothing
 
-    def publish_offered(self) -> int:
-        """Publish the rows offered so far and mark them; return how many were published.
+    def drain(self, wait_seconds: float = 0.0) -> int:
+        """Publish every row committed before the call; return how many rows this one sent.
 
-        Rows the broker did not acknowledge stay unpublished for the sweep; raises on an
-        infrastructure failure while marking (the rows stay unmarked and are swept later).
+        As the lease holder (taken if free): windows until one is empty. As a standby: waits up
+        to ``wait_seconds`` until the holder has published them, or the lease is free to take.
+        Raises on an infrastructure failure (the rows stay behind the watermark).
         """
-        rows, self._carried = self._carried, []
-        while len(rows) < self._settings.outbox_batch_size:
+        conn = self._db.connection()
+        row = conn.execute(_CURRENT_SNAPSHOT).fetchone()
+        assert row is not None
+        committed = str(row[0])
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            if self._take_lease(force=True):
+                total = self.publish_requeued()
+                while (count := self.publish_committed()) > 0:
+                    total += count
+                return total
+            pending = self._db.connection().execute(_PENDING_IN, (committed,)).fetchone()
+            if not (pending and pending[0]) or time.monotonic() >= deadline:
+                return 0
+            time.sleep(0.05)
+
+    def publish_committed(self) -> int:
+        """One window as the lease holder: send it, move the watermark; return rows delivered.
+
+        Returns 0 without a lease. Raises :class:`DeliveryFailedError` when the broker did not
+        acknowledge a row (the watermark stays before it), :class:`LeaseLostError` when another
+        publisher moved the watermark, psycopg errors when PostgreSQL fails.
+        """
+        if not self.holds_lease:
+            return 0
+        conn = self._db.connection()
+        window = self._window(conn)
+        limit = self._settings.outbox_batch_size
+        after, generation, delivered_rows = window.after, window.generation, 0
+        while True:
+            rows: list[tuple[Any, ...]] = conn.execute(_PAGE, {
+                "delivered": window.delivered, "target": window.target,
+                "after_txid": after[0], "after_id": after[1], "limit": limit,
+            }).fetchall()
+            if not rows and not window.resumed and delivered_rows == 0:
+                return 0  # nothing committed since: the watermark stays where it is
+            # rows the fast path already had acknowledged are not sent again
+            early = self._sent_early
+            todo = [i for i, r in enumerate(rows) if r[1] not in early]
+            errors: list[KafkaError | None] = [None] * len(rows)
+            produced = self._produce([outgoing_record(*rows[i][2:6]) for i in todo])
+            for index, err in zip(todo, produced, strict=True):
+                errors[index] = err
+            sent = _settled_prefix(errors)
+            refused = [(rows[i], errors[i]) for i in range(sent) if errors[i] is not None]
+            last_page = sent == len(rows) and len(rows) < limit
+            state: tuple[str, str | None, str | None, UUID | None]
+            if last_page:
+                state = (window.target, None, None, None)
+            else:
+                cursor = (str(rows[sent - 1][0]), rows[sent - 1][1]) if sent else after
+                state = (window.delivered, window.target, cursor[0], cursor[1])
+            if sent or last_page:
+                generation = self._advance(conn, state, generation, refused)
+            delivered_rows += sent - len(refused)
+            _count_published(rows[i][2] for i in todo if i < sent and errors[i] is None)
+            early.difference_update(r[1] for r in rows[:sent])
+            self._sent_by_window.extend(rows[i][1] for i in todo if i < sent)
+            if sent < len(rows):
+                failed = errors[sent]
+                assert failed is not None
+                self._delivery_failed(failed, len(rows) - sent)
+                raise DeliveryFailedError(failed)
+            if last_page:
+                return delivered_rows
+            after = (str(rows[-1][0]), rows[-1][1])
+
+    def publish_offered(self) -> int:
+        """The fast path: produce the rows this process's sinks offered, from memory; how many.
+
+        Only the lease holder does, before its next window reads them back (so a committed row
+        is on the topic without waiting for a query); the ids the broker acknowledged are
+        remembered and the window moves the watermark past them without sending them again. A
+        row not acknowledged here is left to the window (retried, or parked). A standby drops
+        what it is offered: the holder reads those rows from the table.
+        """
+        rows: list[OutboxRow] = []
+        while True:  # all of it: a row offered before the next window must not wait for it
             try:
                 rows.extend(self._offered.get_nowait())
             except queue.Empty:
                 break
+        if not rows or not self.holds_lease or len(self._sent_early) >= _EARLY_MAX:
+            return 0
+        sent_by_window = self._sent_by_window
+        rows = [row for row in rows if row.id not in sent_by_window]  # a window was quicker
+        acknowledged: list[OutboxRow] = []
+        size = self._settings.outbox_batch_size
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            errors = self._producer.produce_and_wait(
+                [outgoing_record(r.topic, r.key, r.value, r.headers) for r in chunk])
+            acknowledged += [row for row, err in zip(chunk, errors, strict=True) if err is None]
+        self._sent_early.update(row.id for row in acknowledged)
+        _count_published(row.topic for row in acknowledged)
+        return len(acknowledged)
+
+    def publish_requeued(self) -> int:
+        """Send the parked rows an operator requeued (lease holder only); return how many.
+
+        A delivered one gets ``published_at``; one refused again is parked again (attempts + 1).
+        Raises :class:`DeliveryFailedError` when the broker did not acknowledge one.
+        """
+        if not self.holds_lease:
+            return 0
+        conn = self._db.connection()
+        rows = conn.execute(_REQUEUED, (self._settings.outbox_batch_size,)).fetchall()
         if not rows:
             return 0
-        # Rows are produced as they are: no record object per row; the headers dict goes to
-        # confluent-kafka unchanged (it sends str values UTF-8 encoded, like ``str.encode()``).
-        errors = self._produce(rows)
-        delivered: list[UUID] = []
-        per_topic: dict[str, int] = {}
-        refused: list[tuple[UUID, str, KafkaError]] = []
-        failed: KafkaError | None = None
-        for row, err in zip(rows, errors, strict=True):
-            if err is None:
-                delivered.append(row.id)
-                per_topic[row.topic] = per_topic.get(row.topic, 0) + 1
-            elif is_record_error(err):
-                refused.append((row.id, row.topic, err))
-            else:
-                failed = failed or err
-        conn = self._db.connection()
-        if delivered:
-            conn.execute(self._mark_statement(), (delivered,))
-            for topic, count in per_topic.items():
-                OUTBOX_PUBLISHED.labels(topic=topic).inc(count)
-        if refused:
-            _park(conn, refused)
-        if failed is not None:  # left unpublished: the sweep sends them after the grace
-            self._delivery_failed(failed, len(rows) - len(delivered) - len(refused), "offered")
+        errors = self._produce([outgoing_record(r[1], r[2], r[3], r[4]) for r in rows])
+        delivered = [row[0] for row, err in zip(rows, errors, strict=True) if err is None]
+        refused = [(row, err) for row, err in zip(rows, errors, strict=True)
+                   if err is not None and is_record_error(err)]
+        with conn.transaction():
+            if delivered:
+                conn.execute(_REQUEUED_PUBLISHED, (delivered,))
+            for row, err in refused:
+                conn.execute(_REPARK, (err.name(), row[0]))
+        _count_published(r[1] for r, e in zip(rows, errors, strict=True) if e is None)
+        for row, err in refused:
+            _log_parked(row[0], row[1], err)
+        failed = next((e for e in errors if e is not None and not is_record_error(e)), None)
+        if failed is not None:
+            self._delivery_failed(failed, len(rows) - len(delivered) - len(refused))
+            raise DeliveryFailedError(failed)
         return len(delivered)
 
-    def publish_pending(self, grace_seconds: float = 0.0) -> int:
-        """One sweep: claim, publish and mark up to a batch of rows; return how many.
+    def _window(self, conn: Connection) -> _Window:
+        row = conn.execute(_WATERMARK).fetchone()
+        if row is None:
+            raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
+        delivered, target, after_txid, after_id, generation = row
+        if target is not None:  # a window of several pages was under way: resume it
+            return _Window(delivered, target, (after_txid, after_id), generation, resumed=True)
+        current = conn.execute(_CURRENT_SNAPSHOT).fetchone()
+        assert current is not None
+        return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
 
-        Only rows unpublished for at least ``grace_seconds`` are claimed (the fast path has
-        that long to mark its own).
-
-        Raises on an infrastructure failure (the caller retries); rows of a failed cycle stay
-        unpublished (rows the broker did acknowledge in it are still marked).
-        """
-        conn = self._db.connection()
+    def _advance(
+        self, conn: Connection, state: tuple[str, str | None, str | None, UUID | None],
+        generation: int,
+        refused: Sequence[tuple[tuple[Any, ...], KafkaError | None]],
+    ) -> int:
+        """Park the refused rows and move the watermark in one transaction; the new generation."""
+        delivered, target, after_txid, after_id = state
         with conn.transaction():
-            rows: list[tuple[Any, ...]] = conn.execute(
-                _CLAIM, (grace_seconds, self._settings.outbox_batch_size)
-            ).fetchall()
-            if not rows:
-                return 0
-            records = [
-                OutgoingRecord(
-                    topic,
-                    bytes(key) if key is not None else None,
-                    bytes(value),
-                    [(name, str(v).encode()) for name, v in (headers or {}).items()],
-                )
-                for _id, topic, key, value, headers in rows
-            ]
-            errors = self._produce(records)
-            delivered = [row[0] for row, err in zip(rows, errors, strict=True) if err is None]
-            if delivered:
-                conn.execute(self._mark_statement(), (delivered,))
-                for _id, topic, *_ in (r for r, e in zip(rows, errors, strict=True) if e is None):
-                    OUTBOX_PUBLISHED.labels(topic=topic).inc()
-            refused = [
-                (row[0], row[1], err) for row, err in zip(rows, errors, strict=True)
-                if err is not None and is_record_error(err)
-            ]
-            if refused:  # in the claiming transaction: parked rows leave the sweep's way
-                _park(conn, refused)
-        failed = next(
-            (err for err in errors if err is not None and not is_record_error(err)), None
-        )
-        if failed is not None:
-            self._delivery_failed(
-                failed, sum(1 for e in errors if e is not None and not is_record_error(e)),
-                "swept",
-            )
-            raise DeliveryFailedError(failed)
-        return len(rows)
+            with conn.cursor() as cur:
+                if refused:
+                    cur.executemany(_PARK, [
+                        (r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6],
+                         err.name() if err is not None else "")
+                        for r, err in refused
+                    ])
+                moved = cur.execute(_ADVANCE, {
+                    "delivered": delivered, "target": target, "after_txid": after_txid,
+                    "after_id": after_id, "generation": generation,
+                }).rowcount
+            if moved != 1:
+                raise LeaseLostError("the outbox watermark was moved by another publisher")
+        for row, err in refused:
+            assert err is not None
+            _log_parked(row[1], row[2], err)
+        return generation + 1
 
-    def drain(self) -> int:
-        """Publish everything offered or pending, with no grace; return how many rows."""
-        total = 0
-        while (count := self.publish_offered()) > 0:
-            total += count
-        while (count := self.publish_pending()) > 0:
-            total += count
-        return total
+    def _take_lease(self, *, force: bool = False) -> bool:
+        """Hold the lease, taking it if it is free (tried at most every poll interval)."""
+        if self.holds_lease:
+            return True
+        if self._lease is not None:  # its session ended: the lease is gone with it
+            self._lease = None
+            self._sent_early.clear()
+        now = time.monotonic()
+        if not force and now - self._last_lease_try < self._settings.outbox_idle_poll_seconds:
+            return False
+        self._last_lease_try = now
+        conn = self._db.connection()
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,)).fetchone()
+        if row is None or not row[0]:
+            return False
+        conn.execute("SET synchronous_commit = off")  # a lost update only re-sends (module doc)
+        self._lease = conn
+        log_event(logger, "outbox-lease-taken", logging.INFO)
+        return True
 
-    def _mark_statement(self) -> str:
-        if self._settings.outbox_retention_seconds == 0:
-            return _DELETE_PUBLISHED
-        return _MARK_PUBLISHED
+    def _release(self) -> None:
+        """Give the lease up (by closing the session that holds it)."""
+        if self._lease is not None:
+            log_event(logger, "outbox-lease-released", logging.INFO)
+        self._lease = None
+        self._db.close()
 
-    def _produce(self, records: Sequence[Producible]) -> list[KafkaError | None]:
+    def _produce(self, records: Sequence[OutgoingRecord]) -> list[KafkaError | None]:
         """Produce ``records``; a record error is confirmed by sending that record alone.
 
         The broker refuses a whole batch for one bad record, so its batch-mates come back with
         the same record error: each refused record is produced again on its own, and only a
         refusal of the record alone stands (it is then parked by the caller).
         """
+        if not records:
+            return []
         # Tracing: a row whose stored traceparent is sampled goes out under a `publish` span
         # (child of that context) and with the span's traceparent (runtime.tracing).
         records, publishing = start_publish(records)
@@ -277,33 +511,28 @@ class OutboxPublisher:
             publishing.end(errors)
         return errors
 
-    def _delivery_failed(self, error: KafkaError, rows: int, path: str) -> None:
+    def _delivery_failed(self, error: KafkaError, rows: int) -> None:
         """Count a failed delivery; log it at most every few seconds (throttled)."""
         OUTBOX_PUBLISH_FAILURES.inc()
         now = time.monotonic()
         if now - self._last_failure_log >= _FAILURE_LOG_EVERY_SECONDS:
             self._last_failure_log = now
             log_event(logger, "outbox-publish-failed", logging.WARNING, error=error.name(),
-                      detail=error.str(), rows=rows, path=path)
+                      detail=error.str(), rows=rows)
 
     def _run(self, stop: threading.Event) -> None:
         while not self._stop.is_set() and not stop.is_set():
-            retry_forever(
+            self._wake.clear()
+            count = retry_forever(
                 self._cycle,
-                is_transient=is_infrastructure_error,
+                is_transient=_is_transient,
                 backoff=self._backoff,
                 on_retry=self._on_retry,
                 on_recovered=lambda _n: HEALTH.resumed("outbox"),
                 sleep=self._sleep,
             )
-            if self._offered.empty():
-                self._wait_for_offer()
-
-    def _wait_for_offer(self) -> None:
-        with contextlib.suppress(queue.Empty):
-            self._carried = list(
-                self._offered.get(timeout=self._settings.outbox_idle_poll_seconds)
-            )
+            if not count:  # caught up: wait for a local commit or the poll interval
+                self._wake.wait(self._settings.outbox_idle_poll_seconds)
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
@@ -312,36 +541,20 @@ class OutboxPublisher:
         if self._stop.is_set():
             return 0
         try:
+            if not self._take_lease():
+                return 0
             count = self.publish_offered()
             now = time.monotonic()
-            if now - self._last_sweep >= self._settings.outbox_idle_poll_seconds:
-                count += self.publish_pending(self._settings.outbox_sweep_grace_seconds)
-                self._last_sweep = now
-            self._purge_if_due()
-            return count
-        except psycopg.Error as exc:
-            if is_infrastructure_error(exc):
-                self._db.reset()
+            if now - self._last_requeue_check >= self._settings.outbox_idle_poll_seconds:
+                self._last_requeue_check = now
+                count += self.publish_requeued()
+            return count + self.publish_committed()
+        except (psycopg.Error, LeaseLostError) as exc:
+            if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
+                self._lease = None
+                self._sent_early.clear()  # (a bound only: skipping an acknowledged row is safe)
+                self._db.reset()  # a new session takes the lease again if it is free
             raise
-
-    def _purge_if_due(self) -> None:
-        """Delete published rows older than the retention, a bounded chunk at a time.
-
-        At most about a second of deleting per cycle; what is left goes in the next cycles.
-        """
-        retention = self._settings.outbox_retention_seconds
-        now = time.monotonic()
-        if retention <= 0 or now - self._last_purge < _PURGE_EVERY_SECONDS:
-            return
-        conn = self._db.connection()
-        deadline = now + _PURGE_BUDGET_SECONDS
-        while True:
-            deleted = conn.execute(_PURGE_CHUNK, (retention, PURGE_CHUNK_ROWS)).rowcount
-            if deleted < PURGE_CHUNK_ROWS:
-                self._last_purge = now
-                return
-            if time.monotonic() >= deadline:  # more to delete: continue in the next cycle
-                return
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()
@@ -356,22 +569,40 @@ class OutboxPublisher:
         )
 
 
-def _park(conn: Connection, refused: Sequence[tuple[UUID, str, KafkaError]]) -> None:
-    """Set rows the broker refused for good aside (see the module doc), count and log each."""
-    with conn.cursor() as cur:
-        cur.executemany(_PARK, [(err.name(), row_id) for row_id, _topic, err in refused])
-    for row_id, topic, err in refused:
-        OUTBOX_PARKED.labels(topic=topic).inc()
-        log_event(logger, "outbox-row-parked", logging.ERROR, id=str(row_id), topic=topic,
-                  error=err.name(), detail=err.str())
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, LeaseLostError) or is_infrastructure_error(exc)
+
+
+def _settled_prefix(errors: Sequence[KafkaError | None]) -> int:
+    """How many leading records are settled: acknowledged, or refused for good (to park)."""
+    for index, err in enumerate(errors):
+        if err is not None and not is_record_error(err):
+            return index
+    return len(errors)
+
+
+def _count_published(topics: Iterable[str]) -> None:
+    """Count acknowledged rows per topic (one ``inc`` per topic)."""
+    per_topic: dict[str, int] = {}
+    for topic in topics:
+        per_topic[topic] = per_topic.get(topic, 0) + 1
+    for topic, count in per_topic.items():
+        OUTBOX_PUBLISHED.labels(topic=topic).inc(count)
+
+
+def _log_parked(row_id: UUID, topic: str, err: KafkaError) -> None:
+    OUTBOX_PARKED.labels(topic=topic).inc()
+    log_event(logger, "outbox-row-parked", logging.ERROR, id=str(row_id), topic=topic,
+              error=err.name(), detail=err.str())
 
 
 class OutboxWatchdog(Periodic):
-    """Measures the oldest committed, unpublished, unparked row; reports a stall to health.
+    """Measures the oldest committed, unpublished row; reports a stall to health.
 
-    Runs in its own thread on its own connection, so a crashed, stuck or starved publish loop
-    (or a process whose publisher is gone) is seen all the same. A failed measurement (the
-    database down) keeps the last value: the sinks report that outage themselves.
+    Runs in its own thread on its own connection and reads PostgreSQL only (the watermark and
+    the rows after it), so a crashed, stuck or starved publish loop, or a lease held by another
+    process whose publisher is gone, is seen all the same. A failed measurement (the database
+    down) keeps the last value: the sinks report that outage themselves.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -407,17 +638,18 @@ class OutboxWatchdog(Periodic):
 def requeue_parked(conn: Connection, ids: Sequence[UUID] | None) -> int:
     """Give parked rows back to the publisher (all of them when ``ids`` is None); how many.
 
-    The rows keep their ``attempts`` and ``last_error``; the sweep publishes them at once (they
-    are older than its grace period). Idempotent: a row not parked is left alone.
+    The rows keep their ``attempts`` and ``last_error``; the lease holder sends them within its
+    poll interval. Idempotent: a row not parked (already requeued or published) is left alone.
     """
+    where = "requeued_at IS NULL AND published_at IS NULL"
     if ids is None:
         cursor = conn.execute(
-            "UPDATE user_activity.outbox SET parked_at = NULL WHERE parked_at IS NOT NULL"
+            f"UPDATE user_activity.outbox_parked SET requeued_at = now() WHERE {where}"
         )
     else:
         cursor = conn.execute(
-            "UPDATE user_activity.outbox SET parked_at = NULL"
-            " WHERE parked_at IS NOT NULL AND id = ANY(%s)", (list(ids),),
+            f"UPDATE user_activity.outbox_parked SET requeued_at = now() WHERE {where}"
+            " AND id = ANY(%s)", (list(ids),),
         )
     return cursor.rowcount
 
@@ -426,7 +658,8 @@ def parked_rows(conn: Connection, limit: int = 100) -> list[tuple[Any, ...]]:
     """``(id, topic, attempts, last_error, parked_at, value size)`` of parked rows, oldest first."""
     return conn.execute(
         "SELECT id, topic, attempts, last_error, parked_at, octet_length(value)"
-        "  FROM user_activity.outbox WHERE parked_at IS NOT NULL"
+        "  FROM user_activity.outbox_parked"
+        " WHERE requeued_at IS NULL AND published_at IS NULL"
         " ORDER BY parked_at LIMIT %s", (limit,),
     ).fetchall()
 
@@ -437,7 +670,10 @@ _shared_users = 0
 
 
 def acquire_shared_publisher(settings: Settings) -> OutboxPublisher | None:
-    """The process's one running publisher (started on first use); None if disabled."""
+    """The process's one running publisher (started on first use); None if disabled.
+
+    The process's maintenance step (:mod:`sinks.retention`) starts and stops with it.
+    """
     global _shared, _shared_users  # noqa: PLW0603
     if not settings.outbox_enabled:
         return None
@@ -445,6 +681,7 @@ def acquire_shared_publisher(settings: Settings) -> OutboxPublisher | None:
         if _shared is None:
             _shared = OutboxPublisher(settings)
             _shared.start()
+            _start_maintenance(settings)
         _shared_users += 1
         return _shared
 
@@ -455,5 +692,22 @@ def release_shared_publisher() -> None:
     with _shared_lock:
         _shared_users = max(0, _shared_users - 1)
         if _shared_users == 0 and _shared is not None:
+            _stop_maintenance()
             _shared.stop()
             _shared = None
+
+
+_maintenance: PeriodicMaintenance | None = None
+
+
+def _start_maintenance(settings: Settings) -> None:
+    global _maintenance  # noqa: PLW0603
+    if settings.maintenance_interval_seconds > 0 and _maintenance is None:
+        _maintenance = PeriodicMaintenance(settings).start()
+
+
+def _stop_maintenance() -> None:
+    global _maintenance  # noqa: PLW0603
+    if _maintenance is not None:
+        _maintenance.stop()
+        _maintenance = None

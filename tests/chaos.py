@@ -311,7 +311,7 @@ def count_rows(database_url: str, message_ids: Sequence[uuid.UUID]) -> int:
 def unpublished(database_url: str, topic: str) -> int:
     with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM user_activity.outbox WHERE topic = %s AND published_at IS NULL",
+            "SELECT count(*) FROM user_activity.outbox_unpublished WHERE topic = %s",
             (topic,),
         ).fetchone()
     assert row is not None

@@ -345,21 +345,20 @@ def rows_by_message(database_url: str, ids: Sequence[uuid.UUID]) -> dict[uuid.UU
 
 
 def outbox_counts(database_url: str, topic: str) -> tuple[int, int | None]:
-    """Unpublished rows of ``topic``, and parked ones (None: no ``parked_at`` column yet)."""
+    """Unpublished rows of ``topic``, and parked ones (None: no ``outbox_parked`` table yet)."""
     with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
         unpublished = conn.execute(
-            "SELECT count(*) FROM user_activity.outbox WHERE topic = %s AND published_at IS NULL",
+            "SELECT count(*) FROM user_activity.outbox_unpublished WHERE topic = %s",
             (topic,),
         ).fetchone()
         has_parking = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema ="
-            " 'user_activity' AND table_name = 'outbox' AND column_name = 'parked_at')"
+            "SELECT to_regclass('user_activity.outbox_parked') IS NOT NULL"
         ).fetchone()
         parked = None
         if has_parking is not None and has_parking[0]:
             row = conn.execute(
-                "SELECT count(*) FROM user_activity.outbox"
-                " WHERE topic = %s AND parked_at IS NOT NULL", (topic,),
+                "SELECT count(*) FROM user_activity.outbox_parked WHERE topic = %s"
+                " AND requeued_at IS NULL AND published_at IS NULL", (topic,),
             ).fetchone()
             parked = None if row is None else int(row[0])
     assert unpublished is not None

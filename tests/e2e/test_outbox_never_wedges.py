@@ -26,7 +26,7 @@ from devenv.harness.jobs import ROOT
 from runtime.health import HEALTH
 from runtime.metrics import BACKGROUND_RESTARTS, OUTBOX_PARKED
 from schemas.outbox import OutboxRow
-from sinks.outbox import PURGE_CHUNK_ROWS, OutboxPublisher, OutboxWatchdog, parked_rows
+from sinks.outbox import OutboxPublisher, OutboxWatchdog, parked_rows
 from tests.conftest import SettingsFactory
 from tests.support import consume_all
 
@@ -54,9 +54,16 @@ def _insert(db: psycopg.Connection[Any], rows: list[OutboxRow], age_s: float = 6
 
 
 def _state(db: psycopg.Connection[Any], rows: list[OutboxRow]) -> dict[uuid.UUID, tuple[Any, ...]]:
+    """``id -> (published, parked, attempts, last_error)`` (parked rows: in outbox_parked)."""
     found = db.execute(
-        """SELECT id, published_at IS NOT NULL, parked_at IS NOT NULL, attempts, last_error
-             FROM user_activity.outbox WHERE id = ANY(%s)""",
+        """SELECT o.id,
+                  NOT EXISTS (SELECT 1 FROM user_activity.outbox_unpublished u WHERE u.id = o.id)
+                  AND (p.id IS NULL OR p.published_at IS NOT NULL),
+                  p.id IS NOT NULL AND p.requeued_at IS NULL AND p.published_at IS NULL,
+                  coalesce(p.attempts, 0), p.last_error
+             FROM user_activity.outbox o
+             LEFT JOIN user_activity.outbox_parked p ON p.id = o.id
+            WHERE o.id = ANY(%s)""",
         ([r.id for r in rows],),
     ).fetchall()
     return {row[0]: row[1:] for row in found}
@@ -92,7 +99,7 @@ def _parked(topic: str) -> float:
 def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    settings = make_settings(outbox_sweep_grace_seconds=1)
+    settings = make_settings()
     topic = settings.topic_action_tracked
     rows = _rows(topic, 30, big={10: 2_500_000})  # over the producer's 1 MB limit
     _insert(db, rows)
@@ -117,7 +124,7 @@ def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published
 def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    settings = make_settings(outbox_sweep_grace_seconds=30)  # no sweep: only the fast path
+    settings = make_settings(outbox_idle_poll_seconds=30)  # no poll in time: only the offer
     topic = settings.topic_action_tracked
     rows = _rows(topic, 5, big={2: 1_500_000})
     _insert(db, rows, age_s=0)
@@ -136,7 +143,7 @@ def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
 def test_requeue_publishes_a_parked_row_once_the_topic_accepts_it(
     make_settings: SettingsFactory, db: psycopg.Connection[Any], database_url: str
 ) -> None:
-    settings = make_settings(outbox_sweep_grace_seconds=1)
+    settings = make_settings()
     admin = AdminClient(settings.kafka_client_config())
     small = _small_topic(admin, f"{settings.topic_action_tracked}.small")
     row = _rows(small, 1, big={0: 60_000})  # the broker refuses it: over the topic's limit
@@ -170,7 +177,7 @@ def test_requeue_publishes_a_parked_row_once_the_topic_accepts_it(
 def test_batch_mates_of_a_row_the_broker_refuses_are_published_not_parked(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    settings = make_settings(outbox_sweep_grace_seconds=1)
+    settings = make_settings()
     admin = AdminClient(settings.kafka_client_config())
     small = _small_topic(admin, f"{settings.topic_action_tracked}.small")
     rows = _rows(small, 12, big={5: 60_000})  # the broker refuses the whole batch for row 5
@@ -194,19 +201,19 @@ def test_an_exception_inside_the_publish_loop_is_logged_counted_and_the_loop_res
     make_settings: SettingsFactory, db: psycopg.Connection[Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = make_settings(outbox_sweep_grace_seconds=1, retry_initial_seconds=0.2)
+    settings = make_settings(retry_initial_seconds=0.2)
     topic = settings.topic_action_tracked
     publisher = OutboxPublisher(settings)
-    original = publisher.publish_pending
+    original = publisher.publish_committed
     calls = {"n": 0}
 
-    def failing_once(grace_seconds: float = 0.0) -> int:
+    def failing_once() -> int:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected fault inside the publish loop")
-        return original(grace_seconds)
+        return original()
 
-    publisher.publish_pending = failing_once  # type: ignore[method-assign]
+    publisher.publish_committed = failing_once  # type: ignore[method-assign]
     restarts = BACKGROUND_RESTARTS.labels(thread="outbox-publisher")
     before = restarts._value.get()
     rows = _rows(topic, 20)
@@ -233,47 +240,10 @@ def test_readyz_reports_the_stall_while_a_committed_row_waits_unpublished(
     try:
         _wait(lambda: HEALTH.snapshot().state == "stalled", 10, "the stall to be reported")
         assert "oldest unpublished outbox row" in dict(HEALTH.snapshot().stalled)["outbox"]
-        db.execute("UPDATE user_activity.outbox SET published_at = now() WHERE id = %s",
-                   (rows[0].id,))
-        # other tests' rows may still wait: clear every unpublished row older than the threshold
-        db.execute("UPDATE user_activity.outbox SET published_at = now()"
-                   " WHERE published_at IS NULL AND parked_at IS NULL")
+        # a publisher moves the watermark past it (and past other tests' waiting rows)
+        db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
+                   " target = NULL, after_txid = NULL, after_id = NULL,"
+                   " generation = generation + 1")
         _wait(lambda: HEALTH.snapshot().state != "stalled", 10, "the stall to clear")
     finally:
         watchdog.stop()
-
-
-def test_old_published_rows_are_purged_in_bounded_chunks(
-    make_settings: SettingsFactory, db: psycopg.Connection[Any]
-) -> None:
-    settings = make_settings(outbox_retention_seconds=60)
-    count = PURGE_CHUNK_ROWS * 2 + 500
-    db.execute(
-        """INSERT INTO user_activity.outbox (id, topic, key, value, created_at, published_at)
-           SELECT gen_random_uuid(), %s, '\\x00', '\\x00',
-                  now() - interval '2 hours', now() - interval '2 hours'
-             FROM generate_series(1, %s)""",
-        (settings.topic_action_tracked, count),
-    )
-    publisher = OutboxPublisher(settings)
-    statements: list[int] = []
-    conn = publisher._db.connection()
-    original = conn.execute
-
-    def counting(query: Any, params: Any = None, **kwargs: Any) -> Any:
-        cursor = original(query, params, **kwargs)
-        if "DELETE" in str(query):
-            statements.append(cursor.rowcount)
-        return cursor
-
-    conn.execute = counting  # type: ignore[method-assign]
-    publisher._purge_if_due()
-    publisher._db.close()
-
-    left = db.execute(
-        "SELECT count(*) FROM user_activity.outbox WHERE topic = %s",
-        (settings.topic_action_tracked,),
-    ).fetchone()
-    assert left == (0,)
-    assert max(statements) <= PURGE_CHUNK_ROWS
-    assert sum(statements) >= count

@@ -235,7 +235,8 @@ def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query
             assert prom.firing(STALLED) == []
             _topic_config(settings, "max.message.bytes", None)
             rows = db.execute(
-                "SELECT id FROM user_activity.outbox WHERE parked_at IS NOT NULL AND topic = %s",
+                "SELECT id FROM user_activity.outbox_parked WHERE topic = %s"
+                " AND requeued_at IS NULL AND published_at IS NULL",
                 (settings.topic_action_tracked,),
             ).fetchall()
             assert len(rows) == 1

@@ -38,7 +38,8 @@ def _stored(db: psycopg.Connection[Any], message_ids: list[uuid.UUID]) -> dict[u
     with db.cursor(row_factory=dict_row) as cur:
         cur.execute(
             """SELECT e.*, o.id AS outbox_id, o.topic, o.key, o.value, o.headers,
-                      o.published_at
+                      EXISTS (SELECT 1 FROM user_activity.outbox_unpublished u
+                               WHERE u.id = o.id) AS unpublished
                  FROM user_activity.action_events e
                  JOIN user_activity.outbox o ON o.key = convert_to(e.id::text, 'UTF8')
                 WHERE e.source_message_id = ANY(%s)""",
@@ -74,7 +75,7 @@ def test_rows_written_are_exactly_the_recorded_actions(db: psycopg.Connection[An
         assert row["occurred_at"] == action.message.envelope.payload.occurred_at
         assert (row["outbox_id"], row["topic"], row["key"], row["value"], row["headers"]) == (
             outbox.id, TOPIC, outbox.key, outbox.value, outbox.headers)
-        assert row["published_at"] is None
+        assert row["unpublished"]
         assert outbox.key == str(event.id).encode()
     assert stored[messages[0].message_id]["session_id"] == device_session
     assert stored[messages[0].message_id]["headers"] == {"traceparent": TRACEPARENT.decode()}
@@ -136,3 +137,44 @@ def test_a_failing_batch_writes_nothing(db: psycopg.Connection[Any]) -> None:
         (message.idempotency_key,),
     ).fetchone()
     assert marks == (0,)
+
+
+def test_a_redelivery_after_the_marks_day_boundary_records_nothing(
+    db: psycopg.Connection[Any],
+) -> None:
+    device = uuid.uuid4()
+    insert_session(db, anonymous_id=device)
+    message = _message(anonymous_id=device)
+    store = FavoritesStore(TOPIC)
+    assert len(store.record_batch(db, [message]).recorded) == 1
+    # the mark was made on an earlier day (another daily partition): today's has none
+    db.execute("UPDATE user_activity.consumer_idempotency_marks"
+               " SET processed_on = processed_on - 1 WHERE key = %s", (message.idempotency_key,))
+
+    again = store.record_batch(db, [message])
+
+    assert again.recorded == [] and again.duplicates == [message]
+    assert len(_stored(db, [message.message_id])) == 1  # one action row, one outbox row
+    outbox = db.execute(
+        "SELECT count(*) FROM user_activity.outbox o JOIN user_activity.action_events e"
+        " ON o.key = convert_to(e.id::text, 'UTF8') WHERE e.source_message_id = %s",
+        (message.message_id,),
+    ).fetchone()
+    assert outbox == (1,)
+
+
+def test_a_same_day_redelivery_writes_no_second_mark(db: psycopg.Connection[Any]) -> None:
+    device = uuid.uuid4()
+    insert_session(db, anonymous_id=device)
+    message = _message(anonymous_id=device)
+    store = FavoritesStore(TOPIC)
+    store.record_batch(db, [message])
+
+    again = store.record_batch(db, [message])
+
+    assert again.duplicates == [message]
+    marks = db.execute(
+        "SELECT count(*) FROM user_activity.consumer_idempotency_marks WHERE key = %s",
+        (message.idempotency_key,),
+    ).fetchone()
+    assert marks == (1,)

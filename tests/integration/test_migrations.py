@@ -94,7 +94,7 @@ def test_the_schema_has_every_table_the_spec_names(conn: psycopg.Connection[Any]
 
     assert {r[0] for r in rows} >= {
         "sessions", "action_events", "consumer_idempotency_marks", "outbox",
-        "user_action_history",
+        "user_action_history", "outbox_parked", "outbox_watermark", "outbox_unpublished",
     }
 
 
@@ -156,33 +156,61 @@ def test_a_duplicate_idempotency_key_is_rejected(conn: psycopg.Connection[Any]) 
         )
 
 
-def _outbox_row(conn: psycopg.Connection[Any], **columns: Any) -> None:
-    values = {"id": uuid.uuid4(), "topic": "t", "value": b"{}", **columns}
+def _parked_row(conn: psycopg.Connection[Any], **columns: Any) -> None:
+    values = {"id": uuid.uuid4(), "topic": "t", "value": b"{}", "created_at": datetime.now(UTC),
+              "attempts": 1, "last_error": "MSG_SIZE_TOO_LARGE", **columns}
     names = ", ".join(values)
     placeholders = ", ".join(f"%({name})s" for name in values)
-    conn.execute(f"INSERT INTO user_activity.outbox ({names}) VALUES ({placeholders})", values)
+    conn.execute(f"INSERT INTO user_activity.outbox_parked ({names}) VALUES ({placeholders})",
+                 values)
 
 
 def test_a_parked_outbox_row_keeps_its_error_and_attempts(conn: psycopg.Connection[Any]) -> None:
-    _outbox_row(conn, parked_at=datetime.now(UTC), attempts=1, last_error="MSG_SIZE_TOO_LARGE")
+    _parked_row(conn, attempts=2)
     found = conn.execute(
-        "SELECT count(*) FROM user_activity.outbox WHERE parked_at IS NOT NULL"
+        "SELECT attempts, last_error FROM user_activity.outbox_parked WHERE attempts = 2"
     ).fetchone()
-    assert found is not None and found[0] >= 1
+    assert found == (2, "MSG_SIZE_TOO_LARGE")
 
 
 @pytest.mark.parametrize("columns", [
-    {"parked_at": datetime.now(UTC), "attempts": 1},  # parked without the error
-    {"parked_at": datetime.now(UTC), "last_error": "MSG_SIZE_TOO_LARGE"},  # without an attempt
-    {"parked_at": datetime.now(UTC), "attempts": 1, "last_error": "MSG_SIZE_TOO_LARGE",
-     "published_at": datetime.now(UTC)},  # parked and published
-    {"attempts": -1},
-], ids=["no-error", "no-attempt", "published", "negative-attempts"])
+    {"attempts": 0},  # parked without an attempt
+    {"requeued_at": datetime.now(UTC), "published_at": datetime.now(UTC)},  # both at once
+], ids=["no-attempt", "requeued-and-published"])
 def test_an_inconsistent_parked_outbox_row_is_rejected(
     conn: psycopg.Connection[Any], columns: dict[str, Any]
 ) -> None:
     with pytest.raises(psycopg.errors.CheckViolation):
-        _outbox_row(conn, **columns)
+        _parked_row(conn, **columns)
+
+
+def test_a_parked_outbox_row_without_its_error_is_rejected(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(psycopg.errors.NotNullViolation):
+        _parked_row(conn, last_error=None)
+
+
+def test_a_second_watermark_row_is_rejected(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO user_activity.outbox_watermark (id, delivered)"
+                     " VALUES (2, '3:3:')")
+
+
+def test_a_row_whose_day_has_no_partition_is_still_written(
+    conn: psycopg.Connection[Any],
+) -> None:
+    conn.execute("INSERT INTO user_activity.consumer_idempotency_marks (key, processed_on)"
+                 " VALUES ('far-future', '2999-01-01')")
+    conn.execute("INSERT INTO user_activity.outbox (id, topic, value, created_at)"
+                 " VALUES (gen_random_uuid(), 'far-future', '\\x00', '2999-01-01')")
+
+    marks = conn.execute("SELECT tableoid::regclass::text FROM user_activity."
+                         "consumer_idempotency_marks WHERE key = 'far-future'").fetchone()
+    outbox = conn.execute("SELECT tableoid::regclass::text FROM user_activity.outbox"
+                          " WHERE topic = 'far-future'").fetchone()
+    assert marks == ("user_activity.consumer_idempotency_marks_default",)
+    assert outbox == ("user_activity.outbox_default",)
 
 
 def test_an_action_must_reference_an_existing_session(conn: psycopg.Connection[Any]) -> None:
@@ -290,8 +318,60 @@ def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
                                 " WHERE id = %s", (session,)).fetchone() == (None,)
             assert conn.execute("SELECT count(*) FROM user_activity.action_events"
                                 " WHERE id = %s", (action,)).fetchone() == (1,)
-            assert conn.execute("SELECT attempts, parked_at FROM user_activity.outbox"
-                                ).fetchone() == (0, None)
+            assert conn.execute("SELECT topic FROM user_activity.outbox_unpublished"
+                                ).fetchall() == [("t",)]
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_0006_converts_a_database_holding_data_from_0001_to_0005(
+    database_url: str, tmp_path: Path
+) -> None:
+    name = f"migrations_{uuid.uuid4().hex[:12]}"
+    admin = _with_database(database_url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = _with_database(database_url, name)
+    try:
+        first = tmp_path / "first"
+        first.mkdir()
+        for path in sorted(MIGRATIONS_DIR.glob("*.sql"))[:5]:
+            shutil.copy(path, first)
+        assert len(apply_migrations(dsn, first)) == 5
+        waiting, published, parked = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO user_activity.consumer_idempotency_marks (key, processed_at)"
+                         " VALUES ('old-mark', now() - interval '3 days'), ('new-mark', now())")
+            conn.execute(
+                """INSERT INTO user_activity.outbox
+                     (id, topic, value, published_at, parked_at, attempts, last_error)
+                   VALUES (%s, 'waiting', 'w', NULL, NULL, 0, NULL),
+                          (%s, 'published', 'p', now(), NULL, 0, NULL),
+                          (%s, 'parked', 'x', NULL, now(), 2, 'MSG_SIZE_TOO_LARGE')""",
+                (waiting, published, parked),
+            )
+
+        assert apply_migrations(dsn) == ["0006_outbox_watermark_and_daily_partitions"]
+        assert apply_migrations(dsn) == []
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            marks = conn.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
+                                 " ORDER BY key").fetchall()
+            assert marks == [("new-mark",), ("old-mark",)]  # kept, in the attached partition
+            again = conn.execute(
+                "INSERT INTO user_activity.consumer_idempotency_marks (key)"
+                " VALUES ('old-mark') ON CONFLICT (key, processed_on) DO NOTHING RETURNING key"
+            ).fetchall()
+            assert again == []  # a redelivery on the migration day is still a no-op
+            assert conn.execute("SELECT id FROM user_activity.outbox").fetchall() == [(waiting,)]
+            assert conn.execute("SELECT id FROM user_activity.outbox_unpublished"
+                                ).fetchall() == [(waiting,)]
+            assert conn.execute(
+                "SELECT id, attempts, last_error, requeued_at FROM user_activity.outbox_parked"
+            ).fetchall() == [(parked, 2, "MSG_SIZE_TOO_LARGE", None)]
+            assert conn.execute("SELECT to_regclass('user_activity.outbox_upto_migration')"
+                                ).fetchone() == (None,)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

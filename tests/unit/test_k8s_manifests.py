@@ -60,11 +60,18 @@ def _one(kind: str, name: str) -> Doc:
 
 
 def _workloads() -> list[Doc]:
-    return [d for _, d in DOCUMENTS if d["kind"] in {"StatefulSet", "Job"}]
+    return [d for _, d in DOCUMENTS if d["kind"] in {"StatefulSet", "Job", "CronJob"}]
+
+
+def _pod_template(workload: Doc) -> Doc:
+    spec = workload["spec"]["jobTemplate"]["spec"] if workload["kind"] == "CronJob" else (
+        workload["spec"])
+    template: Doc = spec["template"]
+    return template
 
 
 def _pod_spec(workload: Doc) -> Doc:
-    spec: Doc = workload["spec"]["template"]["spec"]
+    spec: Doc = _pod_template(workload)["spec"]
     return spec
 
 
@@ -89,7 +96,7 @@ def _plain_env(workload: Doc, container: str) -> dict[str, str]:
 
 
 def _labels(workload: Doc) -> dict[str, str]:
-    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    labels: dict[str, str] = _pod_template(workload)["metadata"]["labels"]
     return labels
 
 
@@ -409,7 +416,7 @@ def test_every_main_container_reads_settings_from_the_configmap_and_the_secret(
             {"configMapRef": {"name": "user-activity-stream-config"}},
             {"secretRef": {"name": "user-activity-stream-secrets"}},
         ]
-        if container["name"] != "migrate":  # every other command talks to Kafka
+        if container["name"] not in {"migrate", "maintain"}:  # the others talk to Kafka
             [mount] = [m for m in container["volumeMounts"] if m["name"] in ca_volumes]
             assert Path(mount["mountPath"]) == ca_location.parent
     assert ca_location.name in _secret_keys("user-activity-kafka-ca")
@@ -422,6 +429,14 @@ def test_jobs_run_the_operator_commands() -> None:
     assert _pod_spec(_one("Job", "user-activity-create-topics"))["containers"][0]["args"] == [
         "-m", "cli", "create-topics",
     ]
+
+
+def test_the_maintenance_cronjob_runs_the_maintain_command_one_at_a_time() -> None:
+    cronjob = _one("CronJob", "user-activity-maintenance")
+
+    assert _pod_spec(cronjob)["containers"][0]["args"] == ["-m", "cli", "maintain"]
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    assert _pod_spec(cronjob)["restartPolicy"] == "Never"
 
 
 def test_backfill_job_is_a_dry_run_replay_with_its_own_recovery_store_on_a_volume() -> None:

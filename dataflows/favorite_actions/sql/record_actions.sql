@@ -18,7 +18,7 @@ WITH input AS (
 marked AS (
     INSERT INTO user_activity.consumer_idempotency_marks (key)
     SELECT idempotency_key FROM input
-    ON CONFLICT (key) DO NOTHING
+    ON CONFLICT (key, processed_on) DO NOTHING
     RETURNING key
 ),
 recorded AS (

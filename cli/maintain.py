@@ -1,0 +1,29 @@
+"""``user-activity maintain``: one run of the maintenance step (:mod:`sinks.retention`).
+
+Creates the daily partitions ahead and drops the expired ones (marks; outbox partitions whose
+rows are all published). Safe to run at any time and from several places at once (a CronJob and
+the job's own periodic run): one run at a time, idempotent. Exit 0 also when another run held
+the lock (nothing to do then).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from runtime.settings import Settings
+from sinks.retention import maintain
+
+
+def run(settings: Settings) -> int:
+    """Run :func:`sinks.retention.maintain` once and print what it did; the exit code."""
+    with psycopg.connect(settings.database_dsn(), autocommit=True,
+                         application_name="user-activity-maintain") as conn:
+        report = maintain(conn, settings.retention_days)
+    if not report.ran:
+        print("another maintenance run holds the lock: nothing done")
+        return 0
+    print(f"partitions created: {report.created}; dropped: {len(report.dropped)}"
+          f" ({', '.join(report.dropped) or '-'}); kept with unpublished rows:"
+          f" {', '.join(report.kept) or '-'}; rows deleted: {report.deleted_rows}"
+          f" (retention {settings.retention_days} days)")
+    return 0

@@ -1,0 +1,209 @@
+"""The maintenance step on real PostgreSQL: expired daily partitions go, unpublished rows stay.
+
+Each test gets its own freshly migrated database. Time is simulated: ``maintain`` runs as of a
+later ``today`` (no sleeping for days), and rows are written with the dates of past days.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from cli.migrate import apply_migrations
+from sinks.retention import MAINTENANCE_KEY, PARTITIONS_AHEAD_DAYS, maintain
+
+pytestmark = pytest.mark.integration
+
+RETENTION_DAYS = 7
+MIGRATED = datetime.now(UTC).date()
+"""The day the test database is migrated (its partitions: the day before to 3 days ahead)."""
+EXPIRED = MIGRATED + timedelta(days=RETENTION_DAYS + 1)
+"""A ``today`` on which the partitions of MIGRATED and before are expired."""
+
+
+def _day(day: date) -> str:
+    return day.strftime("%Y%m%d")
+
+
+def _partitions(db: psycopg.Connection[Any], parent: str) -> set[str]:
+    rows = db.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass", (f"user_activity.{parent}",),
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def _deliver_everything(db: psycopg.Connection[Any]) -> None:
+    """What a publisher does once every committed row was acknowledged."""
+    db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
+               " target = NULL, after_txid = NULL, after_id = NULL, generation = generation + 1")
+
+
+def _at(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+
+
+@pytest.fixture
+def fresh(database_url: str) -> Iterator[str]:
+    """A migrated database of this test alone (dropped afterwards)."""
+    parts = urlsplit(database_url)
+    name = f"retention_{uuid.uuid4().hex[:12]}"
+    admin = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
+    dsn = urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        apply_migrations(dsn)
+        yield dsn
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def fdb(fresh: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(fresh, autocommit=True) as conn:
+        yield conn
+
+
+def _mark(db: psycopg.Connection[Any], day: date) -> str:
+    key = f"retention-test:{uuid.uuid4()}"
+    db.execute("INSERT INTO user_activity.consumer_idempotency_marks"
+               " (key, processed_at, processed_on) VALUES (%s, %s, %s)", (key, _at(day), day))
+    return key
+
+
+def _outbox(db: psycopg.Connection[Any], day: date) -> uuid.UUID:
+    row = uuid.uuid4()
+    db.execute("INSERT INTO user_activity.outbox (id, topic, value, created_at)"
+               " VALUES (%s, 'retention-test', '\\x00', %s)", (row, _at(day)))
+    return row
+
+
+def test_expired_partitions_are_dropped_once_their_rows_are_published(
+    fdb: psycopg.Connection[Any],
+) -> None:
+    old_mark, recent_mark = _mark(fdb, MIGRATED), _mark(fdb, MIGRATED + timedelta(days=2))
+    old_rows = [_outbox(fdb, MIGRATED - timedelta(days=1)), _outbox(fdb, MIGRATED)]
+    recent_row = _outbox(fdb, MIGRATED + timedelta(days=2))
+    _deliver_everything(fdb)
+
+    report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+
+    assert report.ran
+    before = MIGRATED - timedelta(days=1)  # the migration made the partitions of yesterday too
+    assert set(report.dropped) == {
+        f"consumer_idempotency_marks_p{_day(before)}",
+        f"consumer_idempotency_marks_p{_day(MIGRATED)}",
+        f"outbox_p{_day(before)}", f"outbox_p{_day(MIGRATED)}",
+    }
+    marks = fdb.execute("SELECT key FROM user_activity.consumer_idempotency_marks").fetchall()
+    assert marks == [(recent_mark,)] and old_mark != recent_mark
+    rows = fdb.execute("SELECT id FROM user_activity.outbox").fetchall()
+    assert rows == [(recent_row,)] and recent_row not in old_rows
+    for ahead in range(PARTITIONS_AHEAD_DAYS + 1):  # created ahead of the (simulated) today
+        day = _day(EXPIRED + timedelta(days=ahead))
+        assert f"outbox_p{day}" in _partitions(fdb, "outbox")
+        assert f"consumer_idempotency_marks_p{day}" in _partitions(
+            fdb, "consumer_idempotency_marks")
+
+
+def test_an_expired_outbox_partition_with_an_unpublished_row_is_kept(
+    fdb: psycopg.Connection[Any],
+) -> None:
+    _mark(fdb, MIGRATED)
+    waiting = _outbox(fdb, MIGRATED)  # committed, not yet behind the watermark
+
+    report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+
+    assert f"outbox_p{_day(MIGRATED)}" in report.kept
+    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in report.dropped  # no check needed
+    assert fdb.execute("SELECT id FROM user_activity.outbox_unpublished").fetchall() == [
+        (waiting,)]
+
+    _deliver_everything(fdb)
+    assert f"outbox_p{_day(MIGRATED)}" in maintain(fdb, RETENTION_DAYS, today=EXPIRED).dropped
+
+
+def test_a_second_run_changes_nothing(fdb: psycopg.Connection[Any]) -> None:
+    _deliver_everything(fdb)
+    maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+
+    again = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+
+    assert (again.created, again.dropped, again.kept, again.deleted_rows) == (0, [], [], 0)
+
+
+def test_nothing_inside_the_retention_is_dropped(fdb: psycopg.Connection[Any]) -> None:
+    key = _mark(fdb, MIGRATED)
+    _outbox(fdb, MIGRATED)
+    _deliver_everything(fdb)
+
+    report = maintain(fdb, RETENTION_DAYS, today=EXPIRED - timedelta(days=1))
+
+    before = _day(MIGRATED - timedelta(days=1))  # empty, a day older
+    assert sorted(report.dropped) == [f"consumer_idempotency_marks_p{before}", f"outbox_p{before}"]
+    assert fdb.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
+                       ).fetchall() == [(key,)]
+    assert fdb.execute("SELECT count(*) FROM user_activity.outbox").fetchone() == (1,)
+
+
+def test_only_one_maintenance_run_at_a_time(fdb: psycopg.Connection[Any], fresh: str) -> None:
+    with psycopg.connect(fresh, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (MAINTENANCE_KEY,))
+        try:
+            report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))
+
+    assert not report.ran
+    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in _partitions(
+        fdb, "consumer_idempotency_marks")
+
+
+def test_expired_rows_in_a_default_partition_are_deleted(fdb: psycopg.Connection[Any]) -> None:
+    far = MIGRATED + timedelta(days=30)  # a day that had no partition: the DEFAULT one
+    key = _mark(fdb, far)
+    _outbox(fdb, far)
+    _deliver_everything(fdb)
+
+    report = maintain(fdb, RETENTION_DAYS, today=far + timedelta(days=RETENTION_DAYS + 1))
+
+    assert report.deleted_rows == 2
+    assert fdb.execute("SELECT count(*) FROM user_activity.consumer_idempotency_marks"
+                       " WHERE key = %s", (key,)).fetchone() == (0,)
+    assert fdb.execute("SELECT count(*) FROM user_activity.outbox").fetchone() == (0,)
+
+
+def test_writes_go_on_while_partitions_are_dropped(
+    fdb: psycopg.Connection[Any], fresh: str
+) -> None:
+    _deliver_everything(fdb)
+    stop = threading.Event()
+    written: list[str] = []
+
+    def write() -> None:
+        with psycopg.connect(fresh, autocommit=True) as writer:
+            while not stop.is_set():
+                key = f"retention-live:{uuid.uuid4()}"
+                writer.execute("INSERT INTO user_activity.consumer_idempotency_marks (key)"
+                               " VALUES (%s)", (key,))
+                written.append(key)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+    finally:
+        stop.set()
+        thread.join(10)
+
+    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in report.dropped
+    assert written
