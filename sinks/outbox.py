@@ -389,8 +389,11 @@ class OutboxPublisher:
         size = self._settings.outbox_batch_size
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
-            errors = self._producer.produce_and_wait(
+            records, publishing = start_publish(
                 [outgoing_record(r.topic, r.key, r.value, r.headers) for r in chunk])
+            errors = self._producer.produce_and_wait(records)
+            if publishing is not None:  # the sampled rows' `publish` spans (runtime.tracing)
+                publishing.end(errors)
             acknowledged += [row for row, err in zip(chunk, errors, strict=True) if err is None]
         self._sent_early.update(row.id for row in acknowledged)
         _count_published(row.topic for row in acknowledged)
