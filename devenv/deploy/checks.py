@@ -147,10 +147,10 @@ def exactness(dsn: str, bootstrap: str, topic: str, message_ids: Sequence[uuid.U
 
 
 def unpublished(dsn: str, topic: str) -> int:
-    """Outbox rows of ``topic`` not yet published."""
+    """Outbox rows of ``topic`` not yet published (past the watermark, or parked and requeued)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM user_activity.outbox WHERE topic = %s"
-                           " AND published_at IS NULL", (topic,)).fetchone()
+        row = conn.execute("SELECT count(*) FROM user_activity.outbox_unpublished"
+                           " WHERE topic = %s", (topic,)).fetchone()
     return int(row[0]) if row else 0
 
 
