@@ -123,3 +123,12 @@ def action_rows(conn: psycopg.Connection[Any], source_message_ids: Sequence[uuid
             (list(source_message_ids),),
         )
         return list(cur.fetchall())
+
+
+def partitions(db: psycopg.Connection[Any], parent: str) -> set[str]:
+    """The names of the partitions of ``user_activity.<parent>``."""
+    rows = db.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass", (f"user_activity.{parent}",),
+    ).fetchall()
+    return {row[0] for row in rows}

@@ -32,19 +32,11 @@ from tests.chaos import (
     wait_until_drained,
 )
 from tests.conftest import SettingsFactory
-from tests.support import Produced, consume_all, produce
+from tests.support import Produced, consume_all, partitions, produce
 
 pytestmark = pytest.mark.e2e
 
 OLD_ROWS = 200
-
-
-def _partitions(db: psycopg.Connection[Any], parent: str) -> set[str]:
-    rows = db.execute(
-        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-        " WHERE i.inhparent = %s::regclass", (f"user_activity.{parent}",),
-    ).fetchall()
-    return {row[0] for row in rows}
 
 
 def test_cleanup_while_the_job_runs_with_redeliveries_and_a_replay_loses_and_doubles_nothing(
@@ -65,7 +57,7 @@ def test_cleanup_while_the_job_runs_with_redeliveries_and_a_replay_loses_and_dou
     db.execute("INSERT INTO user_activity.outbox (id, topic, key, value, created_at)"
                " SELECT gen_random_uuid(), %s, convert_to(i::text, 'UTF8'), '\\x7b7d', %s"
                "   FROM generate_series(1, %s) i", (old_topic, old_at, OLD_ROWS))
-    assert f"outbox_p{suffix}" in _partitions(db, "outbox")
+    assert f"outbox_p{suffix}" in partitions(db, "outbox")
 
     stream = good_stream(settings, database_url, 3_000, seed=16)
     job = jobs.job(settings, tail=True)
@@ -88,13 +80,13 @@ def test_cleanup_while_the_job_runs_with_redeliveries_and_a_replay_loses_and_dou
     replayed = replay(settings, StartPosition(timestamp_ms=0), out=io.StringIO())
     wait_until_drained(job, database_url, stream)
     job.wait_until(lambda: unpublished(database_url, old_topic) == 0, 30, "the old rows sent")
-    job.wait_until(lambda: f"outbox_p{suffix}" not in _partitions(db, "outbox"), 30,
+    job.wait_until(lambda: f"outbox_p{suffix}" not in partitions(db, "outbox"), 30,
                    "the job's maintenance to drop the expired outbox partition")
     code = job.terminate(timeout=25)
 
     assert code == 0, job.log_tail()
     assert "partitions created" in maintained.stdout or "holds the lock" in maintained.stdout
-    assert f"consumer_idempotency_marks_p{suffix}" not in _partitions(
+    assert f"consumer_idempotency_marks_p{suffix}" not in partitions(
         db, "consumer_idempotency_marks")
     left = db.execute("SELECT count(*) FROM user_activity.consumer_idempotency_marks"
                       " WHERE key = ANY(%s)", (old_keys,)).fetchone()

@@ -18,6 +18,7 @@ import pytest
 
 from cli.migrate import apply_migrations
 from sinks.retention import MAINTENANCE_KEY, PARTITIONS_AHEAD_DAYS, maintain
+from tests.support import partitions
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +31,6 @@ EXPIRED = MIGRATED + timedelta(days=RETENTION_DAYS + 1)
 
 def _day(day: date) -> str:
     return day.strftime("%Y%m%d")
-
-
-def _partitions(db: psycopg.Connection[Any], parent: str) -> set[str]:
-    rows = db.execute(
-        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-        " WHERE i.inhparent = %s::regclass", (f"user_activity.{parent}",),
-    ).fetchall()
-    return {row[0] for row in rows}
 
 
 def _deliver_everything(db: psycopg.Connection[Any]) -> None:
@@ -110,8 +103,8 @@ def test_expired_partitions_are_dropped_once_their_rows_are_published(
     assert rows == [(recent_row,)] and recent_row not in old_rows
     for ahead in range(PARTITIONS_AHEAD_DAYS + 1):  # created ahead of the (simulated) today
         day = _day(EXPIRED + timedelta(days=ahead))
-        assert f"outbox_p{day}" in _partitions(fdb, "outbox")
-        assert f"consumer_idempotency_marks_p{day}" in _partitions(
+        assert f"outbox_p{day}" in partitions(fdb, "outbox")
+        assert f"consumer_idempotency_marks_p{day}" in partitions(
             fdb, "consumer_idempotency_marks")
 
 
@@ -164,7 +157,7 @@ def test_only_one_maintenance_run_at_a_time(fdb: psycopg.Connection[Any], fresh:
             holder.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))
 
     assert not report.ran
-    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in _partitions(
+    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in partitions(
         fdb, "consumer_idempotency_marks")
 
 
