@@ -21,8 +21,11 @@ from typing import Any
 
 import orjson
 import psycopg
+import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from dataflows.session_linking.decode import SignInMessage
+from dataflows.session_linking.sink import SessionLinksStore
 from devenv.harness.jobs import HttpAnswer, JobProcess
 from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import seed_owners
@@ -452,3 +455,18 @@ def stop_job(job: JobProcess) -> dict[str, Any]:
 def count_log_events(job: JobProcess, event: str, run: int | None = None) -> int:
     return sum(1 for e in job.log_events(run) if e.get("event") == event)
 
+
+
+def fail_sign_in_batches_of(monkeypatch: pytest.MonkeyPatch, device: uuid.UUID) -> None:
+    """Session-linking store batches holding a sign-in of ``device`` raise, in this process.
+
+    A bug triggered by that one message; other batches go through unchanged.
+    """
+    link_batch = SessionLinksStore.link_batch
+
+    def failing(store: SessionLinksStore, conn: Any, messages: list[SignInMessage]) -> Any:
+        if any(m.anonymous_id == device for m in messages):
+            raise RuntimeError("a bug triggered by this one message")
+        return link_batch(store, conn, messages)
+
+    monkeypatch.setattr(SessionLinksStore, "link_batch", failing)

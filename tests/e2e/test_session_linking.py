@@ -27,6 +27,7 @@ from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
 from schemas.kafka_record import SourceRecord
 from schemas.sessions import SessionEndedEnvelope, SessionLinkedEnvelope, SessionStartedEnvelope
+from tests.chaos import fail_sign_in_batches_of
 from tests.conftest import SettingsFactory
 from tests.support import Consumed, Produced, action_rows, consume_all, envelope_record, produce
 
@@ -395,16 +396,7 @@ def test_a_sign_in_failing_three_times_is_dead_lettered_and_its_batch_mates_are_
     good_session = insert_session(db, anonymous_id=good_device)
     poison_session = insert_session(db, anonymous_id=poison_device)
     poison = sign_in_envelope(user_id=user, anonymous_id=poison_device)
-    link_batch = SessionLinksStore.link_batch
-
-    def failing_for_poison(
-        store: SessionLinksStore, conn: Any, messages: list[SignInMessage]
-    ) -> Any:
-        if any(m.anonymous_id == poison_device for m in messages):
-            raise RuntimeError("a bug triggered by this one message")
-        return link_batch(store, conn, messages)
-
-    monkeypatch.setattr(SessionLinksStore, "link_batch", failing_for_poison)
+    fail_sign_in_batches_of(monkeypatch, poison_device)
     produce(settings, [
         sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=good_device), partition=2),
         sign_in(settings, poison, partition=2),

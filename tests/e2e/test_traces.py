@@ -23,14 +23,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from dataflows.session_linking import build_flow as build_session_linking_flow
-from dataflows.session_linking.decode import SignInMessage
-from dataflows.session_linking.sink import SessionLinksStore
 from devenv.harness.jobs import SESSION_LINKING_FLOW, JobSupervisor, wait_until
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from devenv.otlp_receiver import OtlpReceiver, ReceivedSpan
 from runtime import tracing
 from runtime.tracing import Sampling
+from tests.chaos import fail_sign_in_batches_of
 from tests.conftest import SettingsFactory
 from tests.support import consume_all, envelope_record, produce
 
@@ -153,16 +152,7 @@ def test_a_sampled_sign_in_dead_lettered_by_the_sink_ends_its_trace_with_an_erro
     good_device, poison_device, user = new_id(), new_id(), new_id()
     insert_session(db, anonymous_id=good_device)
     insert_session(db, anonymous_id=poison_device)
-    link_batch = SessionLinksStore.link_batch
-
-    def failing_for_poison(
-        store: SessionLinksStore, conn: Any, messages: list[SignInMessage]
-    ) -> Any:
-        if any(m.anonymous_id == poison_device for m in messages):
-            raise RuntimeError("a bug triggered by this one message")
-        return link_batch(store, conn, messages)
-
-    monkeypatch.setattr(SessionLinksStore, "link_batch", failing_for_poison)
+    fail_sign_in_batches_of(monkeypatch, poison_device)
     poison_parent = f"00-{UNSAMPLED_TRACE_ID}-b7ad6b7169203331-01".encode()
     produce(settings, [
         envelope_record(settings.topic_user_signed_in,
