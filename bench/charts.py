@@ -21,9 +21,15 @@ from bench.report import get, scale_point
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
 
 
+def _job_label(run: str) -> str:
+    """``workers_2`` -> ``job -w 2``; ``processes_2`` -> ``job, 2 processes``."""
+    if run.startswith("processes_"):
+        return f"job, {run.removeprefix('processes_')} processes"
+    return f"job {run.replace('workers_', '-w ')}"
+
+
 def _throughput(results: dict[str, Any], ax: Any) -> None:
-    bars = {f"job {k.replace('workers_', '-w ')}": v.get("events_per_s")
-            for k, v in (results.get("job") or {}).items()}
+    bars = {_job_label(k): v.get("events_per_s") for k, v in (results.get("job") or {}).items()}
     bars |= {"write-path ceiling": get(results, "ceiling.events_per_s"),
              "Quix Streams peer": get(results, "peer.events_per_s"),
              "naive consumer": get(results, "naive.events_per_s")}

@@ -82,10 +82,13 @@ class Job(JobProcess):
     def __init__(
         self, settings: Settings, log_path: Path, *, workers: int = 1, tail: bool,
         recovery_dir: Path | None = None, extra_env: dict[str, str] | None = None,
-        source_dir: Path | None = None,
+        source_dir: Path | None = None, cluster: tuple[int, str] | None = None,
     ) -> None:
-        """``source_dir``: run the job from another checkout (an A/B against another commit)."""
-        super().__init__(settings, log_path.parent, workers=workers, tail=tail,
+        """``source_dir``: run the job from another checkout (an A/B against another commit).
+
+        ``cluster``: ``(process id, addresses)`` of one process of a multi-process job.
+        """
+        super().__init__(settings, log_path.parent, workers=workers, tail=tail, cluster=cluster,
                          recovery=recovery_dir is not None, recovery_dir=recovery_dir,
                          snapshot_interval=5, backup_interval=0, log_path=log_path,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, extra_env=extra_env,

@@ -34,6 +34,7 @@ from bench.workload import (
 from bench.workload import producer as make_producer
 from devenv.harness.jobs import ROOT
 from devenv.harness.metrics import metric_sum
+from devenv.harness.ports import free_port
 from devenv.harness.sessions import Session
 from devenv.otlp_receiver import OtlpReceiver
 from runtime.settings import Settings
@@ -56,12 +57,14 @@ def job_backlog(
     services: Services, input_settings: Settings, backlog: Backlog, db_url: str, *,
     name: str, workers: int, prefill_rows: int, timeout: float, log: Log,
     profile_dir: Path | None = None, source_dir: Path | None = None,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None, processes: int = 1,
 ) -> dict[str, Any]:
     """Run the bounded job (``tail=False``) on the backlog until it is all processed.
 
     Done = every action-tracked message on the output topic (each is published after its row's
     commit; the row count is checked after); the rate is over the wall time from the spawn.
+    ``processes`` > 1 runs a Bytewax cluster of that many processes (``-i``/``-a``, ``workers``
+    each); CPU and RSS are their sums, metrics are the first process's.
     """
     settings = services.settings(name, db_url,
                                  topic_favorite_added=input_settings.topic_favorite_added,
@@ -72,9 +75,18 @@ def job_backlog(
     gc_dir = services.run_dir / "gcprobe"
     gc_dir.mkdir(exist_ok=True)
     probe_env = {"PYTHONPATH": str(ROOT / "bench" / "gcprobe"), "GCPROBE_DIR": str(gc_dir)}
-    job = Job(settings, services.run_dir / f"{name}.log", workers=workers, tail=False,
-              source_dir=source_dir, extra_env={**probe_env, **(extra_env or {})})
-    sampler = CpuSampler(services, job)
+    addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(processes))
+    jobs = [
+        Job(settings, services.run_dir / (f"{name}.log" if processes == 1 else f"{name}-{i}.log"),
+            workers=workers, tail=False, source_dir=source_dir,
+            extra_env={**probe_env, **(extra_env or {})},
+            cluster=(i, addresses) if processes > 1 else None)
+        for i in range(processes)
+    ]
+    job = jobs[0]
+    sampler = (CpuSampler(services, job) if processes == 1 else CpuSampler(
+        services, cpu=lambda: sum(j.cpu_seconds() or 0.0 for j in jobs),
+        rss=lambda: sum(j.rss_mb() or 0.0 for j in jobs)))
     t_http = t_rows = None
     last: dict[str, float] | None = None
     spies: list[subprocess.Popen[bytes]] = []
@@ -90,16 +102,20 @@ def job_backlog(
             next_scrape = now + (2.0 if t_http is not None else 0.1)
             if t_rows is None and metric_sum(last, RECORDED) >= expected:
                 t_rows = now
-        job.hwm_mb()
-        if not job.running and job.exited_at is not None and now - job.exited_at > 15:
-            failure = f"job exited ({job.returncode}) with {counter.count}/{expected} out"
+        for j in jobs:
+            j.hwm_mb()
+        gone = [j for j in jobs if not j.running and j.exited_at is not None
+                and now - j.exited_at > 15]
+        if gone:
+            failure = f"job exited ({gone[0].returncode}) with {counter.count}/{expected} out"
             break
         if now - job.started > timeout:
             failure = f"timeout after {timeout:.0f}s: {counter.count}/{expected} out"
             break
         time.sleep(0.1)
-    code = job.wait(60)
-    code = job.stop() if code is None else code
+    codes = [j.wait(60) for j in jobs]
+    codes = [j.stop() if c is None else c for j, c in zip(jobs, codes, strict=True)]
+    code = next((c for c in codes if c), codes[0])
     cpu = sampler.stop()
     counter.close()
     for spy in spies:
@@ -117,7 +133,8 @@ def job_backlog(
     wall = None if t_done is None else t_done - job.started
     first = counter.first_at
     result: dict[str, Any] = {
-        "workers": workers, "messages": total, "expected_recorded": expected,
+        "workers": workers, "processes": processes, "messages": total,
+        "expected_recorded": expected,
         "rows_committed": rows,
         "outbox_unpublished_after": services.counts(db_url)["outbox_unpublished"],
         "action_tracked_on_topic": out_total, "action_tracked_distinct": out_distinct,
@@ -133,7 +150,7 @@ def job_backlog(
         "events_per_s_after_first_output": (
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round(wal / rows) if rows > 0 else None,
-        "job_peak_rss_mb": job.hwm_mb() or 0.0,  # VmHWM, read every 0.1 s
+        "job_peak_rss_mb": sum(j.hwm_mb() or 0.0 for j in jobs),  # VmHWM, read every 0.1 s
         "gc": _gc_probe(gc_dir, job.pid or 0),
         "cpu_us_per_event": cpu_us_per_event(cpu, total),
         "resources": cpu,

@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value),
                             help=f"{_HELP[key]} (default {value:g})")
     parser.add_argument("--workers", default="1,2", help="job worker counts (default 1,2)")
+    parser.add_argument("--processes", default="2",
+                        help="also run the job as a cluster of N processes of one worker each "
+                             "(default 2; empty: not)")
     parser.add_argument("--phases", default=",".join(ALL_PHASES),
                         help=f"comma list of {', '.join(ALL_PHASES)}")
     parser.add_argument("--small", action="store_true", help="tiny sizes (the test suite's)")
@@ -95,6 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.workers = [int(w) for w in str(args.workers).split(",") if w]
+    args.processes = [int(p) for p in str(args.processes).split(",") if p and int(p) > 1]
     args.phases = [p for p in str(args.phases).split(",") if p]
     if unknown := set(args.phases) - set(ALL_PHASES):
         parser.error(f"unknown phases: {sorted(unknown)}")
@@ -198,6 +202,16 @@ class _Run:
 
             run = self.on_copy(name, measure, keep=True)
             self.results["job"][f"workers_{workers}"] = run
+            self.failed |= not run["ok"]
+        for processes in self.args.processes:
+            name = f"job_p{processes}"
+
+            def measure_cluster(db: str, name: str = name, processes: int = processes,
+                                ) -> dict[str, Any]:
+                return self.job(name, 1, db, processes=processes)
+
+            run = self.on_copy(name, measure_cluster)
+            self.results["job"][f"processes_{processes}"] = run
             self.failed |= not run["ok"]
 
     def phase_compare(self) -> None:

@@ -71,6 +71,7 @@ class JobProcess:
     ``recovery`` False runs without one; ``recovery_dir`` defaults to ``<workdir>/recovery``.
     Each start writes its own log ``<workdir>/job-<n>.log``, or appends to ``log_path``.
     ``env`` is the environment the settings go on top of (:func:`base_env` by default).
+    ``cluster`` ``(process id, addresses)`` runs one process of a Bytewax cluster (``-i``/``-a``).
     """
 
     def __init__(
@@ -80,8 +81,10 @@ class JobProcess:
         backup_interval: float = 10, host: str = "127.0.0.1", port: int | None = None,
         log_path: Path | None = None, env: Mapping[str, str] | None = None,
         extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
+        cluster: tuple[int, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        self.cluster = cluster
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.flow = flow
         self.workers = workers
@@ -122,6 +125,8 @@ class JobProcess:
         command = [sys.executable, "-m", "bytewax.run", self.flow]
         if self.workers is not None:
             command += ["-w", str(self.workers)]
+        if self.cluster is not None:
+            command += ["-i", str(self.cluster[0]), "-a", self.cluster[1]]
         if self.recovery_dir is not None:
             command += ["-r", str(self.recovery_dir),
                         "-s", _seconds(self._snapshot_interval),
