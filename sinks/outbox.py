@@ -98,14 +98,14 @@ _CURRENT_SNAPSHOT = "SELECT pg_current_snapshot()::text"
 # transactions in progress at `delivered` that `target` sees, then those started after it.
 _PAGE = """
 SELECT * FROM (
-    (SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at
+    (SELECT o.txid, o.id
        FROM user_activity.outbox o
       WHERE o.txid = ANY (ARRAY(SELECT x FROM pg_snapshot_xip(%(delivered)s::pg_snapshot) x
                                  WHERE pg_visible_in_snapshot(x, %(target)s::pg_snapshot)))
         AND (o.txid, o.id) > (%(after_txid)s::xid8, %(after_id)s::uuid)
       ORDER BY o.txid, o.id LIMIT %(limit)s)
     UNION ALL
-    (SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at
+    (SELECT o.txid, o.id
        FROM user_activity.outbox o
       WHERE o.txid >= pg_snapshot_xmax(%(delivered)s::pg_snapshot)
         AND o.txid < pg_snapshot_xmax(%(target)s::pg_snapshot)
@@ -113,6 +113,14 @@ SELECT * FROM (
         AND pg_visible_in_snapshot(o.txid, %(target)s::pg_snapshot)
       ORDER BY o.txid, o.id LIMIT %(limit)s)
 ) page ORDER BY txid, id LIMIT %(limit)s
+"""
+"""A page of the window: ``(txid, id)`` only. Most rows were sent by the fast path already;
+only the others are read whole (:data:`_ROWS`)."""
+_ROWS = """
+SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at
+  FROM unnest(%(txids)s::xid8[], %(ids)s::uuid[]) AS w (txid, id)
+  JOIN user_activity.outbox o ON o.txid = w.txid AND o.id = w.id
+ ORDER BY o.txid, o.id
 """
 _ADVANCE = """
 UPDATE user_activity.outbox_watermark
@@ -335,11 +343,14 @@ class OutboxPublisher:
             }).fetchall()
             if not rows and not window.resumed and delivered_rows == 0:
                 return 0  # nothing committed since: the watermark stays where it is
-            # rows the fast path already had acknowledged are not sent again
+            # rows the fast path already had acknowledged are not read whole nor sent again
             early = self._sent_early
             todo = [i for i, r in enumerate(rows) if r[1] not in early]
+            whole = self._whole_rows(conn, [rows[i] for i in todo])
+            for index, row in zip(todo, whole, strict=True):
+                rows[index] = row
             errors: list[KafkaError | None] = [None] * len(rows)
-            produced = self._produce([outgoing_record(*rows[i][2:6]) for i in todo])
+            produced = self._produce([outgoing_record(*row[2:6]) for row in whole])
             for index, err in zip(todo, produced, strict=True):
                 errors[index] = err
             sent = _settled_prefix(errors)
@@ -365,6 +376,23 @@ class OutboxPublisher:
             if last_page:
                 return delivered_rows
             after = (str(rows[-1][0]), rows[-1][1])
+
+    @staticmethod
+    def _whole_rows(conn: Connection, keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The whole rows of ``keys`` (``(txid, id)`` pairs, window order), in that order.
+
+        A whole row is ``(txid, id, topic, key, value, headers, created_at)``.
+        A row of a window is unpublished, and only a published row's partition is ever dropped,
+        so every one is there; a missing one is an error (the cycle is retried).
+        """
+        if not keys:
+            return []
+        whole: list[tuple[Any, ...]] = conn.execute(_ROWS, {
+            "txids": [str(k[0]) for k in keys], "ids": [k[1] for k in keys],
+        }).fetchall()
+        if len(whole) != len(keys):
+            raise RuntimeError(f"{len(keys) - len(whole)} outbox rows of the window are gone")
+        return whole
 
     def publish_offered(self) -> int:
         """The fast path: produce the rows this process's sinks offered, from memory; how many.
