@@ -18,6 +18,11 @@ class SourceRecord:
     received_at: float = field(default=0.0, compare=False)
     """``time.monotonic()`` when the consumer handed it over (for consume-duration)."""
 
+    def __reduce__(self) -> tuple[type[SourceRecord], tuple[object, ...]]:
+        """Pickled as its fields (a slotted dataclass's default pickling is 3x slower)."""
+        return (SourceRecord, (self.topic, self.partition, self.offset, self.key, self.value,
+                               self.headers, self.received_at))
+
     def header(self, name: str) -> bytes | None:
         """The last value of header ``name``, or None."""
         found = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 from typing import Any
 from uuid import UUID
 
@@ -23,6 +25,7 @@ from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from schemas.outbox import MessageTrace
 
 ADDED_TOPIC = "pin.favorites.favorite-added.v1"
 REMOVED_TOPIC = "pin.favorites.favorite-removed.v1"
@@ -520,3 +523,26 @@ def test_an_undecodable_letter_carries_no_ids() -> None:
 
     assert isinstance(letter, DeadLetter)
     assert letter.ids == ()
+
+
+# --- crossing to another process ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trace", [None, MessageTrace(0x0AF7651916CD43DD8448EB211C80319C,
+                                                      0xB7AD6B7169203331, 0x1122334455667788)])
+def test_a_message_pickled_to_another_worker_arrives_equal_with_its_record_and_trace(
+    trace: MessageTrace | None,
+) -> None:
+    """Bytewax pickles items sent to another process: what arrives is the message that left."""
+    decoded = decode_favorite(record(encoded(favorite_value(Payload__UserId=None))), ACTION_TYPES)
+    assert isinstance(decoded, FavoriteMessage)
+    message = dataclasses.replace(decoded, trace=trace)
+
+    arrived = pickle.loads(pickle.dumps(message))
+
+    assert arrived == message
+    assert arrived.trace == trace
+    assert arrived.record == message.record and arrived.record.headers == message.record.headers
+    assert (arrived.idempotency_key, arrived.dedup_id, arrived.owner_key) == (
+        message.idempotency_key, message.dedup_id, message.owner_key)
+    assert arrived.envelope.payload.occurred_at == message.envelope.payload.occurred_at
