@@ -63,7 +63,10 @@ BEGIN
             USING ERRCODE = 'foreign_key_violation', SCHEMA = 'user_activity',
                   TABLE = 'sessions', COLUMN = 'id';
     END IF;
-    RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
 END;
 $$;
 

@@ -255,18 +255,22 @@ def test_a_session_with_actions_cannot_be_deleted_renumbered_or_truncated(
                         (session,)).fetchone() == (1,)
 
 
-def test_a_session_without_actions_can_be_deleted_and_others_still_updated(
+def test_a_session_without_actions_can_be_renumbered_and_deleted_and_others_updated(
     conn: psycopg.Connection[Any],
 ) -> None:
-    lone, busy = _session(conn), _session(conn)
+    lone, busy, renumbered = _session(conn), _session(conn), uuid.uuid4()
     _action(conn, busy, uuid.uuid4())
 
     conn.execute("UPDATE user_activity.sessions SET last_activity_at = now() WHERE id = %s",
                  (busy,))
-    conn.execute("DELETE FROM user_activity.sessions WHERE id = %s", (lone,))
+    conn.execute("UPDATE user_activity.sessions SET id = %s WHERE id = %s", (renumbered, lone))
+    found = conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
+                         (renumbered,)).fetchone()
+    conn.execute("DELETE FROM user_activity.sessions WHERE id = %s", (renumbered,))
 
-    assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
-                        (lone,)).fetchone() == (0,)
+    assert found == (1,)
+    assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = ANY(%s)",
+                        ([lone, renumbered],)).fetchone() == (0,)
 
 
 def test_deleting_a_session_waits_for_an_open_insert_of_its_action_and_then_is_refused(
