@@ -5,7 +5,7 @@
 -- Why: the foreign key's check locks the referenced sessions row (SELECT ... FOR KEY SHARE) for
 -- every inserted action. That lock is a WAL record per action (~55 B) and dirties the session's
 -- page, so every sessions page touched after a checkpoint is written again as a full-page
--- image; together 6 % of the job's WAL per event. The rule stays the same and is enforced by
+-- image; together 5 % of the job's WAL per event. The rule stays the same and is enforced by
 -- the database, now by triggers that take no row lock:
 --
 -- * an INSERT into action_events fails (SQLSTATE 23503 foreign_key_violation, as before) when
