@@ -14,17 +14,12 @@ from typing import Any
 
 import psycopg
 
+from bench.wal import lsn_text, wal_by_relation, wal_composition, wal_lsn
 from bench.workload import Backlog
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.store import FavoritesStore
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-
-
-def wal_lsn(conn: psycopg.Connection[Any]) -> int:
-    """The current WAL insert position in bytes."""
-    row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
-    return int(row[0]) if row else 0
 
 
 def decode_backlog(backlog: Backlog, added_topic: str, removed_topic: str
@@ -64,7 +59,7 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
         cpu = sampler() if sampler is not None else None
         start = time.monotonic()
         sample: tuple[str, str, int] | None = None  # the WAL range of the first 10k recorded
-        first = _lsn_text(conn)
+        first = lsn_text(conn)
         for i in range(0, len(messages), batch_size):
             batch = messages[i : i + batch_size]
             outcome = store.record_batch(conn, batch)
@@ -73,13 +68,14 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
             duplicates += len(outcome.duplicates)
             no_session += len(outcome.no_session)
             if sample is None and recorded >= WAL_SAMPLE_EVENTS:
-                sample = (first, _lsn_text(conn), recorded)
+                sample = (first, lsn_text(conn), recorded)
             if time.monotonic() - start > max_seconds:
                 break
         elapsed = time.monotonic() - start
         resources = cpu.stop() if cpu is not None else None
         wal = wal_lsn(conn) - wal0
         breakdown = wal_by_relation(conn, *sample) if sample is not None else None
+        composition = wal_composition(conn, first, lsn_text(conn), recorded)
     return {
         "messages_fed": fed,
         "recorded": recorded,
@@ -91,42 +87,13 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
         "recorded_per_s": round(recorded / elapsed, 1) if elapsed else None,
         "wal_bytes_per_recorded_event": round(wal / recorded) if recorded else None,
         "wal_bytes_per_recorded_event_by_relation": breakdown,
+        "wal_by_kind": composition,
         "resources": resources,
     }
 
 
 WAL_SAMPLE_EVENTS = 10_000
 """Recorded events whose WAL :func:`wal_by_relation` breaks down."""
-
-
-def _lsn_text(conn: psycopg.Connection[Any]) -> str:
-    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    return str(row[0]) if row else "0/0"
-
-
-def wal_by_relation(conn: psycopg.Connection[Any], start: str, end: str, events: int
-                    ) -> dict[str, float] | None:
-    """WAL bytes per event between two LSNs by relation (record bytes, page images included).
-
-    Reads the WAL with ``pg_walinspect`` (PostgreSQL 15+; created if missing, which needs a
-    superuser). ``None`` when it is not available. ``page images`` is the part of the total
-    that full-page images take.
-    """
-    try:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        rows = conn.execute(
-            """SELECT coalesce(c.relname, 'other'), sum(r.record_length), sum(r.fpi_length)
-                 FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn) r
-                 LEFT JOIN pg_class c ON c.relfilenode::text
-                      = substring(r.block_ref FROM 'rel \\d+/\\d+/(\\d+)')
-                GROUP BY 1 ORDER BY 2 DESC""", (start, end),
-        ).fetchall()
-    except psycopg.Error:
-        return None
-    result = {str(name): round(int(size) / events, 1) for name, size, _fpi in rows}
-    result["page images"] = round(sum(int(fpi) for _n, _s, fpi in rows) / events, 1)
-    result["total"] = round(sum(int(size) for _n, size, _f in rows) / events, 1)
-    return result
 
 
 _OLD_SCHEMA = """

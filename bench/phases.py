@@ -23,6 +23,7 @@ import orjson
 
 from bench.measure import CpuSampler, Job, OutputCounter, cpu_us_per_event, read_topic
 from bench.services import Services
+from bench.wal import describe_composition
 from bench.workload import (
     Backlog,
     EnvelopeFactory,
@@ -71,7 +72,7 @@ def job_backlog(
                                  topic_favorite_removed=input_settings.topic_favorite_removed)
     expected, total = backlog.expected_recorded, len(backlog.records)
     counter = OutputCounter(services.bootstrap, settings.topic_action_tracked)
-    wal0 = services.wal(db_url)
+    wal0, lsn0 = services.wal_position(db_url)
     gc_dir = services.run_dir / "gcprobe"
     gc_dir.mkdir(exist_ok=True)
     probe_env = {"PYTHONPATH": str(ROOT / "bench" / "gcprobe"), "GCPROBE_DIR": str(gc_dir)}
@@ -125,10 +126,12 @@ def job_backlog(
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
     rows = services.counts(db_url)["action_events"] - prefill_rows
-    wal = services.wal(db_url) - wal0
+    wal_end, lsn_end = services.wal_position(db_url)
+    wal = wal_end - wal0
     out_total, out_distinct = read_topic(
         services.bootstrap, settings.topic_action_tracked,
         lambda e: str(e["Payload"]["FavoriteId"]), expect=expected, timeout=30)
+    composition = services.wal_composition(db_url, lsn0, lsn_end, rows)  # outside the timing
     t_done = counter.last_at if failure is None else None
     wall = None if t_done is None else t_done - job.started
     first = counter.first_at
@@ -150,6 +153,7 @@ def job_backlog(
         "events_per_s_after_first_output": (
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round(wal / rows) if rows > 0 else None,
+        "wal_by_kind": composition,
         "job_peak_rss_mb": sum(j.hwm_mb() or 0.0 for j in jobs),  # VmHWM, read every 0.1 s
         "gc": _gc_probe(gc_dir, job.pid or 0),
         "cpu_us_per_event": cpu_us_per_event(cpu, total),
@@ -161,6 +165,8 @@ def job_backlog(
         result["log_tail"] = job.log_tail(20, info=True)
     log(f"  {name}: {result['events_per_s']} ev/s, wall {result['wall_s']}s, rows {rows}/"
         f"{expected}, out {out_distinct}/{expected}, CPU µs/event {result['cpu_us_per_event']}")
+    log(f"  {name}: WAL B/event {result['wal_bytes_per_recorded_event']}: "
+        f"{describe_composition(composition)}")
     return result
 
 

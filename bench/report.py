@@ -120,7 +120,11 @@ def print_table(results: dict[str, Any]) -> None:
         rows += [(f"{label}: events/s (wall s)", f"{_fmt(run.get('events_per_s'))} "
                   f"({_fmt(run.get('wall_s'))})", "", ""),
                  (f"{label}: CPU us/event job / postgres / kafka",
-                  _fmt(run.get("cpu_us_per_event")), "", "")]
+                  _fmt(run.get("cpu_us_per_event")), "", ""),
+                 (f"{label}: WAL B/event, records / page images",
+                  " / ".join(_fmt(get(run, f"wal_by_kind.{kind}"))
+                             for kind in ("records", "page_images")),
+                  "", "")]
     for label, path in _ROWS:
         paths = (path,) if isinstance(path, str) else path
         rows.append((label, " / ".join(_fmt(get(results, p)) for p in paths), "", ""))

@@ -91,12 +91,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--charts", action="store_true",
                         help="only draw docs/img/*.png from --out (no benchmark run)")
     parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/bench-profile"))  # noqa: S108
+    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a PostgreSQL setting of the benchmark's own server (repeatable; "
+                             "default none: the headline runs on default settings)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
     args = parser.parse_args(argv)
     for key, value in (SMALL if args.small else FULL).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if bad := [item for item in args.pg_setting if "=" not in item]:
+        parser.error(f"--pg-setting needs NAME=VALUE, got {bad}")
+    if args.pg_setting and args.external:
+        parser.error("--pg-setting applies to the benchmark's own PostgreSQL, not --external")
+    args.pg_setting = dict(item.split("=", 1) for item in args.pg_setting)
     args.workers = [int(w) for w in str(args.workers).split(",") if w]
     args.processes = [int(p) for p in str(args.processes).split(",") if p and int(p) > 1]
     args.phases = [p for p in str(args.phases).split(",") if p]
@@ -136,7 +144,7 @@ class _Run:
         self.args = args
         self.run_id = f"{int(time.time()) % 100000:05d}{uuid.uuid4().hex[:4]}"
         self.rng = random.Random(args.seed)
-        self.services = Services(args.external, self.run_id)
+        self.services = Services(args.external, self.run_id, pg_settings=args.pg_setting)
         self.results: dict[str, Any] = {"meta": {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"), "run_id": self.run_id,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from bench.ceiling import wal_lsn
+from bench.wal import lsn_text, wal_composition, wal_lsn
 from cli.topics import ensure_topics
 from runtime.settings import Settings
 
@@ -68,8 +68,10 @@ def listening_pid(port: int) -> int | None:
 class Services:
     """Kafka + PostgreSQL for one run; ``close()`` leaves nothing running."""
 
-    def __init__(self, external: bool, run_id: str) -> None:
+    def __init__(self, external: bool, run_id: str,
+                 pg_settings: dict[str, str] | None = None) -> None:
         self.external = external
+        self.pg_settings = dict(pg_settings or {})  # on top of POSTGRES_SETTINGS (own server)
         self.run_id = run_id
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{run_id}-"))
         self._broker: Any = None
@@ -94,7 +96,8 @@ class Services:
         from devenv.postgres_server import PostgresServer
 
         t0 = time.monotonic()
-        self._postgres = PostgresServer(self.run_dir / "postgres", settings=POSTGRES_SETTINGS)
+        self._postgres = PostgresServer(self.run_dir / "postgres",
+                                        settings={**POSTGRES_SETTINGS, **self.pg_settings})
         self._postgres.start()
         self.server_url = self._postgres.dsn("postgres")
         self.postmaster_pid = self._postgres.pid
@@ -109,9 +112,16 @@ class Services:
         return timings
 
     def durability(self) -> dict[str, str]:
-        """The server's ``fsync`` and ``synchronous_commit`` (recorded with every run)."""
+        """``fsync``, ``synchronous_commit`` and each ``--pg-setting``, as the server says.
+
+        Recorded with every run (``meta.postgres``).
+        """
         with self._admin() as conn:
-            return server_durability(conn)
+            found = server_durability(conn)
+            for name in self.pg_settings:
+                row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
+                found[name] = str(row[0]) if row else ""
+            return found
 
     def db_name(self, suffix: str) -> str:
         """The name of this run's database ``suffix``."""
@@ -178,6 +188,17 @@ class Services:
         """The server's WAL insert position, bytes."""
         with psycopg.connect(db_url, autocommit=True) as conn:
             return wal_lsn(conn)
+
+    def wal_position(self, db_url: str) -> tuple[int, str]:
+        """The server's WAL insert position, in bytes and as an LSN."""
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            return wal_lsn(conn), lsn_text(conn)
+
+    def wal_composition(self, db_url: str, start: str, end: str, events: int
+                        ) -> dict[str, Any] | None:
+        """:func:`bench.wal.wal_composition` of the range, read in ``db_url`` (its relations)."""
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            return wal_composition(conn, start, end, events)
 
     def close(self) -> None:
         """Drop this run's databases, stop own services, remove the run dir."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -218,6 +219,89 @@ def test_an_action_must_reference_an_existing_session(conn: psycopg.Connection[A
         _action(conn, uuid.uuid4(), uuid.uuid4())
 
 
+def test_one_action_naming_a_missing_session_fails_its_whole_statement(
+    conn: psycopg.Connection[Any],
+) -> None:
+    session, missing = _session(conn), uuid.uuid4()
+
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="does not exist"):
+        conn.execute(
+            """INSERT INTO user_activity.action_events
+                 (id, action_type, session_id, anonymous_id, occurred_at, property_object_id,
+                  favorite_id, source_message_id)
+               SELECT gen_random_uuid(), 'AddToFavorites', s, gen_random_uuid(), now(),
+                      gen_random_uuid(), gen_random_uuid(), gen_random_uuid()
+                 FROM unnest(%s::uuid[]) AS s""",
+            ([session, missing, session],),
+        )
+    assert conn.execute("SELECT count(*) FROM user_activity.action_events WHERE session_id = %s",
+                        (session,)).fetchone() == (0,)
+
+
+def test_a_session_with_actions_cannot_be_deleted_renumbered_or_truncated(
+    conn: psycopg.Connection[Any],
+) -> None:
+    session = _session(conn)
+    _action(conn, session, uuid.uuid4())
+
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="DELETE refused"):
+        conn.execute("DELETE FROM user_activity.sessions WHERE id = %s", (session,))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="UPDATE refused"):
+        conn.execute("UPDATE user_activity.sessions SET id = %s WHERE id = %s",
+                     (uuid.uuid4(), session))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="TRUNCATE refused"):
+        conn.execute("TRUNCATE user_activity.sessions")
+    assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
+                        (session,)).fetchone() == (1,)
+
+
+def test_a_session_without_actions_can_be_renumbered_and_deleted_and_others_updated(
+    conn: psycopg.Connection[Any],
+) -> None:
+    lone, busy, renumbered = _session(conn), _session(conn), uuid.uuid4()
+    _action(conn, busy, uuid.uuid4())
+
+    conn.execute("UPDATE user_activity.sessions SET last_activity_at = now() WHERE id = %s",
+                 (busy,))
+    conn.execute("UPDATE user_activity.sessions SET id = %s WHERE id = %s", (renumbered, lone))
+    found = conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
+                         (renumbered,)).fetchone()
+    conn.execute("DELETE FROM user_activity.sessions WHERE id = %s", (renumbered,))
+
+    assert found == (1,)
+    assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = ANY(%s)",
+                        ([lone, renumbered],)).fetchone() == (0,)
+
+
+def test_deleting_a_session_waits_for_an_open_insert_of_its_action_and_then_is_refused(
+    migrated: str,
+) -> None:
+    with psycopg.connect(migrated, autocommit=True) as setup:
+        session = _session(setup)
+    outcome: list[BaseException | None] = []
+
+    def delete() -> None:
+        with psycopg.connect(migrated, autocommit=True) as deleter:
+            try:
+                deleter.execute("DELETE FROM user_activity.sessions WHERE id = %s", (session,))
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+    with psycopg.connect(migrated) as writer:
+        _action(writer, session, uuid.uuid4())  # inserted, not yet committed
+        deleting = threading.Thread(target=delete)
+        deleting.start()
+        deleting.join(0.5)
+        waited = deleting.is_alive()
+        writer.commit()
+    deleting.join(10)
+
+    assert waited  # the DELETE waited for the inserting transaction
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], psycopg.errors.ForeignKeyViolation)
+
+
 def test_user_history_shows_actions_of_sessions_linked_later(
     conn: psycopg.Connection[Any],
 ) -> None:
@@ -352,7 +436,9 @@ def test_0006_converts_a_database_holding_data_from_0001_to_0005(
                 (waiting, published, parked),
             )
 
-        assert apply_migrations(dsn) == ["0006_outbox_watermark_and_daily_partitions"]
+        later = [p.stem for p in sorted(MIGRATIONS_DIR.glob("*.sql"))[5:]]  # 0006 and after
+        assert later[0] == "0006_outbox_watermark_and_daily_partitions"
+        assert apply_migrations(dsn) == later
         assert apply_migrations(dsn) == []
 
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -372,6 +458,50 @@ def test_0006_converts_a_database_holding_data_from_0001_to_0005(
             ).fetchall() == [(parked, 2, "MSG_SIZE_TOO_LARGE", None)]
             assert conn.execute("SELECT to_regclass('user_activity.outbox_upto_migration')"
                                 ).fetchone() == (None,)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_0007_converts_a_database_holding_data_from_0001_to_0006(
+    database_url: str, tmp_path: Path
+) -> None:
+    name = f"migrations_{uuid.uuid4().hex[:12]}"
+    admin = _with_database(database_url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = _with_database(database_url, name)
+    try:
+        first = tmp_path / "first"
+        first.mkdir()
+        for path in sorted(MIGRATIONS_DIR.glob("*.sql"))[:6]:
+            shutil.copy(path, first)
+        assert len(apply_migrations(dsn, first)) == 6
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            session, lone = _session(conn), _session(conn)
+            action = _action(conn, session, uuid.uuid4())
+            conn.execute("INSERT INTO user_activity.consumer_idempotency_marks (key)"
+                         " VALUES ('a-mark')")
+
+        assert apply_migrations(dsn) == ["0007_action_event_session_check_per_statement"]
+        assert apply_migrations(dsn) == []
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT id, session_id FROM user_activity.action_events"
+                                ).fetchall() == [(action, session)]
+            assert conn.execute(
+                "SELECT count(*) FROM pg_constraint WHERE contype = 'f'"
+                " AND conrelid = 'user_activity.action_events'::regclass").fetchone() == (0,)
+            with pytest.raises(psycopg.errors.ForeignKeyViolation):
+                _action(conn, uuid.uuid4(), uuid.uuid4())
+            with pytest.raises(psycopg.errors.ForeignKeyViolation):
+                conn.execute("DELETE FROM user_activity.sessions WHERE id = %s", (session,))
+            conn.execute("DELETE FROM user_activity.sessions WHERE id = %s", (lone,))
+            _action(conn, session, uuid.uuid4())
+            assert conn.execute("SELECT count(*) FROM user_activity.action_events"
+                                ).fetchone() == (2,)
+            assert conn.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
+                                ).fetchall() == [("a-mark",)]
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
