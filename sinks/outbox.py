@@ -417,8 +417,8 @@ class OutboxPublisher:
         size = self._settings.outbox_batch_size
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
-            records, publishing = start_publish(
-                [outgoing_record(r.topic, r.key, r.value, r.headers) for r in chunk])
+            # an OutboxRow is producible as it is (bytes key and value, a dict of str headers)
+            records, publishing = start_publish(chunk)
             errors = self._producer.produce_and_wait(records)
             if publishing is not None:  # the sampled rows' `publish` spans (runtime.tracing)
                 publishing.end(errors)
