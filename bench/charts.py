@@ -38,6 +38,7 @@ def _throughput(results: dict[str, Any], ax: Any) -> None:
     for y, value in enumerate(shown.values()):
         ax.text(value, y, f" {value:,.0f}", va="center")
     ax.invert_yaxis()
+    ax.set_xlim(0, max(shown.values(), default=1) * 1.15)  # room for the value labels
     ax.set_xlabel("events/s (200k backlog, same machine, same services)")
     ax.set_title("Throughput per phase")
 
