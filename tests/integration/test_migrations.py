@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import uuid
@@ -27,19 +28,36 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
-@pytest.fixture(scope="module")
-def empty_database(database_url: str) -> Iterator[str]:
-    """A brand-new database on the suite's server, dropped afterwards."""
+@contextlib.contextmanager
+def _scratch_database(database_url: str) -> Iterator[str]:
+    """A brand-new database on the suite's server (its URL), dropped afterwards."""
     name = f"migrations_{uuid.uuid4().hex[:12]}"
     admin = _with_database(database_url, "postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = _with_database(database_url, name)
     try:
-        yield dsn
+        yield _with_database(database_url, name)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _apply_first(dsn: str, tmp_path: Path, count: int) -> list[str]:
+    """Apply only the first ``count`` migrations to ``dsn``; the names of the later ones."""
+    first = tmp_path / "first"
+    first.mkdir()
+    paths = sorted(MIGRATIONS_DIR.glob("*.sql"))
+    for path in paths[:count]:
+        shutil.copy(path, first)
+    assert len(apply_migrations(dsn, first)) == count
+    return [path.stem for path in paths[count:]]
+
+
+@pytest.fixture(scope="module")
+def empty_database(database_url: str) -> Iterator[str]:
+    """A brand-new database on the suite's server, dropped afterwards."""
+    with _scratch_database(database_url) as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
@@ -375,16 +393,8 @@ def test_an_inconsistent_late_conflict_is_rejected(
 def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
     database_url: str, tmp_path: Path
 ) -> None:
-    name = f"migrations_{uuid.uuid4().hex[:12]}"
-    admin = _with_database(database_url, "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = _with_database(database_url, name)
-    try:
-        first = tmp_path / "first"
-        first.mkdir()
-        shutil.copy(MIGRATIONS_DIR / "0001_user_activity_schema.sql", first)
-        assert apply_migrations(dsn, first) == ["0001_user_activity_schema"]
+    with _scratch_database(database_url) as dsn:
+        remaining = _apply_first(dsn, tmp_path, 1)
         with psycopg.connect(dsn, autocommit=True) as conn:
             session = _session(conn, user_id=uuid.uuid4(), linked_at=datetime.now(UTC))
             action = _action(conn, session, uuid.uuid4())
@@ -395,7 +405,7 @@ def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
 
         later = apply_migrations(dsn)
 
-        assert later == sorted(p.stem for p in MIGRATIONS_DIR.glob("*.sql"))[1:]
+        assert later == remaining
         assert apply_migrations(dsn) == []  # idempotent
         with psycopg.connect(dsn, autocommit=True) as conn:
             assert conn.execute("SELECT last_signed_in_at FROM user_activity.sessions"
@@ -404,25 +414,13 @@ def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
                                 " WHERE id = %s", (action,)).fetchone() == (1,)
             assert conn.execute("SELECT topic FROM user_activity.outbox_unpublished"
                                 ).fetchall() == [("t",)]
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_0006_converts_a_database_holding_data_from_0001_to_0005(
     database_url: str, tmp_path: Path
 ) -> None:
-    name = f"migrations_{uuid.uuid4().hex[:12]}"
-    admin = _with_database(database_url, "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = _with_database(database_url, name)
-    try:
-        first = tmp_path / "first"
-        first.mkdir()
-        for path in sorted(MIGRATIONS_DIR.glob("*.sql"))[:5]:
-            shutil.copy(path, first)
-        assert len(apply_migrations(dsn, first)) == 5
+    with _scratch_database(database_url) as dsn:
+        later = _apply_first(dsn, tmp_path, 5)
         waiting, published, parked = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO user_activity.consumer_idempotency_marks (key, processed_at)"
@@ -436,8 +434,7 @@ def test_0006_converts_a_database_holding_data_from_0001_to_0005(
                 (waiting, published, parked),
             )
 
-        later = [p.stem for p in sorted(MIGRATIONS_DIR.glob("*.sql"))[5:]]  # 0006 and after
-        assert later[0] == "0006_outbox_watermark_and_daily_partitions"
+        assert later[0] == "0006_outbox_watermark_and_daily_partitions"  # and what follows
         assert apply_migrations(dsn) == later
         assert apply_migrations(dsn) == []
 
@@ -458,32 +455,21 @@ def test_0006_converts_a_database_holding_data_from_0001_to_0005(
             ).fetchall() == [(parked, 2, "MSG_SIZE_TOO_LARGE", None)]
             assert conn.execute("SELECT to_regclass('user_activity.outbox_upto_migration')"
                                 ).fetchone() == (None,)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_0007_converts_a_database_holding_data_from_0001_to_0006(
     database_url: str, tmp_path: Path
 ) -> None:
-    name = f"migrations_{uuid.uuid4().hex[:12]}"
-    admin = _with_database(database_url, "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = _with_database(database_url, name)
-    try:
-        first = tmp_path / "first"
-        first.mkdir()
-        for path in sorted(MIGRATIONS_DIR.glob("*.sql"))[:6]:
-            shutil.copy(path, first)
-        assert len(apply_migrations(dsn, first)) == 6
+    with _scratch_database(database_url) as dsn:
+        later = _apply_first(dsn, tmp_path, 6)
         with psycopg.connect(dsn, autocommit=True) as conn:
             session, lone = _session(conn), _session(conn)
             action = _action(conn, session, uuid.uuid4())
             conn.execute("INSERT INTO user_activity.consumer_idempotency_marks (key)"
                          " VALUES ('a-mark')")
 
-        assert apply_migrations(dsn) == ["0007_action_event_session_check_per_statement"]
+        assert later[0] == "0007_action_event_session_check_per_statement"  # and what follows
+        assert apply_migrations(dsn) == later
         assert apply_migrations(dsn) == []
 
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -502,6 +488,3 @@ def test_0007_converts_a_database_holding_data_from_0001_to_0006(
                                 ).fetchone() == (2,)
             assert conn.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
                                 ).fetchall() == [("a-mark",)]
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
