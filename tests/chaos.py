@@ -9,13 +9,14 @@ action-tracked MessageId, and that the DLQ holds exactly the poison.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,6 +300,30 @@ class HealthMonitor(threading.Thread):
 
     def between(self, start: float, end: float) -> list[Sample]:
         return [s for s in self.samples if start <= s.at <= end]
+
+
+@contextlib.contextmanager
+def outbox_locked(database_url: str) -> Iterator[threading.Event]:
+    """Hold SHARE mode on the outbox (inserts wait inside PostgreSQL) until the event is set.
+
+    Set on leaving at the latest; the holding connection's thread is joined.
+    """
+    release, locked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(database_url) as conn, conn.transaction():
+            conn.execute("LOCK TABLE user_activity.outbox IN SHARE MODE")
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        holder.join(10)
 
 
 def count_rows(database_url: str, message_ids: Sequence[uuid.UUID]) -> int:

@@ -30,6 +30,7 @@ from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks import deferred_statement
+from tests.chaos import outbox_locked as lock_outbox
 
 pytestmark = pytest.mark.integration
 
@@ -69,21 +70,8 @@ def reading_backlog() -> Iterator[None]:
 @pytest.fixture
 def outbox_locked(database_url: str) -> Iterator[threading.Event]:
     """Holds SHARE mode on the outbox (inserts wait) until the yielded event is set."""
-    release = threading.Event()
-    locked = threading.Event()
-
-    def hold() -> None:
-        with psycopg.connect(database_url) as conn, conn.transaction():
-            conn.execute("LOCK TABLE user_activity.outbox IN SHARE MODE")
-            locked.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    assert locked.wait(10)
-    yield release
-    release.set()
-    holder.join(10)
+    with lock_outbox(database_url) as release:
+        yield release
 
 
 def _partition(database_url: str, **overrides: Any) -> _ActionHistoryPartition:

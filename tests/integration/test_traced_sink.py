@@ -7,7 +7,6 @@ deferred; the outbox row stored in the database carries the handle span's ``trac
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from runtime.settings import Settings
 from runtime.tracing import Sampling
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from tests.chaos import outbox_locked
 
 pytestmark = pytest.mark.integration
 
@@ -112,30 +112,20 @@ def test_a_deferred_batch_s_insert_span_lasts_until_its_commit(
 ) -> None:
     messages = _messages(db, 12, sampled={0})
     part = _partition(database_url, sink_defer_min_batch=10)
-    release, locked = threading.Event(), threading.Event()
-
-    def hold_outbox() -> None:  # the sent insert waits inside PostgreSQL until released
-        with psycopg.connect(database_url) as conn, conn.transaction():
-            conn.execute("LOCK TABLE user_activity.outbox IN SHARE MODE")
-            locked.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold_outbox, daemon=True)
-    holder.start()
-    assert locked.wait(10)
-    BACKLOG.polled("t.traced.input", 0, full=True)
-    try:
-        part.write_batch(messages)  # deferred: returns before the commit
-        assert spans.get_finished_spans() == ()  # no outcome yet, no span yet
-        time.sleep(0.3)
-        released_at = time.time_ns()
-        release.set()
-        part.snapshot()  # waits for the commit, then reports
-    finally:
-        release.set()
-        BACKLOG.closed("t.traced.input", 0)
-        part.close()
-        holder.join(10)
+    # the sent insert waits inside PostgreSQL until released
+    with outbox_locked(database_url) as release:
+        BACKLOG.polled("t.traced.input", 0, full=True)
+        try:
+            part.write_batch(messages)  # deferred: returns before the commit
+            assert spans.get_finished_spans() == ()  # no outcome yet, no span yet
+            time.sleep(0.3)
+            released_at = time.time_ns()
+            release.set()
+            part.snapshot()  # waits for the commit, then reports
+        finally:
+            release.set()
+            BACKLOG.closed("t.traced.input", 0)
+            part.close()
 
     (insert,) = [s for s in spans.get_finished_spans() if s.name.startswith("INSERT")]
     assert insert.start_time is not None and insert.end_time is not None
