@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from bench.wal import lsn_text, wal_by_relation, wal_composition, wal_lsn
 from bench.workload import Backlog
@@ -146,10 +147,13 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
     result: dict[str, Any] = {}
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(_OLD_SCHEMA)
-        conn.execute(
-            "INSERT INTO bench_old_outbox.outbox (id, topic, key, value, headers, created_at)"
-            " SELECT id, topic, key, value, headers, created_at FROM user_activity.outbox"
-            " LIMIT %s", (limit,))
+        # the same rows, whole (a thin row rendered as the publisher renders it)
+        keys = conn.execute("SELECT txid, id FROM user_activity.outbox LIMIT %s",
+                            (limit,)).fetchall()
+        with conn.cursor().copy("COPY bench_old_outbox.outbox"
+                                " (id, topic, key, value, headers, created_at) FROM STDIN") as copy:
+            for row in OutboxPublisher._whole_rows(conn, keys):
+                copy.write_row((row[1], row[2], row[3], row[4], Jsonb(row[5]), row[6]))
         pid = conn.info.backend_pid
         wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
         rows = 0

@@ -60,6 +60,13 @@ class ByteaArray(BinaryArray):
     element_oid, array_oid = 17, 1001
 
 
+class Int4Array(BinaryArray):
+    """``integer[]``."""
+
+    __slots__ = ()
+    element_oid, array_oid = 23, 1007
+
+
 class TimestamptzArray(BinaryArray):
     """``timestamptz[]``."""
 
@@ -76,10 +83,11 @@ class _ArrayDumper(Dumper):
 
 _DUMPERS = [
     (cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
-    for cls in (UuidArray, TextArray, ByteaArray, TimestamptzArray)
+    for cls in (UuidArray, TextArray, ByteaArray, Int4Array, TimestamptzArray)
 ]
 _HEAD = struct.Struct("!iiIii")
 _EMPTY_HEAD = struct.Struct("!iiI")
+_INT4_ELEMENT = struct.Struct("!ii")
 NULL = b"\xff\xff\xff\xff"
 LENGTH_8 = b"\x00\x00\x00\x08"
 UUID_FRAME = 16 << 128  # OR-ed with UUID.int: the 4-byte length 16, then the 16 bytes
@@ -88,6 +96,11 @@ UUID_FRAME = 16 << 128  # OR-ed with UUID.int: the 4-byte length 16, then the 16
 def frame(data: bytes) -> bytes:
     """``data`` as one array element: its 4-byte length, then the bytes."""
     return len(data).to_bytes(4, "big") + data
+
+
+def int4_element(value: int) -> bytes:
+    """``value`` (a 32-bit signed integer) as one integer array element."""
+    return _INT4_ELEMENT.pack(4, value)
 
 
 def uuid_element(value: UUID | None) -> bytes:

@@ -77,6 +77,12 @@ from runtime.periodic import Periodic
 from runtime.settings import Settings
 from runtime.supervisor import SupervisedThread
 from runtime.tracing import start_publish
+from schemas.action_tracked import (
+    action_tracked_key,
+    action_tracked_value,
+    rendered_created_at,
+    with_offset,
+)
 from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
@@ -117,11 +123,18 @@ SELECT * FROM (
 """A page of the window: ``(txid, id)`` only. Most rows were sent by the fast path already;
 only the others are read whole (:data:`_ROWS`)."""
 _ROWS = """
-SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at
+SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at,
+       o.action_event_id, o.correlation_id, o.occurred_offset, e.id, e.action_type,
+       e.session_id, e.anonymous_id, e.user_id,
+       e.occurred_at AT TIME ZONE make_interval(secs => o.occurred_offset),
+       e.property_object_id, e.favorite_id
   FROM unnest(%(txids)s::xid8[], %(ids)s::uuid[]) AS w (txid, id)
   JOIN user_activity.outbox o ON o.txid = w.txid AND o.id = w.id
+  LEFT JOIN user_activity.action_events e ON e.id = o.action_event_id
  ORDER BY o.txid, o.id
 """
+"""The rows of a window that are sent from the table; a thin row (migration 0008: no value) with
+the action it announces, OccurredAt read as the local time at its stored offset."""
 _ADVANCE = """
 UPDATE user_activity.outbox_watermark
    SET delivered = %(delivered)s::pg_snapshot, target = %(target)s::pg_snapshot,
@@ -219,6 +232,26 @@ def outgoing_record(topic: str, key: bytes | None, value: bytes,
         topic, bytes(key) if key is not None else None, bytes(value),
         [(name, str(v).encode()) for name, v in (headers or {}).items()],
     )
+
+
+def _rendered(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A thin action-tracked row of :data:`_ROWS` as a whole row, its key and value rendered.
+
+    The bytes are those the sink rendered for the fast path (:mod:`schemas.action_tracked`, from
+    the same immutable facts), so a row sent by both is the same record twice.
+    """
+    (txid, row_id, topic, _, _, headers, created_at, action_event_id, correlation_id, offset,
+     found, action_type, session_id, anonymous_id, user_id, occurred_local, property_object_id,
+     favorite_id) = row
+    if found is None:  # never: an action and its outbox row commit together, neither is deleted
+        raise RuntimeError(f"outbox row {row_id} names action {action_event_id}, which is missing")
+    value = action_tracked_value(
+        row_id, rendered_created_at(created_at), action_event_id,
+        None if correlation_id is None else bytes(correlation_id).decode(), action_type,
+        session_id, anonymous_id, user_id, with_offset(occurred_local, offset),
+        property_object_id, favorite_id,
+    )
+    return (txid, row_id, topic, action_tracked_key(action_event_id), value, headers, created_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,18 +414,19 @@ class OutboxPublisher:
     def _whole_rows(conn: Connection, keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """The whole rows of ``keys`` (``(txid, id)`` pairs, window order), in that order.
 
-        A whole row is ``(txid, id, topic, key, value, headers, created_at)``.
+        A whole row is ``(txid, id, topic, key, value, headers, created_at)``; a thin row's key
+        and value are rendered from the action it announces (:func:`_rendered`).
         A row of a window is unpublished, and only a published row's partition is ever dropped,
         so every one is there; a missing one is an error (the cycle is retried).
         """
         if not keys:
             return []
-        whole: list[tuple[Any, ...]] = conn.execute(_ROWS, {
+        stored: list[tuple[Any, ...]] = conn.execute(_ROWS, {
             "txids": [str(k[0]) for k in keys], "ids": [k[1] for k in keys],
         }).fetchall()
-        if len(whole) != len(keys):
-            raise RuntimeError(f"{len(keys) - len(whole)} outbox rows of the window are gone")
-        return whole
+        if len(stored) != len(keys):
+            raise RuntimeError(f"{len(keys) - len(stored)} outbox rows of the window are gone")
+        return [row[:7] if row[4] is not None else _rendered(row) for row in stored]
 
     def publish_offered(self) -> int:
         """The fast path: produce the rows this process's sinks offered, from memory; how many.

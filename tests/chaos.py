@@ -393,14 +393,13 @@ def assert_exact_outcome(
             " WHERE source_message_id = ANY(%s)",
             (good,),
         ).fetchall()
-        announced = {
-            bytes(key) for (key,) in conn.execute(
-                "SELECT key FROM user_activity.outbox WHERE topic = %s",
+        announced = {  # thin rows (migration 0008) name their action
+            action for (action,) in conn.execute(
+                "SELECT action_event_id FROM user_activity.outbox WHERE topic = %s",
                 (settings.topic_action_tracked,),
             ).fetchall()
         }
-        rows = [(row_id, source) for row_id, source in actions
-                if str(row_id).encode() in announced]
+        rows = [(row_id, source) for row_id, source in actions if row_id in announced]
         all_rows = conn.execute(
             "SELECT count(*) FROM user_activity.action_events WHERE source_message_id = ANY(%s)",
             ([*good, *(_envelope_id(p) for p in poison if p.reason is DlqReason.DATA_ERROR)],),

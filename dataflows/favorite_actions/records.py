@@ -7,7 +7,9 @@ is the server clock at linking), else null. A guest like processed late, after t
 applied (lag, a replay or a backfill), is thus still stored and announced with ``UserId = null``
 and reaches the user's history through the linked session (AC6). OccurredAt comes from the
 payload, never the server clock (INV-ACT-005). The
-action-tracked outbox row gets a new UUIDv7 MessageId that stays stable across re-publication.
+action-tracked outbox row gets a new UUIDv7 MessageId that stays stable across re-publication;
+its bytes are rendered by :mod:`schemas.action_tracked`, which the publisher also renders a thin
+outbox row with (the row the database keeps names the action instead of holding the bytes).
 
 The rows are plain named tuples (immutable, cheap to build: this runs once per recorded message
 on the sink's hot path); :class:`ActionRowBuilder` builds a batch's rows with the per-batch work
@@ -20,12 +22,11 @@ from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID, SafeUUID
 
-import orjson
 import uuid_utils
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from schemas.envelope import CONTRACT_VERSION
-from schemas.favorites import ACTION_EVENT_AGGREGATE_TYPE, ActionType
+from schemas.action_tracked import action_tracked_key, action_tracked_value, rendered_created_at
+from schemas.favorites import ActionType
 from schemas.outbox import OutboxRow, propagated_headers
 
 
@@ -107,8 +108,8 @@ class ActionRowBuilder:
 
     def __init__(self, topic: str, now: datetime) -> None:
         self._topic = topic
-        # CreatedAt rendered once per batch, exactly as orjson renders the datetime itself.
-        self._created_at = orjson.dumps(now)[1:-1].decode()
+        # CreatedAt rendered once per batch (the thin outbox row keeps ``now`` as created_at).
+        self._created_at = rendered_created_at(now)
 
     def build(
         self, message: FavoriteMessage, session: SessionSnapshot, action_event_id: UUID,
@@ -120,29 +121,13 @@ class ActionRowBuilder:
         action_type = _ACTION_NAMES[message.action_type]
         session_id, anonymous_id = session.session_id, session.anonymous_id
         user_id = session.user_at(payload.occurred_at)
-        # orjson renders UUIDs and aware datetimes (offset kept, RFC 3339) natively: no str() or
-        # isoformat() per field (CreatedAt is the very text orjson writes for ``now``). The value
-        # is kept as a right-sized copy: holding orjson's own output objects by the thousand
-        # makes every later dumps take fresh memory (about twice the cost per value, see
-        # docs/performance.md).
-        value = _copy(orjson.dumps(
-            {
-                "MessageId": outbox_message_id,
-                "CreatedAt": self._created_at,
-                "Version": CONTRACT_VERSION,
-                "AggregateId": action_event_id,
-                "AggregateType": ACTION_EVENT_AGGREGATE_TYPE,
-                "CorrelationId": envelope.correlation_id,
-                "Payload": {
-                    "ActionType": action_type,
-                    "SessionId": session_id,
-                    "AnonymousId": anonymous_id,
-                    "UserId": user_id,
-                    "OccurredAt": payload.occurred_at,
-                    "PropertyObjectId": payload.property_object_id,
-                    "FavoriteId": payload.favorite_id,
-                },
-            }
+        # The value is kept as a right-sized copy: holding orjson's own output objects by the
+        # thousand makes every later dumps take fresh memory (about twice the cost per value,
+        # see docs/performance.md).
+        value = _copy(action_tracked_value(
+            outbox_message_id, self._created_at, action_event_id, envelope.correlation_id,
+            action_type, session_id, anonymous_id, user_id, payload.occurred_at,
+            payload.property_object_id, payload.favorite_id,
         ))
         event = _new_row(ActionEventRow, (
             action_event_id, action_type, session_id, anonymous_id, user_id,
@@ -150,7 +135,7 @@ class ActionRowBuilder:
             envelope.message_id,
         ))
         outbox = OutboxRow(
-            outbox_message_id, self._topic, orjson.dumps(action_event_id)[1:-1], value,
+            outbox_message_id, self._topic, action_tracked_key(action_event_id), value,
             propagated_headers(message.record, message.trace),
         )
         return _new_row(RecordedAction, (message, event, outbox))

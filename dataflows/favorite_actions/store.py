@@ -29,6 +29,7 @@ from dataflows.favorite_actions.records import (
     uuid7,
 )
 from dataflows.favorite_actions.sql import query
+from schemas.action_tracked import utc_offset_seconds
 from schemas.favorites import ActionType
 from sinks import deferred_statement
 from sinks.binary_codec import (
@@ -36,10 +37,12 @@ from sinks.binary_codec import (
     NULL,
     UUID_FRAME,
     ByteaArray,
+    Int4Array,
     TextArray,
     TimestamptzArray,
     UuidArray,
     frame,
+    int4_element,
     register_binary_arrays,
     timestamptz,
     uuid_element,
@@ -147,7 +150,8 @@ class FavoritesStore:
         ``sessions`` is keyed by ``owner_key``; messages without a session go to ``no_session``.
         Pure (no database): the ``record_actions`` parameters are encoded here.
         """
-        build = ActionRowBuilder(self._topic, self._clock()).build
+        now = self._clock()
+        build = ActionRowBuilder(self._topic, now).build
         new_id = self._new_id
         topic = self._topic_element
         actions: list[RecordedAction] = []
@@ -162,10 +166,10 @@ class FavoritesStore:
         favorite_ids: list[bytes] = []
         source_message_ids: list[bytes] = []
         outbox_ids: list[bytes] = []
-        outbox_keys: list[bytes] = []
-        outbox_values: list[bytes] = []
+        correlation_ids: list[bytes] = []
+        occurred_offsets: list[bytes] = []
         outbox_headers: list[bytes] = []
-        users_null = False
+        users_null = correlations_null = False
         for message in messages:
             session = sessions.get(message.owner_key)
             if session is None:
@@ -194,12 +198,16 @@ class FavoritesStore:
             favorite_ids.append((UUID_FRAME | favorite_id.int).to_bytes(20, "big"))
             source_message_ids.append((UUID_FRAME | source_message_id.int).to_bytes(20, "big"))
             outbox_ids.append((UUID_FRAME | outbox.id.int).to_bytes(20, "big"))
-            key = outbox.key
-            outbox_keys.append(len(key).to_bytes(4, "big"))
-            outbox_keys.append(key)
-            value = outbox.value
-            outbox_values.append(len(value).to_bytes(4, "big"))
-            outbox_values.append(value)
+            # the thin outbox row (0008): what the event needs beyond the action_events row
+            correlation_id = message.envelope.correlation_id
+            if correlation_id is None:
+                correlation_ids.append(NULL)
+                correlations_null = True
+            else:
+                data = correlation_id.encode()
+                correlation_ids.append(len(data).to_bytes(4, "big"))
+                correlation_ids.append(data)
+            occurred_offsets.append(int4_element(utc_offset_seconds(occurred_at)))
             if outbox.headers:
                 headers = orjson.dumps(outbox.headers)
                 outbox_headers.append(len(headers).to_bytes(4, "big"))
@@ -220,9 +228,11 @@ class FavoritesStore:
             "source_message_ids": UuidArray(source_message_ids, count),
             "outbox_ids": UuidArray(outbox_ids, count),
             "outbox_topics": TextArray([topic] * count, count),
-            "outbox_keys": ByteaArray(outbox_keys, count),
-            "outbox_values": ByteaArray(outbox_values, count),
             "outbox_headers": TextArray(outbox_headers, count),
+            "correlation_ids": ByteaArray(correlation_ids, count, correlations_null),
+            "occurred_offsets": Int4Array(occurred_offsets, count),
+            "outbox_created_ats": TimestamptzArray([LENGTH_8 + bytes(timestamptz(now))] * count,
+                                                   count),
         }
         return actions, params
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
@@ -17,6 +19,7 @@ from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from sinks.outbox import OutboxPublisher
 
 pytestmark = pytest.mark.integration
 
@@ -37,11 +40,12 @@ def _message(topic: str = ADDED, headers: tuple[tuple[str, bytes], ...] = (),
 def _stored(db: psycopg.Connection[Any], message_ids: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
     with db.cursor(row_factory=dict_row) as cur:
         cur.execute(
-            """SELECT e.*, o.id AS outbox_id, o.topic, o.key, o.value, o.headers,
+            """SELECT e.*, o.id AS outbox_id, o.txid, o.topic, o.key, o.value, o.headers,
+                      o.created_at AS outbox_created_at,
                       EXISTS (SELECT 1 FROM user_activity.outbox_unpublished u
                                WHERE u.id = o.id) AS unpublished
                  FROM user_activity.action_events e
-                 JOIN user_activity.outbox o ON o.key = convert_to(e.id::text, 'UTF8')
+                 JOIN user_activity.outbox o ON o.action_event_id = e.id
                 WHERE e.source_message_id = ANY(%s)""",
             (message_ids,),
         )
@@ -73,8 +77,12 @@ def test_rows_written_are_exactly_the_recorded_actions(db: psycopg.Connection[An
         event, outbox = action.event, action.outbox
         assert {k: row[k] for k in event._fields} == event._asdict()
         assert row["occurred_at"] == action.message.envelope.payload.occurred_at
+        # a thin row (0008): no key or value stored; the publisher renders the same bytes
         assert (row["outbox_id"], row["topic"], row["key"], row["value"], row["headers"]) == (
-            outbox.id, TOPIC, outbox.key, outbox.value, outbox.headers)
+            outbox.id, TOPIC, None, None, outbox.headers)
+        assert row["outbox_created_at"] == now
+        [whole] = OutboxPublisher._whole_rows(db, [(row["txid"], row["outbox_id"])])
+        assert whole[1:6] == (outbox.id, TOPIC, outbox.key, outbox.value, outbox.headers)
         assert row["unpublished"]
         assert outbox.key == str(event.id).encode()
     assert stored[messages[0].message_id]["session_id"] == device_session
@@ -157,7 +165,7 @@ def test_a_redelivery_after_the_marks_day_boundary_records_nothing(
     assert len(_stored(db, [message.message_id])) == 1  # one action row, one outbox row
     outbox = db.execute(
         "SELECT count(*) FROM user_activity.outbox o JOIN user_activity.action_events e"
-        " ON o.key = convert_to(e.id::text, 'UTF8') WHERE e.source_message_id = %s",
+        " ON o.action_event_id = e.id WHERE e.source_message_id = %s",
         (message.message_id,),
     ).fetchone()
     assert outbox == (1,)
@@ -178,3 +186,53 @@ def test_a_same_day_redelivery_writes_no_second_mark(db: psycopg.Connection[Any]
         (message.idempotency_key,),
     ).fetchone()
     assert marks == (1,)
+
+
+# --- thin outbox rows (migration 0008): the window renders the fast path's bytes ----------------
+
+_EXTREME_TIMES = st.sampled_from([
+    "0001-01-01T00:00:00+14:00",  # before year 1 in UTC
+    "9999-12-31T23:59:59.999999-14:00",  # after year 9999 in UTC
+    "2026-11-29T08:00:00.1234567+03:00",  # a 7-digit fraction (.NET)
+    "2026-11-29T08:00:00Z",
+    "2026-11-29T08:00:00+00:00",
+    "2026-11-29T08:00:00-00:30",
+])
+_ANY_TIME = st.datetimes(
+    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+    timezones=st.integers(-18 * 60, 18 * 60).map(lambda m: timezone(timedelta(minutes=m))),
+).map(lambda moment: moment.isoformat())
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    occurred_at=_EXTREME_TIMES | _ANY_TIME,
+    correlation_id=st.none() | st.text(st.characters(codec="utf-8"), max_size=64),
+    linked=st.booleans(),
+    now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
+                     timezones=st.just(UTC)),
+)
+def test_a_thin_outbox_row_renders_to_the_bytes_the_sink_rendered(
+    db: psycopg.Connection[Any], occurred_at: str, correlation_id: str | None, linked: bool,
+    now: datetime,
+) -> None:
+    device = uuid.uuid4()
+    insert_session(db, anonymous_id=device, user_id=uuid.uuid4() if linked else None)
+    message = _message(anonymous_id=device, occurred_at=occurred_at,
+                       correlation_id=correlation_id)
+
+    [action] = FavoritesStore(TOPIC, clock=lambda: now).record_batch(db, [message]).recorded
+
+    # (not e.*: psycopg cannot load an occurred_at before year 1 or after 9999 in UTC)
+    keys = db.execute(
+        "SELECT o.txid, o.id FROM user_activity.outbox o JOIN user_activity.action_events e"
+        " ON o.action_event_id = e.id WHERE e.source_message_id = %s", (message.message_id,),
+    ).fetchall()
+    [whole] = OutboxPublisher._whole_rows(db, keys)
+    outbox = action.outbox
+    assert (whole[3], whole[4]) == (outbox.key, outbox.value)
+    wire = orjson.loads(whole[4])
+    assert wire["Payload"]["OccurredAt"] == orjson.dumps(
+        message.envelope.payload.occurred_at).decode()[1:-1]
+    assert wire["CorrelationId"] == correlation_id

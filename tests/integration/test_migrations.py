@@ -488,3 +488,43 @@ def test_0007_converts_a_database_holding_data_from_0001_to_0006(
                                 ).fetchone() == (2,)
             assert conn.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
                                 ).fetchall() == [("a-mark",)]
+
+
+def test_0008_keeps_stored_outbox_rows_and_takes_thin_ones(
+    database_url: str, tmp_path: Path
+) -> None:
+    with _scratch_database(database_url) as dsn:
+        later = _apply_first(dsn, tmp_path, 7)
+        stored = uuid.uuid4()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            session = _session(conn)
+            action = _action(conn, session, uuid.uuid4())
+            conn.execute("INSERT INTO user_activity.outbox (id, topic, key, value)"
+                         " VALUES (%s, 't', 'k', 'v')", (stored,))
+
+        assert later[0] == "0008_thin_action_tracked_outbox_rows"  # and what follows
+        assert apply_migrations(dsn) == later
+        assert apply_migrations(dsn) == []
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute(
+                "SELECT id, key, value, action_event_id FROM user_activity.outbox").fetchall() == [
+                (stored, b"k", b"v", None)]
+            thin = uuid.uuid4()
+            conn.execute("INSERT INTO user_activity.outbox"
+                         " (id, topic, action_event_id, correlation_id, occurred_offset)"
+                         " VALUES (%s, 't', %s, 'c', 10800)", (thin, action))
+            assert conn.execute("SELECT count(*) FROM user_activity.outbox_unpublished"
+                                ).fetchone() == (2,)
+            for columns, values in [
+                ("value, action_event_id, occurred_offset", "'v', %s, 0"),  # both
+                ("key, action_event_id, occurred_offset", "'k', %s, 0"),  # a key, no value
+                ("action_event_id", "%s"),  # no offset
+                ("action_event_id, occurred_offset", "%s, 86400"),  # not an offset
+            ]:
+                with pytest.raises(psycopg.errors.CheckViolation):
+                    conn.execute(f"INSERT INTO user_activity.outbox (id, topic, {columns})"
+                                 f" VALUES (gen_random_uuid(), 't', {values})", (action,))
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute("INSERT INTO user_activity.outbox (id, topic)"
+                             " VALUES (gen_random_uuid(), 't')")  # neither

@@ -71,7 +71,7 @@ def _stored_headers(database_url: str, message: FavoriteMessage) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT o.headers FROM user_activity.outbox o"
-            "  JOIN user_activity.action_events e ON o.key = convert_to(e.id::text, 'UTF8')"
+            "  JOIN user_activity.action_events e ON o.action_event_id = e.id"
             " WHERE e.source_message_id = %s", (message.message_id,),
         ).fetchone()
     assert row is not None

@@ -283,8 +283,8 @@ offsets = st.integers(min_value=-14 * 60, max_value=14 * 60).map(
 
 
 @given(
-    occurred_at=st.datetimes(
-        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=offsets
+    occurred_at=st.datetimes(  # local times from 2000-01-02: after LINKED_LONG_AGO at any offset
+        min_value=datetime(2000, 1, 2), max_value=datetime(2100, 1, 1), timezones=offsets
     ),
     session_user_id=st.none() | st.uuids(),
     session_id=st.uuids(),

@@ -8,7 +8,7 @@ lists, one per column of the rows, byte for byte.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg.adapt import PyFormat, Transformer
+from psycopg.types.numeric import Int4
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.records import RecordedAction, SessionSnapshot
@@ -53,8 +54,12 @@ def _psycopg_binary(value: list[Any]) -> tuple[int, bytes]:
     return dumper.oid, bytes(dumper.dump(value) or b"")
 
 
-def _column_lists(actions: list[RecordedAction]) -> dict[str, list[Any]]:
-    """The ``record_actions`` parameters as plain lists of the rows' values, one per column."""
+def _column_lists(actions: list[RecordedAction], now: datetime) -> dict[str, list[Any]]:
+    """The ``record_actions`` parameters as plain lists of the rows' values, one per column.
+
+    The outbox rows are thin (migration 0008): the source's CorrelationId (UTF-8) and its
+    OccurredAt offset in seconds, and the batch's clock as created_at.
+    """
     events = [a.event for a in actions]
     outbox = [a.outbox for a in actions]
     return {
@@ -70,9 +75,12 @@ def _column_lists(actions: list[RecordedAction]) -> dict[str, list[Any]]:
         "source_message_ids": [e.source_message_id for e in events],
         "outbox_ids": [o.id for o in outbox],
         "outbox_topics": [o.topic for o in outbox],
-        "outbox_keys": [o.key for o in outbox],
-        "outbox_values": [o.value for o in outbox],
         "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
+        "correlation_ids": [None if (c := a.message.envelope.correlation_id) is None
+                            else c.encode() for a in actions],
+        "occurred_offsets": [Int4(e.occurred_at.utcoffset() // timedelta(seconds=1))
+                             for e in events],
+        "outbox_created_ats": [now for _ in actions],
     }
 
 
@@ -95,13 +103,14 @@ def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:
     ]
     sessions = {m.owner_key: _session(user=i % 2 == 0) for i, m in enumerate(messages[:4])}
     no_session: list[FavoriteMessage] = []
+    now = datetime(2027, 1, 1, 12, 30, 1, 250, tzinfo=UTC)
 
-    actions, params = FavoritesStore("t.action-tracked").action_rows(
+    actions, params = FavoritesStore("t.action-tracked", clock=lambda: now).action_rows(
         messages, sessions, no_session)
 
     assert [a.message for a in actions] == messages[:4]
     assert no_session == messages[4:]
-    lists = _column_lists(actions)
+    lists = _column_lists(actions, now)
     assert set(params) == set(lists)
     for name, values in lists.items():
         assert _encoded(params[name]) == _psycopg_binary(values), name
@@ -124,7 +133,7 @@ def test_record_parameters_match_psycopg_for_any_batch(
 
     actions, params = FavoritesStore("t", clock=lambda: clock).action_rows(messages, sessions, [])
 
-    for name, values in _column_lists(actions).items():
+    for name, values in _column_lists(actions, clock).items():
         if all(v is None for v in values):  # psycopg cannot tell the type of an all-NULL list
             assert params[name].data.startswith(b"\x00\x00\x00\x01\x00\x00\x00\x01")
             continue
