@@ -8,7 +8,7 @@ lists, one per column of the rows, byte for byte.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.records import RecordedAction, SessionSnapshot
 from dataflows.favorite_actions.store import FavoritesStore, owner_of
 from devenv.harness.sessions import LINKED_LONG_AGO
+from schemas.action_tracked import utc_offset_seconds
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 
@@ -78,8 +79,7 @@ def _column_lists(actions: list[RecordedAction], now: datetime) -> dict[str, lis
         "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
         "correlation_ids": [None if (c := a.message.envelope.correlation_id) is None
                             else c.encode() for a in actions],
-        "occurred_offsets": [Int4(e.occurred_at.utcoffset() // timedelta(seconds=1))
-                             for e in events],
+        "occurred_offsets": [Int4(utc_offset_seconds(e.occurred_at)) for e in events],
         "outbox_created_ats": [now for _ in actions],
     }
 
