@@ -150,9 +150,10 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
         # the same rows, whole (a thin row rendered as the publisher renders it)
         keys = conn.execute("SELECT txid, id FROM user_activity.outbox LIMIT %s",
                             (limit,)).fetchall()
+        whole = OutboxPublisher._whole_rows(conn, keys)
         with conn.cursor().copy("COPY bench_old_outbox.outbox"
                                 " (id, topic, key, value, headers, created_at) FROM STDIN") as copy:
-            for row in OutboxPublisher._whole_rows(conn, keys):
+            for row in whole:
                 copy.write_row((row[1], row[2], row[3], row[4], Jsonb(row[5]), row[6]))
         pid = conn.info.backend_pid
         wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
