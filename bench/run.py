@@ -202,24 +202,15 @@ class _Run:
 
     def phase_job(self) -> None:
         self.results["job"] = {}
-        for workers in self.args.workers:
-            name = f"job_w{workers}"
+        runs = [(f"workers_{w}", f"job_w{w}", w, 1) for w in self.args.workers]
+        runs += [(f"processes_{p}", f"job_p{p}", 1, p) for p in self.args.processes]
+        for key, name, workers, processes in runs:
 
-            def measure(db: str, name: str = name, workers: int = workers) -> dict[str, Any]:
-                return self.job(name, workers, db)
+            def measure(db: str, n: str = name, w: int = workers, p: int = processes) -> Any:
+                return self.job(n, w, db, processes=p)
 
-            run = self.on_copy(name, measure, keep=True)
-            self.results["job"][f"workers_{workers}"] = run
-            self.failed |= not run["ok"]
-        for processes in self.args.processes:
-            name = f"job_p{processes}"
-
-            def measure_cluster(db: str, name: str = name, processes: int = processes,
-                                ) -> dict[str, Any]:
-                return self.job(name, 1, db, processes=processes)
-
-            run = self.on_copy(name, measure_cluster)
-            self.results["job"][f"processes_{processes}"] = run
+            run = self.on_copy(name, measure, keep=processes == 1)
+            self.results["job"][key] = run
             self.failed |= not run["ok"]
 
     def phase_compare(self) -> None:

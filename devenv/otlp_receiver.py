@@ -94,30 +94,27 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if not receiver.keep:  # accept and discard: no decoding, count the bytes
                     receiver._discarded(len(body))
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/x-protobuf")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
+                    self._answer(200, b"")
                     return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 try:
                     spans = decode_request(body)
                 except Exception:  # noqa: BLE001 - a bad request is answered 400, as a collector does
-                    self.send_response(400)
-                    self.end_headers()
+                    self._answer(400, b"")
                     return
                 receiver._add(spans)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
+                self._answer(200, ExportTraceServiceResponse().SerializeToString())
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(answer)
+                self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:
                 return

@@ -73,7 +73,6 @@ SERVICE_NAME = "user-activity-stream"
 
 _LOW_64 = (1 << 64) - 1
 _ALL = 1 << 64
-_TRACEPARENT_BYTES = TRACEPARENT.encode()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OK = Status(StatusCode.OK)
 _UNSET = Status(StatusCode.UNSET)
