@@ -218,12 +218,10 @@ class Tracing:
             elif not parent_based and _ratio_says_no(header, bound):
                 return None
             else:
-                parent = valid_traceparent(header)
+                parent = valid_traceparent(header)  # valid: a ratio rule said yes above
                 if parent is not None:
-                    trace_id = int(parent[3:35], 16)
-                    if not parent_based and (trace_id & _LOW_64) >= bound:
-                        return None
-                    return MessageTrace(trace_id, int(parent[36:52], 16), _new_span_id())
+                    return MessageTrace(int(parent[3:35], 16), int(parent[36:52], 16),
+                                        _new_span_id())
         if not bound:
             return None
         trace_id = random.getrandbits(128) or 1
@@ -310,10 +308,6 @@ class Tracing:
                 spans.append(None)
                 continue
             trace_id = int(parent[3:35], 16)
-            if not sampling.parent_based and (trace_id & _LOW_64) >= sampling.bound:
-                out.append(record)
-                spans.append(None)
-                continue
             attributes: dict[str, AttributeValue] = {
                 "messaging.system": "kafka",
                 "messaging.operation.type": "send",
