@@ -292,10 +292,11 @@ class JobProcess:
 
     # ---- logs ------------------------------------------------------------------------------
 
-    def log_events(self) -> list[dict[str, Any]]:
-        """The JSON log lines of every start."""
+    def log_events(self, run: int | None = None) -> list[dict[str, Any]]:
+        """The JSON log lines of every start (or of start number ``run``, 1-based)."""
+        paths = self.log_paths if run is None else [self.log_paths[run - 1]]
         events: list[dict[str, Any]] = []
-        for path in dict.fromkeys(self.log_paths):
+        for path in dict.fromkeys(paths):
             for line in _read_lines(path):
                 with contextlib.suppress(orjson.JSONDecodeError):
                     parsed = orjson.loads(line)
