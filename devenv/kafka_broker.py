@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from confluent_kafka import KafkaError, KafkaException
@@ -287,8 +286,7 @@ class KafkaBroker:
             self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.stop()
 
     # ---- internals ----------------------------------------------------------------------------
