@@ -109,7 +109,7 @@ class SessionLinksStore:
         device = {"anonymous_id": message.anonymous_id}
         locked = conn.execute(query("link_session_lock_active"), device).fetchone()
         active = None if locked is None else ActiveSession(
-            _uuid(locked[0]), _opt_uuid(locked[1]), cast(datetime, locked[2]))
+            cast(UUID, locked[0]), cast("UUID | None", locked[1]), cast(datetime, locked[2]))
         last_row = conn.execute(query("link_session_device_last"), device).fetchone()
         device_last = None if last_row is None else cast("datetime | None", last_row[0])
         outcome = decide(active, message.user_id)
@@ -186,14 +186,6 @@ def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
         "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
         "keys": [r.key for r in rows], "values": [r.value for r in rows],
         "headers": [orjson.dumps(r.headers).decode() for r in rows]})
-
-
-def _uuid(value: object) -> UUID:
-    return cast(UUID, value)
-
-
-def _opt_uuid(value: object) -> UUID | None:
-    return None if value is None else cast(UUID, value)
 
 
 class SessionLinkSink(PartitionedSink[SignInMessage]):
