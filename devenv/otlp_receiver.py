@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -85,8 +85,6 @@ class OtlpReceiver:
         self.keep = keep
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
-        self.received = 0
-        """Spans received (decoded: ``keep=True`` only)."""
         self.requests = 0
         self.bytes = 0
         """Request bytes received (as sent: compressed or not)."""
@@ -148,7 +146,6 @@ class OtlpReceiver:
 
     def _add(self, spans: list[ReceivedSpan]) -> None:
         with self._lock:
-            self.received += len(spans)
             self.requests += 1
             self._spans.extend(spans)
 
@@ -204,8 +201,3 @@ def _describe(span: ReceivedSpan) -> str:
     if span.links:
         parts.append("links " + ", ".join(span_id for _, span_id in span.links))
     return f"{span.span_id}  " + " · ".join(parts)
-
-
-def trace_ids(spans: Iterable[ReceivedSpan]) -> set[str]:
-    """The distinct trace ids among ``spans``."""
-    return {span.trace_id for span in spans}
