@@ -197,6 +197,6 @@ class Settings(BaseSettings):
         return self.database_url.get_secret_value()
 
     def all_topics(self) -> list[str]:
-        """Every topic the service reads or writes (the topic-creation helper makes these)."""
+        """Every topic the service reads or writes: the ``topic_*`` fields (``create-topics``)."""
         return [getattr(self, name) for name in type(self).model_fields
                 if name.startswith("topic_") and name != "topic_partitions"]
