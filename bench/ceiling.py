@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from bench.measure import proc_cpu_seconds
 from bench.wal import lsn_text, wal_by_relation, wal_composition, wal_lsn
 from bench.workload import Backlog
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
@@ -155,8 +156,7 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
                                 " (id, topic, key, value, headers, created_at) FROM STDIN") as copy:
             for row in whole:
                 copy.write_row((row[1], row[2], row[3], row[4], Jsonb(row[5]), row[6]))
-        pid = conn.info.backend_pid
-        wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
+        cost = _meter(conn, conn.info.backend_pid)
         rows = 0
         while True:
             with conn.transaction():
@@ -167,39 +167,32 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
             rows += len(claimed)
         while conn.execute(_OLD_PURGE).rowcount:
             pass
-        result["old"] = _cost(rows, wal_lsn(conn) - wal0, _backend_cpu(pid) - cpu0,
-                              time.monotonic() - t0)
+        result["old"] = cost(rows)
         conn.execute("DROP SCHEMA bench_old_outbox CASCADE")
 
         settings = Settings(database_url=db_url, outbox_batch_size=batch)
         publisher = _AcknowledgingPublisher(settings, "bench-outbox")
         try:
             assert publisher._take_lease(force=True), "another publisher holds the outbox lease"
-            pid = publisher._db.connection().info.backend_pid
-            wal0, cpu0, t0 = wal_lsn(conn), _backend_cpu(pid), time.monotonic()
+            cost = _meter(conn, publisher._db.connection().info.backend_pid)
             rows = 0
             while (count := publisher.publish_committed()) > 0:
                 rows += count
-            result["new"] = _cost(rows, wal_lsn(conn) - wal0, _backend_cpu(pid) - cpu0,
-                                  time.monotonic() - t0)
+            result["new"] = cost(rows)
         finally:
             publisher._release()
     return result
 
 
-def _backend_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of PostgreSQL backend ``pid`` (same machine)."""
-    import os
-    from pathlib import Path
+def _meter(conn: psycopg.Connection[Any], pid: int) -> Callable[[int], dict[str, Any]]:
+    """From now: per row, backend ``pid``'s CPU (µs), the wall time (µs) and the WAL bytes."""
+    wal0, cpu0, t0 = wal_lsn(conn), proc_cpu_seconds(pid) or 0.0, time.monotonic()
 
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def cost(rows: int) -> dict[str, Any]:
+        wal, wall = wal_lsn(conn) - wal0, time.monotonic() - t0
+        cpu = (proc_cpu_seconds(pid) or 0.0) - cpu0
+        return {"rows": rows, "pg_cpu_us_per_row": round(1e6 * cpu / rows, 1) if rows else None,
+                "us_per_row": round(1e6 * wall / rows, 1) if rows else None,
+                "wal_bytes_per_row": round(wal / rows) if rows else None}
 
-
-def _cost(rows: int, wal: int, cpu: float, wall: float) -> dict[str, Any]:
-    return {
-        "rows": rows,
-        "pg_cpu_us_per_row": round(1e6 * cpu / rows, 1) if rows else None,
-        "us_per_row": round(1e6 * wall / rows, 1) if rows else None,
-        "wal_bytes_per_row": round(wal / rows) if rows else None,
-    }
+    return cost

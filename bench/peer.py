@@ -61,13 +61,8 @@ def run_peer(services: Services, input_settings: Settings, backlog: Backlog, db_
         proc = subprocess.Popen([str(python), str(ROOT / "bench" / "peer_app.py")], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, cwd=services.run_dir)
     started = time.monotonic()
-    kb = [0]
-
-    def rss() -> float:
-        kb[0] = max(kb[0], rss_kb(proc.pid) or 0)
-        return kb[0] / 1024
-
-    sampler = CpuSampler(services, cpu=lambda: proc_cpu_seconds(proc.pid), rss=rss)
+    sampler = CpuSampler(services, cpu=lambda: proc_cpu_seconds(proc.pid),
+                         rss=lambda: (rss_kb(proc.pid) or 0) / 1024)  # the sampler keeps the peak
     rows, failure = 0, None
     while True:
         rows = services.counts(db_url)["action_events"] - prefill_rows

@@ -51,26 +51,25 @@ from cli.migrate import apply_migrations
 from runtime.settings import Settings
 
 ALL_PHASES = ("job", "naive", "ceiling", "peer", "steady", "dedup")
-FULL = {"messages": 200_000, "sessions": 100_000, "steady_rate": 2000.0, "steady_seconds": 60.0,
-        "dedup_ids": 1_000_000, "dedup_owners": 10_000, "rows": 2_000_000,
-        "restart_backlog": 50_000, "naive_seconds": 20.0, "job_timeout": 900.0}
-SMALL = {"messages": 2_000, "sessions": 500, "steady_rate": 200.0, "steady_seconds": 5.0,
-         "dedup_ids": 5_000, "dedup_owners": 100, "rows": 5_000,
-         "restart_backlog": 1_000, "naive_seconds": 3.0, "job_timeout": 120.0}
-_HELP = {"messages": "backlog size", "sessions": "seeded sessions", "steady_rate": "events/s",
-         "steady_seconds": "", "dedup_ids": "MessageIds in the window",
-         "dedup_owners": "owners they spread over", "rows": "prefilled action_events rows",
-         "restart_backlog": "messages to catch up", "naive_seconds": "naive run time bound",
-         "job_timeout": "per job run, s"}
+SIZES: dict[str, tuple[float, float, str]] = {  # the full run's, --small's, what it is
+    "messages": (200_000, 2_000, "backlog size"), "sessions": (100_000, 500, "seeded sessions"),
+    "steady_rate": (2000.0, 200.0, "events/s"), "steady_seconds": (60.0, 5.0, ""),
+    "dedup_ids": (1_000_000, 5_000, "MessageIds in the window"),
+    "dedup_owners": (10_000, 100, "owners they spread over"),
+    "rows": (2_000_000, 5_000, "prefilled action_events rows"),
+    "restart_backlog": (50_000, 1_000, "messages to catch up"),
+    "naive_seconds": (20.0, 3.0, "naive run time bound"),
+    "job_timeout": (900.0, 120.0, "per job run, s"),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; sizes not given come from the full (or ``--small``) defaults."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    for key, value in FULL.items():
-        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value),
-                            help=f"{_HELP[key]} (default {value:g})")
+    for key, (full, _small, what) in SIZES.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=type(full),
+                            help=f"{what} (default {full:g})")
     parser.add_argument("--workers", default="1,2", help="job worker counts (default 1,2)")
     parser.add_argument("--processes", default="2",
                         help="also run the job as a cluster of N processes of one worker each "
@@ -97,9 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
     args = parser.parse_args(argv)
-    for key, value in (SMALL if args.small else FULL).items():
+    for key, (full, small, _what) in SIZES.items():
         if getattr(args, key) is None:
-            setattr(args, key, value)
+            setattr(args, key, small if args.small else full)
     if bad := [item for item in args.pg_setting if "=" not in item]:
         parser.error(f"--pg-setting needs NAME=VALUE, got {bad}")
     if args.pg_setting and args.external:
@@ -202,24 +201,15 @@ class _Run:
 
     def phase_job(self) -> None:
         self.results["job"] = {}
-        for workers in self.args.workers:
-            name = f"job_w{workers}"
+        runs = [(f"workers_{w}", f"job_w{w}", w, 1) for w in self.args.workers]
+        runs += [(f"processes_{p}", f"job_p{p}", 1, p) for p in self.args.processes]
+        for key, name, workers, processes in runs:
 
-            def measure(db: str, name: str = name, workers: int = workers) -> dict[str, Any]:
-                return self.job(name, workers, db)
+            def measure(db: str, n: str = name, w: int = workers, p: int = processes) -> Any:
+                return self.job(n, w, db, processes=p)
 
-            run = self.on_copy(name, measure, keep=True)
-            self.results["job"][f"workers_{workers}"] = run
-            self.failed |= not run["ok"]
-        for processes in self.args.processes:
-            name = f"job_p{processes}"
-
-            def measure_cluster(db: str, name: str = name, processes: int = processes,
-                                ) -> dict[str, Any]:
-                return self.job(name, 1, db, processes=processes)
-
-            run = self.on_copy(name, measure_cluster)
-            self.results["job"][f"processes_{processes}"] = run
+            run = self.on_copy(name, measure, keep=processes == 1)
+            self.results["job"][key] = run
             self.failed |= not run["ok"]
 
     def phase_compare(self) -> None:

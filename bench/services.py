@@ -31,10 +31,10 @@ from runtime.settings import Settings
 POSTGRES_SETTINGS = {"fsync": "on"}
 
 
-def server_durability(conn: psycopg.Connection[Any]) -> dict[str, str]:
-    """The server's ``fsync`` and ``synchronous_commit`` settings."""
+def server_durability(conn: psycopg.Connection[Any], *extra: str) -> dict[str, str]:
+    """The server's ``fsync``, ``synchronous_commit`` and ``extra`` settings."""
     found: dict[str, str] = {}
-    for name in ("fsync", "synchronous_commit"):
+    for name in ("fsync", "synchronous_commit", *extra):
         row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
         found[name] = str(row[0]) if row else ""
     return found
@@ -117,11 +117,7 @@ class Services:
         Recorded with every run (``meta.postgres``).
         """
         with self._admin() as conn:
-            found = server_durability(conn)
-            for name in self.pg_settings:
-                row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()
-                found[name] = str(row[0]) if row else ""
-            return found
+            return server_durability(conn, *self.pg_settings)
 
     def db_name(self, suffix: str) -> str:
         """The name of this run's database ``suffix``."""
@@ -133,19 +129,19 @@ class Services:
     def create_database(self, suffix: str, template: str | None = None) -> str:
         """Create this run's database ``suffix`` (a copy of ``template`` if given); its URL."""
         name = self.db_name(suffix)
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
         with self._admin() as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
                 sql.Identifier(name)))
             if template is None:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                conn.execute(create)
             else:
-                statement = sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
-                    sql.Identifier(name), sql.Identifier(self.db_name(template)))
+                copy = create + sql.SQL(" TEMPLATE {}").format(
+                    sql.Identifier(self.db_name(template)))
                 try:
-                    conn.execute(statement)
+                    conn.execute(copy + sql.SQL(" STRATEGY FILE_COPY"))
                 except psycopg.errors.SyntaxError:  # before PostgreSQL 15: no STRATEGY
-                    conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                        sql.Identifier(name), sql.Identifier(self.db_name(template))))
+                    conn.execute(copy)
         self._databases.append(name)
         return database_url(self.server_url, name)
 
@@ -183,11 +179,6 @@ class Services:
         assert row is not None
         return dict(zip(("action_events", "outbox", "outbox_unpublished"), map(int, row),
                         strict=True))
-
-    def wal(self, db_url: str) -> int:
-        """The server's WAL insert position, bytes."""
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            return wal_lsn(conn)
 
     def wal_position(self, db_url: str) -> tuple[int, str]:
         """The server's WAL insert position, in bytes and as an LSN."""

@@ -17,36 +17,29 @@ from runtime.logs import configure_logging
 
 def main(argv: list[str] | None = None) -> int:
     """Run one operator command; settings come from ``USER_ACTIVITY_*``."""
-    parser = argparse.ArgumentParser(
-        prog="user-activity", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="user-activity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("migrate", help="apply pending SQL migrations (USER_ACTIVITY_DATABASE_URL)")
     commands.add_parser("create-topics", help="create every topic of the service (idempotent)")
     recovery = commands.add_parser(
-        "init-recovery", help="create a Bytewax recovery store (SQLite partitions) in a directory"
-    )
+        "init-recovery", help="create a Bytewax recovery store (SQLite partitions) in a directory")
     recovery.add_argument("directory", type=Path)
     recovery.add_argument(
         "--partitions", type=int, default=4,
-        help="recovery partitions: at least the largest planned worker count (default 4)",
-    )
+        help="recovery partitions: at least the largest planned worker count (default 4)")
     outbox = commands.add_parser(
-        "outbox", help="parked outbox rows: list them, or give them back to the publisher"
-    )
+        "outbox", help="parked outbox rows: list them, or give them back to the publisher")
     outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
     outbox_commands.add_parser("parked", help="list parked rows (id, topic, attempts, error)")
     requeue = outbox_commands.add_parser(
-        "requeue", help="re-publish parked rows once the cause is fixed (idempotent)"
-    )
+        "requeue", help="re-publish parked rows once the cause is fixed (idempotent)")
     which = requeue.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", dest="ids", action="append", type=UUID, metavar="ID",
                        help="a parked row's id (repeatable)")
     which.add_argument("--all", action="store_true", help="every parked row")
     commands.add_parser(
-        "maintain", help="create the daily partitions ahead, drop the expired ones (idempotent)"
-    )
+        "maintain", help="create the daily partitions ahead, drop the expired ones (idempotent)")
     from cli import replay
 
     replay_parser = commands.add_parser(
@@ -68,9 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "create-topics":
         from cli.topics import ensure_topics
 
-        ensure_topics(
-            settings.kafka_client_config(), settings.all_topics(), settings.topic_partitions
-        )
+        ensure_topics(settings.kafka_client_config(), settings.all_topics(),
+                      settings.topic_partitions)
         print(f"topics ready: {', '.join(settings.all_topics())}")
     elif args.command == "init-recovery":
         from bytewax.recovery import init_db_dir

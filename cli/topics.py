@@ -10,13 +10,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 
-def ensure_topics(
-    client_config: Mapping[str, Any],
-    topics: Sequence[str],
-    partitions: int = 6,
-    replication_factor: int = 1,
-    timeout: float = 60.0,
-) -> None:
+def ensure_topics(client_config: Mapping[str, Any], topics: Sequence[str], partitions: int = 6,
+                  replication_factor: int = 1, timeout: float = 60.0) -> None:
     """Create the missing ``topics`` and wait until every one is visible in the metadata."""
     admin = AdminClient(dict(client_config))
     futures = admin.create_topics(
@@ -33,12 +28,9 @@ def ensure_topics(
     deadline = time.monotonic() + timeout
     while True:
         metadata = admin.list_topics(timeout=10)
-        missing = [
-            t for t in topics
-            if t not in metadata.topics
-            or len(metadata.topics[t].partitions) == 0
-            or any(p.leader < 0 for p in metadata.topics[t].partitions.values())
-        ]
+        missing = [t for t in topics if t not in metadata.topics
+                   or not metadata.topics[t].partitions
+                   or any(p.leader < 0 for p in metadata.topics[t].partitions.values())]
         if not missing:
             return
         if time.monotonic() > deadline:

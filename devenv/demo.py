@@ -51,9 +51,8 @@ def _envelope(anonymous_id: uuid.UUID | None, user_id: uuid.UUID | None) -> byte
     ))
 
 
-def _produce_demo(
-    settings: Settings, devices: list[uuid.UUID], count: int, traced: list[str] | None = None,
-) -> int:
+def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int,
+                  traced: list[str] | None = None) -> int:
     """Produce ``count`` demo events; the first ``len(traced)`` with those sampled trace ids."""
     producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all"})
     rng = random.Random(7)
@@ -99,30 +98,22 @@ def _on_topic(consumer: Consumer, topic: str) -> int:
     deadline = time.monotonic() + 30
     while True:
         try:
-            metadata = consumer.list_topics(topic, timeout=10)
-            total = 0
-            for partition in metadata.topics[topic].partitions:
-                _low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10
-                )
-                total += int(high)
-            return total
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            return sum(int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+                       for p in partitions)
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
 
 
-def _job(
-    settings: Settings, recovery: Path, log_path: Path | None = None,
-    extra_env: dict[str, str] | None = None,
-) -> JobProcess:
+def _job(settings: Settings, recovery: Path, log_path: Path | None = None,
+         extra_env: dict[str, str] | None = None) -> JobProcess:
     """The favorites job with recovery, on the settings' own HTTP address and tail setting."""
-    return JobProcess(
-        settings, recovery.parent, tail=None, recovery_dir=recovery, snapshot_interval=5,
-        backup_interval=60, host=settings.http_host, port=settings.http_port,
-        log_path=log_path, env=os.environ, extra_env=extra_env,
-    )
+    return JobProcess(settings, recovery.parent, tail=None, recovery_dir=recovery,
+                      snapshot_interval=5, backup_interval=60, host=settings.http_host,
+                      port=settings.http_port, log_path=log_path, env=os.environ,
+                      extra_env=extra_env)
 
 
 def _print_traces(receiver: OtlpReceiver, trace_ids: list[str]) -> None:
@@ -241,10 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="trace the first N demo events and print their spans as trees "
                              "(a local OTLP receiver, no collector needed)")
     args = parser.parse_args(argv)
-    configured = all(
-        f"{ENV_PREFIX}{name}" in os.environ for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")
-    )
-    if configured:
+    if all(f"{ENV_PREFIX}{name}" in os.environ
+           for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")):
         return run_configured(load_settings())
     return run_demo(args.events, args.sessions, args.linger, args.timeout, args.traces)
 

@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from confluent_kafka import KafkaError, KafkaException
@@ -65,8 +64,6 @@ class KafkaBrokerError(RuntimeError):
 def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(line for line in text.strip().splitlines()[-lines:] if line.strip())
 
-
-# ---- jars -------------------------------------------------------------------------------------
 
 
 def _java() -> str:
@@ -112,8 +109,6 @@ def fetch_jars(lib_dir: Path | None = None, *, timeout: float = 900.0) -> Path:
     marker.write_text("\n".join(names) + "\n")
     return lib
 
-
-# ---- readiness and topics (confluent-kafka) ---------------------------------------------------
 
 _COORDINATOR_LOADING = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
@@ -163,8 +158,6 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6) ->
     """Create ``topics`` (existing ones are left as they are) and wait until all are led."""
     ensure_topics({"bootstrap.servers": bootstrap}, list(dict.fromkeys(topics)), partitions)
 
-
-# ---- the broker process -----------------------------------------------------------------------
 
 
 class KafkaBroker:
@@ -287,11 +280,8 @@ class KafkaBroker:
             self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.stop()
-
-    # ---- internals ----------------------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
         try:
@@ -347,8 +337,6 @@ class KafkaBroker:
             time.sleep(0.05)
         return True
 
-
-# ---- CLI --------------------------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -85,8 +85,6 @@ class OtlpReceiver:
         self.keep = keep
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
-        self.received = 0
-        """Spans received (decoded: ``keep=True`` only)."""
         self.requests = 0
         self.bytes = 0
         """Request bytes received (as sent: compressed or not)."""
@@ -94,30 +92,27 @@ class OtlpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if not receiver.keep:  # accept and discard: no decoding, count the bytes
                     receiver._discarded(len(body))
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/x-protobuf")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
+                    self._answer(200, b"")
                     return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 try:
                     spans = decode_request(body)
                 except Exception:  # noqa: BLE001 - a bad request is answered 400, as a collector does
-                    self.send_response(400)
-                    self.end_headers()
+                    self._answer(400, b"")
                     return
                 receiver._add(spans)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
+                self._answer(200, ExportTraceServiceResponse().SerializeToString())
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(answer)
+                self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
@@ -151,7 +146,6 @@ class OtlpReceiver:
 
     def _add(self, spans: list[ReceivedSpan]) -> None:
         with self._lock:
-            self.received += len(spans)
             self.requests += 1
             self._spans.extend(spans)
 
@@ -207,8 +201,3 @@ def _describe(span: ReceivedSpan) -> str:
     if span.links:
         parts.append("links " + ", ".join(span_id for _, span_id in span.links))
     return f"{span.span_id}  " + " · ".join(parts)
-
-
-def trace_ids(spans: Iterable[ReceivedSpan]) -> set[str]:
-    """The distinct trace ids among ``spans``."""
-    return {span.trace_id for span in spans}

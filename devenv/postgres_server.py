@@ -30,7 +30,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 from urllib.parse import quote
 
@@ -54,18 +53,15 @@ _OPTIONS = {"listen_addresses": HOST, "max_connections": "200"}
 def _bin_dir() -> Path:
     """The directory of ``pg_ctl``: ``$POSTGRES_BIN_DIR``, Debian's newest, or ``PATH``."""
     candidates = [os.environ.get("POSTGRES_BIN_DIR", "")]
-    candidates += sorted(
-        (str(p) for p in Path("/usr/lib/postgresql").glob("*/bin")),
-        key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else -1,
-        reverse=True,
-    )
+    candidates += [str(p) for p in sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), reverse=True,
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else -1)]
     candidates.append(str(Path(shutil.which("pg_ctl") or "/nonexistent").resolve().parent))
     for candidate in filter(None, candidates):
         if os.access(Path(candidate) / "pg_ctl", os.X_OK):
             return Path(candidate)
     raise RuntimeError(
-        "PostgreSQL server binaries not found: apt-get install postgresql, or set POSTGRES_BIN_DIR"
-    )
+        "PostgreSQL server binaries not found: apt-get install postgresql, or set POSTGRES_BIN_DIR")
 
 
 def _ensure_system_user(name: str) -> pwd.struct_passwd:
@@ -73,11 +69,9 @@ def _ensure_system_user(name: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir",
-             "/var/lib/postgresql", "--shell", "/usr/sbin/nologin", name],
-            check=True, capture_output=True,
-        )
+        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir",
+                        "/var/lib/postgresql", "--shell", "/usr/sbin/nologin", name],
+                       check=True, capture_output=True)
         return pwd.getpwnam(name)
 
 
@@ -113,13 +107,8 @@ class PostgresServer:
     process exits (mirakuru's exit hook) unless ``detach`` is true.
     """
 
-    def __init__(
-        self,
-        run_dir: Path | None = None,
-        *,
-        settings: Mapping[str, str] | None = None,
-        detach: bool = False,
-    ) -> None:
+    def __init__(self, run_dir: Path | None = None, *, settings: Mapping[str, str] | None = None,
+                 detach: bool = False) -> None:
         self._owns_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="devenv-postgres-")).absolute()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,11 +121,8 @@ class PostgresServer:
             base = Path(state["base_dir"])
         if user is not None:
             wrapper = self.run_dir / "pg_ctl"
-            wrapper.write_text(
-                "#!/bin/sh\ncd / || exit 1\n"
-                f"exec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --init-groups "
-                f'{pg_ctl} "$@"\n'
-            )
+            wrapper.write_text("#!/bin/sh\ncd / || exit 1\nexec setpriv --reuid="
+                               f'{user.pw_uid} --regid={user.pw_gid} --init-groups {pg_ctl} "$@"\n')
             wrapper.chmod(0o755)
             pg_ctl = wrapper
             reachable = subprocess.run(
@@ -225,10 +211,7 @@ class PostgresServer:
         self.start()
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
 
 

@@ -56,8 +56,8 @@ class PanelSpec:
     """One time-series panel."""
 
     title: str
-    description: str
     unit: str
+    description: str
     queries: tuple[Query, ...]
     width: int = 12
 
@@ -77,43 +77,38 @@ def _p99(metric: str) -> Query:
 ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     ("Input (per Kafka partition, measured at the source)", (
         PanelSpec(
-            "Input lag per partition",
+            "Input lag per partition", "s",
             "now - Kafka CreateTime of the last record read while records wait behind the high"
             " watermark (0 when caught up). UserActivityFavoritesLagHigh fires above 300 s.",
-            "s",
             (Query(f"max by (topic, partition) ({_s('user_activity_input_lag_seconds')})",
                    "{{topic}}[{{partition}}]"),),
         ),
         PanelSpec(
-            "Records behind",
+            "Records behind", "short",
             "High watermark - next offset to read, per input partition.",
-            "short",
             (Query(f"sum by (topic, partition) ({_s('user_activity_input_records_behind')})",
                    "{{topic}}[{{partition}}]"),),
         ),
         PanelSpec(
-            "Seconds since progress",
+            "Seconds since progress", "s",
             "Seconds since a record was last read while records wait (0 while caught up)."
             " UserActivityInputStalled fires above 300 s.",
-            "s",
             (Query("max by (topic, partition) "
                    f"({_s('user_activity_input_seconds_since_progress')})",
                    "{{topic}}[{{partition}}]"),),
         ),
         PanelSpec(
-            "Paused time",
+            "Paused time", "s",
             "Seconds the stream has been paused waiting for PostgreSQL or Kafka (0 when"
             " running). UserActivityStreamPausedTooLong fires above 900 s.",
-            "s",
             (Query(f"max by (pod) ({_s('user_activity_paused_seconds')})", "{{pod}}"),),
         ),
     )),
     ("Outcomes", (
         PanelSpec(
-            "Favorites throughput by outcome",
+            "Favorites throughput by outcome", "ops",
             "Favorites messages per second: recorded by action type, skipped by reason,"
             " dead-lettered.",
-            "ops",
             (
                 Query("sum by (action_type) "
                       f"(rate({_s('user_activity_favorites_recorded_total')}[{RATE}]))",
@@ -126,10 +121,9 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             ),
         ),
         PanelSpec(
-            "Dead letters and parked outbox rows",
+            "Dead letters and parked outbox rows", "short",
             "Records sent to the dead-letter topics, and outbox rows the broker refused for"
             " good (parked for an operator), per interval.",
-            "short",
             (
                 Query(f"sum (increase({_s('user_activity_favorites_dlq_total')}[{RATE}]))",
                       "favorites DLQ"),
@@ -142,18 +136,16 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             ),
         ),
         PanelSpec(
-            "Session-linking outcomes",
+            "Session-linking outcomes", "ops",
             "user-signed-in messages per second by outcome.",
-            "ops",
             (Query("sum by (outcome) "
                    f"(rate({_s('user_activity_session_linking_outcomes_total')}[{RATE}]))",
                    "{{outcome}}"),),
         ),
         PanelSpec(
-            "Background loop restarts",
+            "Background loop restarts", "short",
             "Restarts of a supervised background loop after an unexpected exception."
             " UserActivityBackgroundLoopRestarting fires on any.",
-            "short",
             (Query("sum by (pod, thread) (increase("
                    f"{_s('user_activity_background_restarts_total')}[{RATE}]))",
                    "{{pod}} {{thread}}"),),
@@ -161,10 +153,9 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     )),
     ("Outbox", (
         PanelSpec(
-            "Oldest unpublished outbox row vs stall threshold",
+            "Oldest unpublished outbox row vs stall threshold", "s",
             "Age of the oldest committed, unpublished, unparked outbox row; above the threshold"
             " /readyz is 503 and UserActivityOutboxStalled fires.",
-            "s",
             (
                 Query(f"max ({_s('user_activity_outbox_oldest_unpublished_seconds')})",
                       "oldest unpublished"),
@@ -173,9 +164,8 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             ),
         ),
         PanelSpec(
-            "Outbox published rate",
+            "Outbox published rate", "ops",
             "Outbox rows acknowledged by the broker per second, by topic, and failed attempts.",
-            "ops",
             (
                 Query("sum by (topic) "
                       f"(rate({_s('user_activity_outbox_published_total')}[{RATE}]))",
@@ -188,35 +178,30 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
     )),
     ("Bytewax steps (API server :3030)", (
         PanelSpec(
-            "Items out per step",
+            "Items out per step", "ops",
             "Items each Bytewax step emitted per second (bytewax_item_out_count_total).",
-            "ops",
             (Query(f"sum by (step_id) (rate(bytewax_item_out_count_total[{RATE}]))",
                    "{{step_id}}"),),
             width=24,
         ),
         PanelSpec(
-            "Input next_batch duration (p99)",
+            "Input next_batch duration (p99)", "s",
             "Kafka input partitions: duration of one next_batch call.",
-            "s",
             (_p99("bytewax_inp_part_next_batch_duration_seconds"),),
         ),
         PanelSpec(
-            "flat_map_batch duration (p99)",
+            "flat_map_batch duration (p99)", "s",
             "Mapper duration per batch (decode, classify).",
-            "s",
             (_p99("bytewax_flat_map_batch_duration_seconds"),),
         ),
         PanelSpec(
-            "stateful_batch on_batch duration (p99)",
+            "stateful_batch on_batch duration (p99)", "s",
             "Stateful steps (dedup window) per batch.",
-            "s",
             (_p99("bytewax_stateful_batch_on_batch_duration_seconds"),),
         ),
         PanelSpec(
-            "Output write_batch duration (p99)",
+            "Output write_batch duration (p99)", "s",
             "Partitioned sinks (the PostgreSQL transaction per batch).",
-            "s",
             (_p99("bytewax_out_part_write_batch_duration_seconds"),),
         ),
     )),
@@ -225,15 +210,8 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 
 def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel:
     panel = (
-        timeseries.Panel()
-        .id(panel_id)
-        .title(spec.title)
-        .description(spec.description)
-        .datasource(DATASOURCE)
-        .unit(spec.unit)
-        .min(0)
-        .height(8)
-        .span(spec.width)
+        timeseries.Panel().id(panel_id).title(spec.title).description(spec.description)
+        .datasource(DATASOURCE).unit(spec.unit).min(0).height(8).span(spec.width)
         .legend(VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST)
                 .placement(LegendPlacement.BOTTOM).calcs([]))
     )
@@ -256,11 +234,8 @@ def build() -> dict[str, Any]:
         .uid(UID)
         .description("Favorites and session linking: input lag and progress per partition,"
                      " outcomes, outbox, Bytewax steps. Generated by k8s/dashboard.py.")
-        .tags(["user-activity", "bytewax", "kafka"])
-        .editable()
-        .tooltip(DashboardCursorSync.CROSSHAIR)
-        .time("now-3h", "now")
-        .refresh("30s")
+        .tags(["user-activity", "bytewax", "kafka"]).editable()
+        .tooltip(DashboardCursorSync.CROSSHAIR).time("now-3h", "now").refresh("30s")
         .timezone("utc")
         .with_variable(dash.DatasourceVariable("datasource").label("Data source")
                        .type("prometheus"))

@@ -33,13 +33,9 @@ class Backoff:
 
 
 def retry_forever(
-    operation: Callable[[], T],
-    *,
-    is_transient: Callable[[BaseException], bool],
-    backoff: Backoff,
-    on_retry: Callable[[BaseException, int, float], None],
-    on_recovered: Callable[[int], None] | None = None,
-    sleep: Callable[[float], None],
+    operation: Callable[[], T], *, is_transient: Callable[[BaseException], bool],
+    backoff: Backoff, on_retry: Callable[[BaseException, int, float], None],
+    on_recovered: Callable[[int], None] | None = None, sleep: Callable[[float], None],
 ) -> T:
     """Run ``operation`` until it succeeds, sleeping between transient failures.
 

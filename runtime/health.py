@@ -38,21 +38,15 @@ class HealthSnapshot:
 
     def as_json(self) -> bytes:
         """The JSON body of the health endpoints."""
-        return orjson.dumps(
-            {
-                "state": self.state,
-                "dependency": self.dependency,
-                "paused_since": (
-                    time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.paused_since))
-                    if self.paused_since is not None
-                    else None
-                ),
-                "attempt": self.attempt,
-                "last_error": self.last_error,
-                "seconds_since_progress": round(self.seconds_since_progress, 3),
-                "stalled": dict(self.stalled),
-            }
-        )
+        since = self.paused_since
+        return orjson.dumps({
+            "state": self.state, "dependency": self.dependency,
+            "paused_since": None if since is None else time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
+            "attempt": self.attempt, "last_error": self.last_error,
+            "seconds_since_progress": round(self.seconds_since_progress, 3),
+            "stalled": dict(self.stalled),
+        })
 
 
 class Health:
@@ -75,14 +69,14 @@ class Health:
             since = self._paused.get(dependency, (time.time(), 0, ""))[0]
             self._paused[dependency] = (since, attempt, error)
         self.beat()
-        self._update_gauge()
+        self.refresh_gauge()
 
     def resumed(self, dependency: str) -> None:
         """Record that ``dependency`` answers again."""
         with self._lock:
             self._paused.pop(dependency, None)
         self.beat()
-        self._update_gauge()
+        self.refresh_gauge()
 
     def stalled(self, component: str, reason: str) -> None:
         """Record that ``component`` cannot make progress (``/readyz`` 503 with ``reason``)."""
@@ -108,14 +102,11 @@ class Health:
         state = "stalled" if stalled else "running"
         return HealthSnapshot(state, None, None, 0, None, idle, stalled)
 
-    def _update_gauge(self) -> None:
+    def refresh_gauge(self) -> None:
+        """Bring the paused-seconds gauge up to date (on each change and each scrape)."""
         with self._lock:
             since = min((v[0] for v in self._paused.values()), default=None)
         PAUSED_SECONDS.set(0 if since is None else time.time() - since)
-
-    def refresh_gauge(self) -> None:
-        """Bring the paused-seconds gauge up to date (called on each scrape)."""
-        self._update_gauge()
 
 
 HEALTH = Health()

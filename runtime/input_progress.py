@@ -106,35 +106,30 @@ class InputProgress(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The gauges, computed now."""
         now = time.time()
+        labels = ["topic", "partition"]
         behind = GaugeMetricFamily(
             "user_activity_input_records_behind",
             "Per input partition: records between the next offset and the high watermark.",
-            labels=["topic", "partition"],
-        )
+            labels=labels)
         stalled = GaugeMetricFamily(
             "user_activity_input_seconds_since_progress",
             "Per input partition: seconds since a record was last read while records wait"
-            " behind the high watermark (0 while caught up).",
-            labels=["topic", "partition"],
-        )
+            " behind the high watermark (0 while caught up).", labels=labels)
         lag = GaugeMetricFamily(
             "user_activity_input_lag_seconds",
             "Per input partition: now minus CreatedAt (Kafka CreateTime) of the last record"
             " read while records wait behind the high watermark (0 while caught up).",
-            labels=["topic", "partition"],
-        )
+            labels=labels)
         flow_lag: dict[str, float] = dict.fromkeys(FLOW_LAG_METRICS, 0.0)
         for part in self.partitions():
-            labels = [part.topic, str(part.partition)]
+            values = [part.topic, str(part.partition)]
             part_lag = part.lag(now)
-            behind.add_metric(labels, part.behind())
-            stalled.add_metric(labels, part.stalled_for(now))
-            lag.add_metric(labels, part_lag)
+            behind.add_metric(values, part.behind())
+            stalled.add_metric(values, part.stalled_for(now))
+            lag.add_metric(values, part_lag)
             if part.flow in flow_lag:
                 flow_lag[part.flow] = max(flow_lag[part.flow], part_lag)
-        yield behind
-        yield stalled
-        yield lag
+        yield from (behind, stalled, lag)
         for flow, (name, documentation) in FLOW_LAG_METRICS.items():
             yield GaugeMetricFamily(name, documentation, value=flow_lag[flow])
 

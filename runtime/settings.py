@@ -175,11 +175,9 @@ class Settings(BaseSettings):
 
     def kafka_client_config(self) -> dict[str, Any]:
         """Librdkafka settings shared by every client (connection, TLS, SASL)."""
-        config: dict[str, Any] = {
-            "bootstrap.servers": self.kafka_bootstrap_servers,
-            "security.protocol": self.kafka_security_protocol,
-            "client.id": self.kafka_client_id,
-        }
+        config: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap_servers,
+                                  "security.protocol": self.kafka_security_protocol,
+                                  "client.id": self.kafka_client_id}
         optional: dict[str, str | SecretStr | None] = {
             "sasl.mechanism": self.kafka_sasl_mechanism,
             "sasl.username": self.kafka_sasl_username,
@@ -190,9 +188,8 @@ class Settings(BaseSettings):
             "ssl.key.password": self.kafka_ssl_key_password,
         }
         for key, value in optional.items():
-            if value is None:
-                continue
-            config[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
+            if value is not None:
+                config[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
         return config
 
     def database_dsn(self) -> str:
@@ -200,15 +197,6 @@ class Settings(BaseSettings):
         return self.database_url.get_secret_value()
 
     def all_topics(self) -> list[str]:
-        """Every topic the service reads or writes (the topic-creation helper makes these)."""
-        return [
-            self.topic_favorite_added,
-            self.topic_favorite_removed,
-            self.topic_action_tracked,
-            self.topic_favorites_dlq,
-            self.topic_user_signed_in,
-            self.topic_session_linked,
-            self.topic_session_started,
-            self.topic_session_ended,
-            self.topic_session_linking_dlq,
-        ]
+        """Every topic the service reads or writes: the ``topic_*`` fields (``create-topics``)."""
+        return [getattr(self, name) for name in type(self).model_fields
+                if name.startswith("topic_") and name != "topic_partitions"]

@@ -31,23 +31,16 @@ def report_crash(thread: str, exc: BaseException, attempt: int, delay: float) ->
     """Log ``exc`` with its traceback and count the restart of ``thread``."""
     BACKGROUND_RESTARTS.labels(thread=thread).inc()
     with contextlib.suppress(Exception):  # reporting must never kill the supervisor
-        logger.error(
-            "background-loop-crashed",
-            exc_info=(type(exc), exc, exc.__traceback__),
-            extra={"loop": thread, "error": type(exc).__name__, "attempt": attempt,
-                   "restart_in_s": round(delay, 2)},
-        )
+        logger.error("background-loop-crashed", exc_info=(type(exc), exc, exc.__traceback__),
+                     extra={"loop": thread, "error": type(exc).__name__, "attempt": attempt,
+                            "restart_in_s": round(delay, 2)})
 
 
 class SupervisedThread:
     """Runs ``body(stop)`` in a daemon thread named ``name``, restarting it after a crash."""
 
-    def __init__(
-        self,
-        name: str,
-        body: Callable[[threading.Event], None],
-        backoff: Backoff | None = None,
-    ) -> None:
+    def __init__(self, name: str, body: Callable[[threading.Event], None],
+                 backoff: Backoff | None = None) -> None:
         self.name = name
         self._body = body
         self._backoff = backoff or Backoff()

@@ -73,7 +73,6 @@ SERVICE_NAME = "user-activity-stream"
 
 _LOW_64 = (1 << 64) - 1
 _ALL = 1 << 64
-_TRACEPARENT_BYTES = TRACEPARENT.encode()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OK = Status(StatusCode.OK)
 _UNSET = Status(StatusCode.UNSET)
@@ -219,12 +218,10 @@ class Tracing:
             elif not parent_based and _ratio_says_no(header, bound):
                 return None
             else:
-                parent = valid_traceparent(header)
+                parent = valid_traceparent(header)  # valid: a ratio rule said yes above
                 if parent is not None:
-                    trace_id = int(parent[3:35], 16)
-                    if not parent_based and (trace_id & _LOW_64) >= bound:
-                        return None
-                    return MessageTrace(trace_id, int(parent[36:52], 16), _new_span_id())
+                    return MessageTrace(int(parent[3:35], 16), int(parent[36:52], 16),
+                                        _new_span_id())
         if not bound:
             return None
         trace_id = random.getrandbits(128) or 1
@@ -248,21 +245,16 @@ class Tracing:
             if not handle_start - _DAY_NS <= consume_start <= handle_start:
                 # another process's clock (a sign-in held in a snapshot across a restart)
                 consume_start = handle_start
-            parent = (
-                SpanContext(trace_id, trace.parent_span_id, True, _SAMPLED)
-                if trace.parent_span_id else None
-            )
+            parent = (SpanContext(trace_id, trace.parent_span_id, True, _SAMPLED)
+                      if trace.parent_span_id else None)
             consume = SpanContext(trace_id, _new_span_id(), False, _SAMPLED)
             handle = SpanContext(trace_id, trace.handle_span_id, False, _SAMPLED)
             attributes: dict[str, AttributeValue] = {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "consume",
-                "messaging.destination.name": record.topic,
+                "messaging.system": "kafka", "messaging.operation.type": "process",
+                "messaging.operation.name": "consume", "messaging.destination.name": record.topic,
                 "messaging.destination.partition.id": str(record.partition),
                 "messaging.kafka.offset": record.offset,
-                "messaging.consumer.group.name": self._group,
-            }
+                "messaging.consumer.group.name": self._group}
             if item.message_id is not None:
                 attributes["messaging.message.id"] = item.message_id
             handle_attributes: dict[str, AttributeValue] = {"user_activity.outcome": item.outcome}
@@ -300,27 +292,18 @@ class Tracing:
             headers = record.headers
             stored = _stored_traceparent(headers)
             # what we store is a version-00 traceparent (55 characters): its flags end it
-            parent = (
-                valid_traceparent(stored)
-                if stored is not None and stored[54:55] in _ODD_HEX
+            parent = valid_traceparent(stored) if (
+                stored is not None and stored[54:55] in _ODD_HEX
                 and (sampling.parent_based or not _ratio_says_no(stored, sampling.bound))
-                else None
-            )
+            ) else None
             if parent is None:
                 out.append(record)
                 spans.append(None)
                 continue
             trace_id = int(parent[3:35], 16)
-            if not sampling.parent_based and (trace_id & _LOW_64) >= sampling.bound:
-                out.append(record)
-                spans.append(None)
-                continue
             attributes: dict[str, AttributeValue] = {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "publish",
-                "messaging.destination.name": record.topic,
-            }
+                "messaging.system": "kafka", "messaging.operation.type": "send",
+                "messaging.operation.name": "publish", "messaging.destination.name": record.topic}
             message_id = getattr(record, "id", None)
             if message_id is not None:
                 attributes["messaging.message.id"] = str(message_id)

@@ -31,14 +31,10 @@ class Database:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             self.reset()
-            conn = psycopg.connect(
-                self._dsn,
-                autocommit=True,
-                connect_timeout=5,
+            conn = self._conn = psycopg.connect(
+                self._dsn, autocommit=True, connect_timeout=5,
                 application_name=self._application_name,
-                options=f"-c statement_timeout={self._statement_timeout_ms}",
-            )
-            self._conn = conn
+                options=f"-c statement_timeout={self._statement_timeout_ms}")
         return conn
 
     def reset(self) -> None:

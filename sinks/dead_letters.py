@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import KafkaError, KafkaException
@@ -46,6 +46,7 @@ from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record
 from sinks.kafka_producer import KafkaProducer, OutgoingRecord
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_TOPIC_LIMIT = 1_000_000
 """The DLQ size limit assumed when the topic's ``max.message.bytes`` cannot be read."""
@@ -143,22 +144,15 @@ class DeadLetterPublisher:
                 if service is not None:
                     raise DeliveryFailedError(service)
 
-        self._retry(attempt)
+        self._retry(attempt, is_infrastructure_error)
         for p in settled:
             self._dlq_counter.inc()
             if p.delivered:
-                log_event(
-                    logger,
-                    "dead-lettered",
-                    logging.WARNING,
-                    outcome="failed",
-                    reason=p.letter.reason.value,
-                    exception_type=p.letter.exception_type,
-                    attempts=p.letter.attempts,
-                    source=p.letter.record.where(),
-                    form=None if p.form is LetterForm.WHOLE else p.form.name.lower(),
-                    **dict(p.letter.ids),
-                )
+                log_event(logger, "dead-lettered", logging.WARNING, outcome="failed",
+                          reason=p.letter.reason.value, exception_type=p.letter.exception_type,
+                          attempts=p.letter.attempts, source=p.letter.record.where(),
+                          form=None if p.form is LetterForm.WHOLE else p.form.name.lower(),
+                          **dict(p.letter.ids))
 
     def _record(self, p: _Pending, limit: int) -> OutgoingRecord:
         rendered = p.letter.render(p.form, limit)
@@ -171,50 +165,31 @@ class DeadLetterPublisher:
         if form is None:
             # Even the bare letter (x-dlq-*/x-source-* headers only) was refused: the DLQ topic
             # itself refuses such records (e.g. compacted). Loud, never silent, never a stall.
-            log_event(
-                logger,
-                "dead-letter-unwritable",
-                logging.ERROR,
-                outcome="failed",
-                reason=p.letter.reason.value,
-                source=p.letter.record.where(),
-                code=err.name(),
-                dlq_topic=self._topic,
-            )
+            log_event(logger, "dead-letter-unwritable", logging.ERROR, outcome="failed",
+                      reason=p.letter.reason.value, source=p.letter.record.where(),
+                      code=err.name(), dlq_topic=self._topic)
             return False
         p.form = form
-        log_event(
-            logger,
-            "dead-letter-reduced",
-            logging.WARNING,
-            source=p.letter.record.where(),
-            code=err.name(),
-            refused_form=refused.name.lower(),
-            form=form.name.lower(),
-            original_size=p.letter.original_size,
-            limit=limit,
-        )
+        log_event(logger, "dead-letter-reduced", logging.WARNING, source=p.letter.record.where(),
+                  code=err.name(), refused_form=refused.name.lower(), form=form.name.lower(),
+                  original_size=p.letter.original_size, limit=limit)
         return True
 
     def _ensure_producer(self) -> KafkaProducer:
         if self._producer is None:
             if self._limit is None:
                 self._limit = self._read_topic_limit()
-            overrides: dict[str, Any] = {
-                "compression.type": "zstd",
-                "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit),
-            }
+            overrides: dict[str, Any] = {"compression.type": "zstd",
+                                         "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit)}
             self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True, **overrides)
         return self._producer
 
     def _read_topic_limit(self) -> int:
         """The DLQ topic's ``max.message.bytes`` (retried while Kafka is unreachable)."""
-        config: dict[str, Any] = {
-            **self._settings.kafka_client_config(),
-            "client.id": f"{self._settings.kafka_client_id}-dlq-admin",
-            "socket.connection.setup.timeout.ms": 5_000,
-            "logger": LIBRDKAFKA_LOGGER,
-        }
+        config: dict[str, Any] = {**self._settings.kafka_client_config(),
+                                  "client.id": f"{self._settings.kafka_client_id}-dlq-admin",
+                                  "socket.connection.setup.timeout.ms": 5_000,
+                                  "logger": LIBRDKAFKA_LOGGER}
         admin = AdminClient(config)
 
         def read() -> int:
@@ -224,52 +199,29 @@ class DeadLetterPublisher:
             return int(entries["max.message.bytes"].value)
 
         try:
-            limit = retry_forever(
-                read,
-                is_transient=is_kafka_unreachable,
-                backoff=self._backoff,
-                on_retry=self._on_retry,
-                on_recovered=lambda _n: HEALTH.resumed("kafka"),
-                sleep=time.sleep,
-            )
+            limit = self._retry(read, is_kafka_unreachable)
         except Exception as exc:  # noqa: BLE001 - any answer but "unreachable": use the default
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            log_event(
-                logger,
-                "dlq-limit-unknown",
-                logging.WARNING,
-                dlq_topic=self._topic,
-                error=type(exc).__name__,
-                code=None if err is None else err.name(),
-                limit=DEFAULT_TOPIC_LIMIT,
-            )
+            log_event(logger, "dlq-limit-unknown", logging.WARNING, dlq_topic=self._topic,
+                      error=type(exc).__name__, code=None if err is None else err.name(),
+                      limit=DEFAULT_TOPIC_LIMIT)
             return DEFAULT_TOPIC_LIMIT
         limit = min(max(limit, 1), _MAX_PRODUCER_LIMIT)
         log_event(logger, "dlq-limit", dlq_topic=self._topic, limit=limit)
         return limit
 
-    def _retry(self, attempt: Callable[[], None]) -> None:
-        retry_forever(
-            attempt,
-            is_transient=is_infrastructure_error,
-            backoff=self._backoff,
-            on_retry=self._on_retry,
-            on_recovered=lambda _n: HEALTH.resumed("kafka"),
-            sleep=time.sleep,
-        )
+    def _retry(self, attempt: Callable[[], T], is_transient: Callable[[BaseException], bool]
+               ) -> T:
+        """``attempt()``, retried forever with back-off while ``is_transient`` (Kafka paused)."""
+        return retry_forever(attempt, is_transient=is_transient, backoff=self._backoff,
+                             on_retry=self._on_retry,
+                             on_recovered=lambda _n: HEALTH.resumed("kafka"), sleep=time.sleep)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries_counter.inc()
         HEALTH.paused("kafka", attempt, type(exc).__name__)
-        log_event(
-            logger,
-            "dlq-publish-retry",
-            logging.WARNING,
-            error=type(exc).__name__,
-            detail=str(exc),
-            attempt=attempt,
-            delay_s=round(delay, 2),
-        )
+        log_event(logger, "dlq-publish-retry", logging.WARNING, error=type(exc).__name__,
+                  detail=str(exc), attempt=attempt, delay_s=round(delay, 2))
 
     def close(self) -> None:
         """Flush what is queued (bounded) and drop the producer."""
@@ -284,18 +236,11 @@ class DeadLetterSink(DynamicSink[DeadLetter]):
     def __init__(
         self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter
     ) -> None:
-        self._settings = settings
-        self._topic = topic
-        self._dlq_counter = dlq_counter
-        self._retries_counter = retries_counter
+        self._publisher_args = (settings, topic, dlq_counter, retries_counter)
 
     @override
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _DeadLetterPartition:
-        return _DeadLetterPartition(
-            DeadLetterPublisher(
-                self._settings, self._topic, self._dlq_counter, self._retries_counter
-            )
-        )
+        return _DeadLetterPartition(DeadLetterPublisher(*self._publisher_args))
 
 
 class _DeadLetterPartition(StatelessSinkPartition[DeadLetter]):

@@ -88,12 +88,8 @@ DecodedSignIn = SignInMessage | InvalidSignIn | DeadLetter
 def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict[str, Any]:
     """The log fields of a sign-in: ids and where it came from (no IP, no user agent)."""
     payload = envelope.payload
-    return {
-        "MessageId": str(envelope.message_id),
-        "AnonymousId": str(payload.anonymous_id),
-        "UserId": str(payload.user_id),
-        "source": record.where(),
-    }
+    return {"MessageId": str(envelope.message_id), "AnonymousId": str(payload.anonymous_id),
+            "UserId": str(payload.user_id), "source": record.where()}
 
 
 def decode_sign_in(record: SourceRecord) -> DecodedSignIn:

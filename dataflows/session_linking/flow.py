@@ -26,12 +26,7 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
 
-from dataflows.operators import (
-    configured_start,
-    deduplicated,
-    kafka_records,
-    warn_version_mismatch,
-)
+from dataflows.operators import configured_start, deduplicated, kafka_records, warn_version_mismatch
 from dataflows.session_linking.decode import (
     DecodedSignIn,
     InvalidSignIn,
@@ -45,11 +40,7 @@ from dataflows.session_linking.reorder import ReorderLogic
 from dataflows.session_linking.sink import SessionLinkSink
 from dataflows.session_linking.traces import trace_duplicate, trace_invalid, trace_poison
 from runtime.logs import log_event
-from runtime.metrics import (
-    SESSION_LINKING_DLQ,
-    SESSION_LINKING_OUTCOMES,
-    SESSION_LINKING_RETRIES,
-)
+from runtime.metrics import SESSION_LINKING_DLQ, SESSION_LINKING_OUTCOMES, SESSION_LINKING_RETRIES
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
@@ -60,9 +51,8 @@ from sources.kafka_input import StartPosition
 logger = logging.getLogger(__name__)
 
 
-def _log_outcome(
-    outcome: LinkOutcome, record: SourceRecord, message: SignInMessage | InvalidSignIn
-) -> None:
+def _log_outcome(outcome: LinkOutcome, record: SourceRecord,
+                 message: SignInMessage | InvalidSignIn) -> None:
     SESSION_LINKING_OUTCOMES.labels(outcome=outcome.value).inc()
     event = LOG_EVENTS[outcome]
     level = logging.WARNING if outcome is LinkOutcome.INVALID else logging.INFO
@@ -83,8 +73,7 @@ def _decode(record: SourceRecord) -> DecodedSignIn:
 
 def _warn_version(message: SignInMessage) -> SignInMessage:
     return warn_version_mismatch(  # type: ignore[no-any-return]
-        message, lambda m: sign_in_fields(m.record, m.envelope)
-    )
+        message, lambda m: sign_in_fields(m.record, m.envelope))
 
 
 def _log_duplicate(message: SignInMessage) -> None:
@@ -102,13 +91,9 @@ class SessionLinkingSinks:
     @classmethod
     def of(cls, settings: Settings) -> SessionLinkingSinks:
         """PostgreSQL (one transaction per batch, outbox) and the session-linking DLQ topic."""
-        return cls(
-            SessionLinkSink(settings),
-            DeadLetterSink(
-                settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
-                SESSION_LINKING_RETRIES,
-            ),
-        )
+        return cls(SessionLinkSink(settings), DeadLetterSink(
+            settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
+            SESSION_LINKING_RETRIES))
 
     @classmethod
     def dry_run(cls, settings: Settings, tally: Tally) -> SessionLinkingSinks:
@@ -116,13 +101,9 @@ class SessionLinkingSinks:
         return cls(DryRunLinkSink(settings, tally), DryRunDeadLetterSink(tally))
 
 
-def build_flow(
-    settings: Settings,
-    *,
-    source: Source[SourceRecord] | None = None,
-    sinks: SessionLinkingSinks | None = None,
-    start: StartPosition | None = None,
-) -> Dataflow:
+def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None,
+               sinks: SessionLinkingSinks | None = None, start: StartPosition | None = None,
+               ) -> Dataflow:
     """The session-linking dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the Kafka input (tests: a ``TestingSource`` of records), ``sinks`` the
@@ -134,28 +115,19 @@ def build_flow(
         records: Stream[SourceRecord] = op.input("user_signed_in_input", flow, source)
     else:
         records = kafka_records(
-            flow,
-            settings,
-            [("user_signed_in_input", settings.topic_user_signed_in)],
-            start or configured_start(settings),
-            SESSION_LINKING_RETRIES,
-            flow_name="session-linking",
-            consumer_group=settings.consumer_group_session_linking,
-        )
+            flow, settings, [("user_signed_in_input", settings.topic_user_signed_in)],
+            start or configured_start(settings), SESSION_LINKING_RETRIES,
+            flow_name="session-linking", consumer_group=settings.consumer_group_session_linking)
 
     decoded = op.map("decode_sign_in", records, _decode)
     valid = op.branch("route_decoded", decoded, lambda d: isinstance(d, SignInMessage))
-    rejected = op.branch(
-        "route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter)
-    )
+    rejected = op.branch("route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter))
     op.output("dead_letter_poison", rejected.trues, outputs.dead_letters)  # type: ignore[misc]
     op.inspect("log_invalid_sign_in", rejected.falses, _log_invalid)  # type: ignore[arg-type]
 
     messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
     keyed = op.key_on("key_by_device", messages, lambda m: m.device_key)
-    fresh = deduplicated(
-        "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
-    )
+    fresh = deduplicated("dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate)
     lateness, bounded = settings.session_linking_lateness_seconds, not settings.tail
     in_order = op.stateful_batch(
         "reorder_by_signed_in_at", fresh,

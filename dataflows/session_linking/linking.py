@@ -95,9 +95,7 @@ class ConflictReason(StrEnum):
 
 
 def late_conflict(
-    outcome: LinkOutcome,
-    signed_in_at: datetime,
-    device_last_signed_in_at: datetime | None,
+    outcome: LinkOutcome, signed_in_at: datetime, device_last_signed_in_at: datetime | None,
     active_started_at: datetime | None,
 ) -> ConflictReason | None:
     """Why a sign-in cannot be applied although :func:`decide` says ``outcome``, or None.
@@ -144,12 +142,8 @@ class SessionTopics:
     ended: str
 
     def of(self, kind: SessionEventKind) -> str:
-        """The topic of ``kind``."""
-        return {
-            SessionEventKind.LINKED: self.linked,
-            SessionEventKind.STARTED: self.started,
-            SessionEventKind.ENDED: self.ended,
-        }[kind]
+        """The topic of ``kind`` (the field named like the kind)."""
+        return str(getattr(self, kind.name.lower()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +184,7 @@ def session_payload(change: SessionChange) -> dict[str, Any]:
 
 
 def build_session_event(
-    change: SessionChange,
-    message: SignInMessage,
-    *,
-    message_id: UUID,
-    topics: SessionTopics,
+    change: SessionChange, message: SignInMessage, *, message_id: UUID, topics: SessionTopics,
     now: datetime,
 ) -> OutboxRow:
     """The outbox row announcing ``change``, caused by the sign-in ``message``.
@@ -203,21 +193,11 @@ def build_session_event(
     row's id), CreatedAt ``now``, Version 1, AggregateId = SessionId, AggregateType ``Session``,
     the sign-in's CorrelationId. Kafka key = SessionId; ``traceparent`` passed through.
     """
-    value = orjson.dumps(
-        {
-            "MessageId": str(message_id),
-            "CreatedAt": utc_iso(now),
-            "Version": CONTRACT_VERSION,
-            "AggregateId": str(change.session_id),
-            "AggregateType": SESSION_AGGREGATE_TYPE,
-            "CorrelationId": message.envelope.correlation_id,
-            "Payload": session_payload(change),
-        }
-    )
-    return OutboxRow(
-        id=message_id,
-        topic=topics.of(change.kind),
-        key=str(change.session_id).encode(),
-        value=value,
-        headers=propagated_headers(message.record, message.trace),
-    )
+    value = orjson.dumps({
+        "MessageId": str(message_id), "CreatedAt": utc_iso(now), "Version": CONTRACT_VERSION,
+        "AggregateId": str(change.session_id), "AggregateType": SESSION_AGGREGATE_TYPE,
+        "CorrelationId": message.envelope.correlation_id, "Payload": session_payload(change),
+    })
+    return OutboxRow(id=message_id, topic=topics.of(change.kind),
+                     key=str(change.session_id).encode(), value=value,
+                     headers=propagated_headers(message.record, message.trace))

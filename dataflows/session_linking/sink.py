@@ -72,12 +72,8 @@ before the batch's transaction is abandoned as a serialization failure (and retr
 class SessionLinksStore:
     """Applies sign-ins to ``user_activity.sessions`` in one transaction per batch."""
 
-    def __init__(
-        self,
-        topics: SessionTopics,
-        new_id: Callable[[], UUID] = uuid_compat.uuid7,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    ) -> None:
+    def __init__(self, topics: SessionTopics, new_id: Callable[[], UUID] = uuid_compat.uuid7,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._topics = topics
         self._new_id = new_id
         self._clock = clock
@@ -106,22 +102,19 @@ class SessionLinksStore:
             if result is not None:
                 return result
         raise psycopg.errors.SerializationFailure(
-            "the device's Active session kept changing while linking"
-        )
+            "the device's Active session kept changing while linking")
 
     def _apply(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult | None:
         """One decision on the locked Active session; None when a concurrent writer won."""
         device = {"anonymous_id": message.anonymous_id}
         locked = conn.execute(query("link_session_lock_active"), device).fetchone()
         active = None if locked is None else ActiveSession(
-            _uuid(locked[0]), _opt_uuid(locked[1]), cast(datetime, locked[2]))
+            cast(UUID, locked[0]), cast("UUID | None", locked[1]), cast(datetime, locked[2]))
         last_row = conn.execute(query("link_session_device_last"), device).fetchone()
         device_last = None if last_row is None else cast("datetime | None", last_row[0])
         outcome = decide(active, message.user_id)
-        conflict = late_conflict(
-            outcome, message.signed_in_at, device_last,
-            None if active is None else active.started_at,
-        )
+        conflict = late_conflict(outcome, message.signed_in_at, device_last,
+                                 None if active is None else active.started_at)
         if conflict is not None:
             assert device_last is not None
             conn.execute(query("link_session_conflict"), {
@@ -136,63 +129,50 @@ class SessionLinksStore:
         signed_in_at = message.signed_in_at
         if outcome is LinkOutcome.ALREADY_LINKED:
             assert active is not None
-            conn.execute(query("link_session_confirm"), {
-                "session_id": active.session_id, "signed_in_at": signed_in_at,
-            })
+            conn.execute(query("link_session_confirm"),
+                         {"session_id": active.session_id, "signed_in_at": signed_in_at})
             return LinkResult(message, outcome, active.session_id)
         if outcome is LinkOutcome.LINKED:
             assert active is not None
             linked_at = _returned(conn, "link_session_link_guest", {
                 "session_id": active.session_id, "user_id": message.user_id,
-                "signed_in_at": signed_in_at,
-            })
+                "signed_in_at": signed_in_at})
             if linked_at is None:
                 return None
             change = self._change(SessionEventKind.LINKED, active.session_id, message, linked_at)
-            return LinkResult(
-                message, outcome, active.session_id,
-                outbox=(self._event(change, message, now),),
-            )
+            return LinkResult(message, outcome, active.session_id,
+                              outbox=(self._event(change, message, now),))
         changes: list[SessionChange] = []
         ended_id = None
         if outcome is LinkOutcome.RELINKED:
             assert active is not None
-            ended_at = _returned(conn, "link_session_end", {
-                "session_id": active.session_id, "user_id": active.user_id,
-            })
+            ended_at = _returned(conn, "link_session_end",
+                                 {"session_id": active.session_id, "user_id": active.user_id})
             if ended_at is None:
                 return None
             ended_id = active.session_id
             changes.append(SessionChange(
-                SessionEventKind.ENDED, ended_id, message.anonymous_id, active.user_id, ended_at
-            ))
+                SessionEventKind.ENDED, ended_id, message.anonymous_id, active.user_id, ended_at))
         session_id = self._new_id()
         started_at = _returned(conn, "link_session_start", {
-            "session_id": session_id,
-            "anonymous_id": message.anonymous_id,
-            "user_id": message.user_id,
-            "signed_in_at": signed_in_at,
-        })
+            "session_id": session_id, "anonymous_id": message.anonymous_id,
+            "user_id": message.user_id, "signed_in_at": signed_in_at})
         if started_at is None:
             if ended_id is not None:  # cannot happen: we hold the only Active row's lock
                 raise psycopg.errors.SerializationFailure("an Active session appeared")
             return None
         changes.append(self._change(SessionEventKind.STARTED, session_id, message, started_at))
-        return LinkResult(
-            message, outcome, session_id, ended_id,
-            tuple(self._event(change, message, now) for change in changes),
-        )
+        return LinkResult(message, outcome, session_id, ended_id,
+                          tuple(self._event(change, message, now) for change in changes))
 
     @staticmethod
-    def _change(
-        kind: SessionEventKind, session_id: UUID, message: SignInMessage, at: datetime
-    ) -> SessionChange:
+    def _change(kind: SessionEventKind, session_id: UUID, message: SignInMessage, at: datetime
+                ) -> SessionChange:
         return SessionChange(kind, session_id, message.anonymous_id, message.user_id, at)
 
     def _event(self, change: SessionChange, message: SignInMessage, now: datetime) -> OutboxRow:
-        return build_session_event(
-            change, message, message_id=self._new_id(), topics=self._topics, now=now
-        )
+        return build_session_event(change, message, message_id=self._new_id(),
+                                   topics=self._topics, now=now)
 
 
 def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime | None:
@@ -203,20 +183,9 @@ def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime |
 
 def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
     conn.execute(query("link_session_outbox"), {
-        "ids": [r.id for r in rows],
-        "topics": [r.topic for r in rows],
-        "keys": [r.key for r in rows],
-        "values": [r.value for r in rows],
-        "headers": [orjson.dumps(r.headers).decode() for r in rows],
-    })
-
-
-def _uuid(value: object) -> UUID:
-    return cast(UUID, value)
-
-
-def _opt_uuid(value: object) -> UUID | None:
-    return None if value is None else cast(UUID, value)
+        "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
+        "keys": [r.key for r in rows], "values": [r.value for r in rows],
+        "headers": [orjson.dumps(r.headers).decode() for r in rows]})
 
 
 class SessionLinkSink(PartitionedSink[SignInMessage]):
@@ -229,19 +198,13 @@ class SessionLinkSink(PartitionedSink[SignInMessage]):
 
 class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResult]]):
     def __init__(self, settings: Settings, part: str) -> None:
-        super().__init__(
-            settings,
-            name=f"user-activity-session-linking-{part}",
-            dlq_topic=settings.topic_session_linking_dlq,
-            dlq_counter=SESSION_LINKING_DLQ,
-            retries_counter=SESSION_LINKING_RETRIES,
-            logger=logger,
-        )
+        super().__init__(settings, name=f"user-activity-session-linking-{part}",
+                         dlq_topic=settings.topic_session_linking_dlq,
+                         dlq_counter=SESSION_LINKING_DLQ, retries_counter=SESSION_LINKING_RETRIES,
+                         logger=logger)
         self._store = SessionLinksStore(SessionTopics(
-            linked=settings.topic_session_linked,
-            started=settings.topic_session_started,
-            ended=settings.topic_session_ended,
-        ))
+            linked=settings.topic_session_linked, started=settings.topic_session_started,
+            ended=settings.topic_session_ended))
         self._written: dict[int, tuple[int, int]] = {}
         """Start and commit time (wall ns) of each result not yet reported, for its spans."""
 
@@ -271,17 +234,10 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
             SESSION_LINKING_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)
             event = LOG_EVENTS[result.outcome]
             late = result.outcome is LinkOutcome.LATE_CONFLICT
-            log_event(
-                logger,
-                event,
-                logging.WARNING if late else logging.INFO,
-                outcome=event,
-                SessionId=None if result.session_id is None else str(result.session_id),
-                EndedSessionId=(
-                    None if result.ended_session_id is None else str(result.ended_session_id)
-                ),
-                reason=None if result.conflict is None else result.conflict.value,
-                SignedInAt=message.signed_in_at.isoformat() if late else None,
-                **sign_in_fields(message.record, message.envelope),
-            )
-
+            ended = result.ended_session_id
+            log_event(logger, event, logging.WARNING if late else logging.INFO, outcome=event,
+                      SessionId=None if result.session_id is None else str(result.session_id),
+                      EndedSessionId=None if ended is None else str(ended),
+                      reason=None if result.conflict is None else result.conflict.value,
+                      SignedInAt=message.signed_in_at.isoformat() if late else None,
+                      **sign_in_fields(message.record, message.envelope))

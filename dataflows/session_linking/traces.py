@@ -29,15 +29,13 @@ def _handled(result: LinkResult) -> Handled | None:
         attributes["user_activity.session_id"] = str(result.session_id)
     error = None
     if result.outcome is LinkOutcome.LATE_CONFLICT:
-        error = None if result.conflict is None else result.conflict.value
-        error = error or "late"
+        error = "late" if result.conflict is None else result.conflict.value
     return Handled(trace, message.record, result.outcome.value, str(message.message_id), error,
                    attributes)
 
 
-def trace_batch(
-    results: Sequence[LinkResult], started_ns: int | None, ended_ns: int | None
-) -> None:
+def trace_batch(results: Sequence[LinkResult], started_ns: int | None, ended_ns: int | None
+                ) -> None:
     """The spans of a committed batch's sampled sign-ins and its database span."""
     if not tracing.enabled():
         return
@@ -47,22 +45,18 @@ def trace_batch(
     database = None
     if started_ns is not None and ended_ns is not None:
         database = DatabaseWork("UPDATE user_activity.sessions", started_ns, ended_ns, {
-            "db.system.name": "postgresql",
-            "db.system": "postgresql",
-            "db.operation.name": "UPDATE",
-            "db.collection.name": "user_activity.sessions",
+            "db.system.name": "postgresql", "db.system": "postgresql",
+            "db.operation.name": "UPDATE", "db.collection.name": "user_activity.sessions",
             "db.query.summary": "link_session_* (one transaction)",
-            "db.operation.batch.size": len(results),
-        })
+            "db.operation.batch.size": len(results)})
     tracing.finish_messages(handled, started_ns, ended_ns, database)
 
 
 def trace_duplicate(message: SignInMessage) -> None:
     """A sign-in the dedup window dropped as already seen."""
     if message.trace is not None:
-        tracing.finish_messages([Handled(
-            message.trace, message.record, LinkOutcome.DUPLICATE.value, str(message.message_id),
-        )])
+        tracing.finish_messages([Handled(message.trace, message.record,
+                                         LinkOutcome.DUPLICATE.value, str(message.message_id))])
 
 
 def trace_invalid(invalid: InvalidSignIn) -> None:

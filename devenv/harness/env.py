@@ -31,10 +31,5 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 def base_env() -> dict[str, str]:
     """The current environment minus service or Bytewax settings that could leak in."""
-    env = {
-        k: v for k, v in os.environ.items()
-        if not k.startswith((ENV_PREFIX, "BYTEWAX_"))
-    }
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
+    return {**{k: v for k, v in os.environ.items() if not k.startswith((ENV_PREFIX, "BYTEWAX_"))},
+            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}

@@ -109,8 +109,6 @@ class JobProcess:
         self.env = {**(base_env() if env is None else env), **settings_env(self.settings),
                      **(extra_env or {})}
 
-    # ---- lifecycle ------------------------------------------------------------------------
-
     def init_recovery(self) -> None:
         """Create the recovery store (one SQLite partition) unless it already exists."""
         if self.recovery_dir is None or (
@@ -262,8 +260,6 @@ class JobProcess:
                     left.append(int(entry.name))
         return sorted(set(left))
 
-    # ---- HTTP ------------------------------------------------------------------------------
-
     def get(self, path: str, timeout: float = 2.0) -> HttpAnswer | None:
         """GET ``path`` from the job's HTTP server; None if it does not answer."""
         url = f"http://127.0.0.1:{self.port}{path}"
@@ -290,8 +286,6 @@ class JobProcess:
         """One sample by its full name (with labels, as exposed), or ``default``."""
         return self.metrics().get(name, default)
 
-    # ---- logs ------------------------------------------------------------------------------
-
     def log_events(self, run: int | None = None) -> list[dict[str, Any]]:
         """The JSON log lines of every start (or of start number ``run``, 1-based)."""
         paths = self.log_paths if run is None else [self.log_paths[run - 1]]
@@ -314,8 +308,6 @@ class JobProcess:
             kept = [line for line in _read_lines(self.log_paths[-1])
                     if b'"level":"INFO"' not in line]
         return "\n".join(line.decode(errors="replace") for line in kept[-lines:])
-
-    # ---- helpers ---------------------------------------------------------------------------
 
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str,
                    interval: float = 0.2) -> float:
