@@ -14,6 +14,7 @@ microseconds only when non-zero) itself; the field order is the contract's.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime, timedelta, timezone
 from uuid import UUID
 
@@ -79,5 +80,10 @@ def with_offset(local: datetime, offset_seconds: int) -> datetime:
     ``AT TIME ZONE``), so a moment near the end of year 9999 with a negative offset, which has
     no UTC ``datetime`` in Python, still renders.
     """
-    zone = UTC if offset_seconds == 0 else timezone(timedelta(seconds=offset_seconds))
-    return local.replace(tzinfo=zone)
+    return local.replace(tzinfo=_zone(offset_seconds))
+
+
+@functools.lru_cache(maxsize=256)
+def _zone(offset_seconds: int) -> timezone:
+    """The fixed-offset zone of ``offset_seconds`` (one object per offset: a row's is reused)."""
+    return UTC if offset_seconds == 0 else timezone(timedelta(seconds=offset_seconds))

@@ -234,19 +234,23 @@ def outgoing_record(topic: str, key: bytes | None, value: bytes,
     )
 
 
-def _rendered(row: tuple[Any, ...]) -> tuple[Any, ...]:
+def _rendered(row: tuple[Any, ...], created: dict[Any, str]) -> tuple[Any, ...]:
     """A thin action-tracked row of :data:`_ROWS` as a whole row, its key and value rendered.
 
     The bytes are those the sink rendered for the fast path (:mod:`schemas.action_tracked`, from
-    the same immutable facts), so a row sent by both is the same record twice.
+    the same immutable facts), so a row sent by both is the same record twice. ``created``
+    caches CreatedAt's text by ``created_at``.
     """
     (txid, row_id, topic, _, _, headers, created_at, action_event_id, correlation_id, offset,
      found, action_type, session_id, anonymous_id, user_id, occurred_local, property_object_id,
      favorite_id) = row
     if found is None:  # never: an action and its outbox row commit together, neither is deleted
         raise RuntimeError(f"outbox row {row_id} names action {action_event_id}, which is missing")
+    created_text = created.get(created_at)
+    if created_text is None:
+        created_text = created[created_at] = rendered_created_at(created_at)
     value = action_tracked_value(
-        row_id, rendered_created_at(created_at), action_event_id,
+        row_id, created_text, action_event_id,
         None if correlation_id is None else bytes(correlation_id).decode(), action_type,
         session_id, anonymous_id, user_id, with_offset(occurred_local, offset),
         property_object_id, favorite_id,
@@ -426,7 +430,8 @@ class OutboxPublisher:
         }).fetchall()
         if len(stored) != len(keys):
             raise RuntimeError(f"{len(keys) - len(stored)} outbox rows of the window are gone")
-        return [row[:7] if row[4] is not None else _rendered(row) for row in stored]
+        created: dict[Any, str] = {}  # CreatedAt rendered once per batch of the writing sink
+        return [row[:7] if row[4] is not None else _rendered(row, created) for row in stored]
 
     def publish_offered(self) -> int:
         """The fast path: produce the rows this process's sinks offered, from memory; how many.
