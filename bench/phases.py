@@ -143,6 +143,8 @@ def job_backlog(
         "action_tracked_on_topic": out_total, "action_tracked_distinct": out_distinct,
         **{f"skipped_{r.replace('-', '_')}": metric_sum(last, SKIPPED, reason=r)
            for r in ("duplicate", "invalid-owner", "no-session")},
+        # rows a window read back instead of the fast path (the last scrape: up to 2 s early)
+        "outbox_read_back": metric_sum(last, "user_activity_outbox_read_back_total"),
         "exit_code": code,
         "startup_s": _since(t_http, job.started),
         "first_output_s": _since(first, job.started),

@@ -62,6 +62,11 @@ SESSION_LINKING_DLQ = Counter(
 )
 
 # Outbox and health.
+OUTBOX_READ_BACK = Counter(
+    "user_activity_outbox_read_back",
+    "Outbox rows a publish window read back from the table to send them: rows of other"
+    " processes, rows a crash left, rows the fast path had not sent within the grace.",
+)
 OUTBOX_PUBLISHED = Counter(
     "user_activity_outbox_published",
     "Outbox rows acknowledged by the broker and marked published.",

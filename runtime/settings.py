@@ -139,6 +139,12 @@ class Settings(BaseSettings):
         description="How often the publisher holding the lease looks for rows committed by"
                     " other processes (its own process's commits wake it at once), and how"
                     " often a standby publisher tries to take the lease.")
+    outbox_fast_path_grace_seconds: float = Field(
+        0.5, ge=0,
+        description="A publish window leaves rows committed less than this long ago to the fast"
+                    " path (the committing process hands them over from memory); older ones it"
+                    " reads back from the table and sends. Rows committed by other processes"
+                    " reach the topic this much later; a stop or drain waits for nothing.")
     outbox_stall_seconds: float = Field(
         60.0, gt=0,
         description="`/readyz` is 503 (and the stall alert fires) while the oldest committed,"

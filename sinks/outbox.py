@@ -27,8 +27,11 @@ How a row's publication is known (migration 0006, PgQ-style):
 - Latency (the fast path): a sink's commit in the lease holder's process hands its rows over
   (``offer``); they are produced from memory at once, and the next window moves the watermark
   past the acknowledged ones without sending them again. So a committed row is on the topic in
-  milliseconds; rows committed by another process are picked up within
-  ``outbox_idle_poll_seconds`` (0.25 s).
+  milliseconds. The background loop's windows end at a snapshot at least
+  ``outbox_fast_path_grace_seconds`` (0.5 s) old: a deferred commit is handed over about one
+  batch after it committed, and a window that ran first would read the row back from the table
+  (counted in ``user_activity_outbox_read_back_total``). Rows committed by another process are
+  picked up within that grace plus ``outbox_idle_poll_seconds`` (0.25 s).
 - Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped. A row is behind the
   watermark only after the broker acknowledged it (idempotent producer, ``acks=all``).
 - A row the broker refuses for good (a per-record error, :func:`sinks.errors.is_record_error`:
@@ -71,6 +74,7 @@ from runtime.metrics import (
     OUTBOX_PARKED,
     OUTBOX_PUBLISH_FAILURES,
     OUTBOX_PUBLISHED,
+    OUTBOX_READ_BACK,
     OUTBOX_STALL_THRESHOLD_SECONDS,
 )
 from runtime.periodic import Periodic
@@ -286,6 +290,7 @@ class OutboxPublisher:
         self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
         self._sent_early: set[UUID] = set()
         self._sent_by_window = _RecentIds(_RECENT_WINDOW_IDS)
+        self._snapshots: collections.deque[tuple[float, str]] = collections.deque()
         self._thread: SupervisedThread | None = None
         self._watchdog: OutboxWatchdog | None = None
         self._lease: Connection | None = None
@@ -360,17 +365,22 @@ class OutboxPublisher:
                 return 0
             time.sleep(0.05)
 
-    def publish_committed(self) -> int:
+    def publish_committed(self, grace: float = 0.0) -> int:
         """One window as the lease holder: send it, move the watermark; return rows delivered.
 
-        Returns 0 without a lease. Raises :class:`DeliveryFailedError` when the broker did not
+        ``grace`` > 0: the window ends at a snapshot taken at least ``grace`` seconds ago (one
+        of those this publisher took on earlier calls), so rows committed since are left to the
+        fast path; with none that old yet, nothing is sent. Returns 0 without a lease.
+        Raises :class:`DeliveryFailedError` when the broker did not
         acknowledge a row (the watermark stays before it), :class:`LeaseLostError` when another
         publisher moved the watermark, psycopg errors when PostgreSQL fails.
         """
         if not self.holds_lease:
             return 0
         conn = self._db.connection()
-        window = self._window(conn)
+        window = self._window(conn, grace)
+        if window is None:
+            return 0
         limit = self._settings.outbox_batch_size
         after, generation, delivered_rows = window.after, window.generation, 0
         while True:
@@ -384,6 +394,8 @@ class OutboxPublisher:
             early = self._sent_early
             todo = [i for i, r in enumerate(rows) if r[1] not in early]
             whole = self._whole_rows(conn, [rows[i] for i in todo])
+            if whole:
+                OUTBOX_READ_BACK.inc(len(whole))
             for index, row in zip(todo, whole, strict=True):
                 rows[index] = row
             errors: list[KafkaError | None] = [None] * len(rows)
@@ -496,7 +508,7 @@ class OutboxPublisher:
             raise DeliveryFailedError(failed)
         return len(delivered)
 
-    def _window(self, conn: Connection) -> _Window:
+    def _window(self, conn: Connection, grace: float = 0.0) -> _Window | None:
         row = conn.execute(_WATERMARK).fetchone()
         if row is None:
             raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
@@ -505,7 +517,17 @@ class OutboxPublisher:
             return _Window(delivered, target, (after_txid, after_id), generation, resumed=True)
         current = conn.execute(_CURRENT_SNAPSHOT).fetchone()
         assert current is not None
-        return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
+        if grace <= 0:
+            return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
+        # the newest snapshot taken at least `grace` ago (the older ones are not needed again)
+        now, snapshots = time.monotonic(), self._snapshots
+        snapshots.append((now, str(current[0])))
+        while len(snapshots) > 1 and now - snapshots[1][0] >= grace:
+            snapshots.popleft()
+        taken, snapshot = snapshots[0]
+        if now - taken < grace:
+            return None
+        return _Window(delivered, snapshot, _NO_ROW, generation, resumed=False)
 
     def _advance(
         self, conn: Connection, state: tuple[str, str | None, str | None, UUID | None],
@@ -602,7 +624,10 @@ class OutboxPublisher:
                 sleep=self._sleep,
             )
             if not count:  # caught up: wait for a local commit or the poll interval
-                self._wake.wait(self._settings.outbox_idle_poll_seconds)
+                wait = self._settings.outbox_idle_poll_seconds
+                if self._sent_early:  # sent from memory: a window moves past them after the grace
+                    wait = min(wait, max(self._settings.outbox_fast_path_grace_seconds, 0.05))
+                self._wake.wait(wait)
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
@@ -618,11 +643,12 @@ class OutboxPublisher:
             if now - self._last_requeue_check >= self._settings.outbox_idle_poll_seconds:
                 self._last_requeue_check = now
                 count += self.publish_requeued()
-            return count + self.publish_committed()
+            return count + self.publish_committed(self._settings.outbox_fast_path_grace_seconds)
         except (psycopg.Error, LeaseLostError) as exc:
             if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
                 self._lease = None
                 self._sent_early.clear()  # (a bound only: skipping an acknowledged row is safe)
+                self._snapshots.clear()  # another publisher may have moved past them
                 self._db.reset()  # a new session takes the lease again if it is free
             raise
 
