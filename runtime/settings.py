@@ -109,7 +109,7 @@ class Settings(BaseSettings):
         description="Give heap freed after a burst back to the OS (`malloc_trim(0)`) this"
                     " often; `0` disables.")
     gc_young_threshold: int = Field(
-        100_000, ge=0,
+        1_000_000, ge=0,
         description="Once the flow is built: start-up heap frozen, a young collection every N"
                     " net allocations, no automatic full collection; `0`: Python's defaults.")
     gc_full_collect_interval_seconds: float = Field(

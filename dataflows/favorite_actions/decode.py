@@ -7,11 +7,12 @@ Every record yields exactly one of: a :class:`FavoriteMessage` to process, a :cl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+import msgspec
 import orjson
 
 from dataflows.envelopes import parse_envelope
@@ -51,47 +52,52 @@ def uuid_text(value: UUID) -> str:
     return orjson.dumps(value)[1:-1].decode()
 
 
-@dataclass(frozen=True, slots=True)
-class FavoriteMessage:
+class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
     """A decoded, valid favorites event, with the record it came from.
 
     ``idempotency_key`` (``user-activity-favorites:{ActionType}:{MessageId}``), ``dedup_id``
     (its compact 17-byte form for the in-memory window) and ``owner_key`` (``anonymous:{id}``,
-    else ``user:{id}``) are computed once, on creation; ids in them are canonical UUID text.
+    else ``user:{id}``) are computed once, by :meth:`of` (the one way to build a message); ids
+    in them are canonical UUID text.
+
+    A frozen msgspec struct, not a dataclass: built in C (1.5 instead of 2.5 µs per message,
+    the keys included) and not tracked by the cyclic garbage collector (``gc=False``). That is
+    safe because a message cannot be part of a reference cycle: it is immutable and made last,
+    and nothing it holds (a frozen record, envelope and trace) refers to it.
     """
 
     record: SourceRecord
     action_type: ActionType
     envelope: FavoriteWire
-    idempotency_key: str = field(init=False)
-    dedup_id: bytes = field(init=False)
-    owner_key: str = field(init=False)
+    idempotency_key: str
+    dedup_id: bytes
+    owner_key: str
     """The owner the session is resolved for (and the stream is keyed by): ``anonymous:{id}``
     when the payload has an AnonymousId, else ``user:{id}``."""
     trace: MessageTrace | None = None
     """Set when the message is sampled for tracing (:func:`runtime.tracing.sample`)."""
 
-    def __post_init__(self) -> None:
-        message_id = self.envelope.message_id
-        payload = self.envelope.payload
-        action_type = self.action_type
-        set_field = object.__setattr__
-        set_field(
-            self, "idempotency_key",
-            _IDEMPOTENCY_PREFIXES[action_type] + uuid_text(message_id),
-        )
-        set_field(
-            self, "dedup_id",
-            _DEDUP_PREFIXES[action_type] + message_id.int.to_bytes(16, "big"),
-        )
-        anonymous_id, user_id = payload.anonymous_id, payload.user_id
+    @classmethod
+    def of(
+        cls, record: SourceRecord, action_type: ActionType, envelope: FavoriteWire,
+        trace: MessageTrace | None = None,
+    ) -> FavoriteMessage:
+        """The message of ``envelope`` decoded from ``record``, its keys computed."""
+        message_id = envelope.message_id
+        payload = envelope.payload
+        anonymous_id = payload.anonymous_id
         if anonymous_id is not None:
             owner_key = "anonymous:" + uuid_text(anonymous_id)
-        elif user_id is not None:
-            owner_key = "user:" + uuid_text(user_id)
+        elif payload.user_id is not None:
+            owner_key = "user:" + uuid_text(payload.user_id)
         else:  # no owner: never built by decode_favorite (an invalid-owner skip)
             owner_key = "user:None"
-        set_field(self, "owner_key", owner_key)
+        return cls(
+            record, action_type, envelope,
+            _IDEMPOTENCY_PREFIXES[action_type] + uuid_text(message_id),
+            _DEDUP_PREFIXES[action_type] + message_id.int.to_bytes(16, "big"),
+            owner_key, trace,
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its record, action type and trace; decoded again when unpickled.
@@ -157,7 +163,7 @@ def _decoded_again(record: SourceRecord, action_type: ActionType, trace: Message
     envelope = _decode(record)
     if isinstance(envelope, DeadLetter):  # deterministic: it decoded before
         raise ValueError(f"{record.where()} no longer decodes: {envelope.reason.value}")
-    return FavoriteMessage(record, action_type, envelope, trace)
+    return FavoriteMessage.of(record, action_type, envelope, trace)
 
 
 def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]) -> Decoded:
@@ -192,6 +198,6 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
             or not envelope.message_id.int
         ):
             return Skipped(record, SkipReason.INVALID_OWNER, envelope, action_type)
-        return FavoriteMessage(record, action_type, envelope, sample(record))
+        return FavoriteMessage.of(record, action_type, envelope, sample(record))
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
         return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 from typing import Any
@@ -536,7 +535,7 @@ def test_a_message_pickled_to_another_worker_arrives_equal_with_its_record_and_t
     """Bytewax pickles items sent to another process: what arrives is the message that left."""
     decoded = decode_favorite(record(encoded(favorite_value(Payload__UserId=None))), ACTION_TYPES)
     assert isinstance(decoded, FavoriteMessage)
-    message = dataclasses.replace(decoded, trace=trace)
+    message = msgspec.structs.replace(decoded, trace=trace)
 
     arrived = pickle.loads(pickle.dumps(message))
 
