@@ -58,7 +58,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -368,9 +368,12 @@ class OutboxPublisher:
     def publish_committed(self, grace: float = 0.0) -> int:
         """One window as the lease holder: send it, move the watermark; return rows delivered.
 
-        ``grace`` > 0: the window ends at a snapshot taken at least ``grace`` seconds ago (one
-        of those this publisher took on earlier calls), so rows committed since are left to the
-        fast path; with none that old yet, nothing is sent. Returns 0 without a lease.
+        ``grace`` > 0: when the window's first page holds a row the fast path has not sent, the
+        window ends instead at a snapshot taken at least ``grace`` seconds ago (one of those
+        this publisher took on earlier calls), so rows committed since are left to the fast
+        path; with none that old yet, nothing is sent. When the fast path sent every row of it,
+        the window ends at the current snapshot: the watermark follows the fast path, and a
+        crash of this process re-sends as few rows as possible. Returns 0 without a lease.
         Raises :class:`DeliveryFailedError` when the broker did not
         acknowledge a row (the watermark stays before it), :class:`LeaseLostError` when another
         publisher moved the watermark, psycopg errors when PostgreSQL fails.
@@ -379,19 +382,26 @@ class OutboxPublisher:
             return 0
         conn = self._db.connection()
         window = self._window(conn, grace)
-        if window is None:
-            return 0
         limit = self._settings.outbox_batch_size
         after, generation, delivered_rows = window.after, window.generation, 0
+        early = self._sent_early
+        aged = grace <= 0 or window.resumed  # the target needs no second look
         while True:
             rows: list[tuple[Any, ...]] = conn.execute(_PAGE, {
                 "delivered": window.delivered, "target": window.target,
                 "after_txid": after[0], "after_id": after[1], "limit": limit,
             }).fetchall()
+            if not aged:
+                aged = True
+                if any(r[1] not in early for r in rows):  # committed, not (yet) offered
+                    target = self._aged_snapshot(grace)
+                    if target is None:
+                        return 0
+                    window = replace(window, target=target)
+                    continue
             if not rows and not window.resumed and delivered_rows == 0:
                 return 0  # nothing committed since: the watermark stays where it is
             # rows the fast path already had acknowledged are not read whole nor sent again
-            early = self._sent_early
             todo = [i for i, r in enumerate(rows) if r[1] not in early]
             whole = self._whole_rows(conn, [rows[i] for i in todo])
             if whole:
@@ -508,7 +518,11 @@ class OutboxPublisher:
             raise DeliveryFailedError(failed)
         return len(delivered)
 
-    def _window(self, conn: Connection, grace: float = 0.0) -> _Window | None:
+    def _window(self, conn: Connection, grace: float = 0.0) -> _Window:
+        """The window to send: the one under way (its cursor), else up to the current snapshot.
+
+        With ``grace`` > 0 the current snapshot is remembered for :meth:`_aged_snapshot`.
+        """
         row = conn.execute(_WATERMARK).fetchone()
         if row is None:
             raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
@@ -517,17 +531,18 @@ class OutboxPublisher:
             return _Window(delivered, target, (after_txid, after_id), generation, resumed=True)
         current = conn.execute(_CURRENT_SNAPSHOT).fetchone()
         assert current is not None
-        if grace <= 0:
-            return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
-        # the newest snapshot taken at least `grace` ago (the older ones are not needed again)
+        if grace > 0:
+            self._snapshots.append((time.monotonic(), str(current[0])))
+        return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
+
+    def _aged_snapshot(self, grace: float) -> str | None:
+        """The newest snapshot :meth:`_window` took at least ``grace`` seconds ago, if any."""
         now, snapshots = time.monotonic(), self._snapshots
-        snapshots.append((now, str(current[0])))
         while len(snapshots) > 1 and now - snapshots[1][0] >= grace:
-            snapshots.popleft()
-        taken, snapshot = snapshots[0]
-        if now - taken < grace:
+            snapshots.popleft()  # older ones are not needed again
+        if not snapshots or now - snapshots[0][0] < grace:
             return None
-        return _Window(delivered, snapshot, _NO_ROW, generation, resumed=False)
+        return snapshots[0][1]
 
     def _advance(
         self, conn: Connection, state: tuple[str, str | None, str | None, UUID | None],
