@@ -27,11 +27,14 @@ How a row's publication is known (migration 0006, PgQ-style):
 - Latency (the fast path): a sink's commit in the lease holder's process hands its rows over
   (``offer``); they are produced from memory at once, and the next window moves the watermark
   past the acknowledged ones without sending them again. So a committed row is on the topic in
-  milliseconds. The background loop's windows end at a snapshot at least
-  ``outbox_fast_path_grace_seconds`` (0.5 s) old: a deferred commit is handed over about one
-  batch after it committed, and a window that ran first would read the row back from the table
-  (counted in ``user_activity_outbox_read_back_total``). Rows committed by another process are
-  picked up within that grace plus ``outbox_idle_poll_seconds`` (0.25 s).
+  milliseconds. A deferred commit is handed over about one batch after it committed, and a
+  window that ran first would read its rows back from the table (counted in
+  ``user_activity_outbox_read_back_total``). So when the first page of the background loop's
+  window holds a row the fast path has not sent, the window ends at a snapshot at least
+  ``outbox_fast_path_grace_seconds`` (0.5 s) old instead; when the fast path sent them all, it
+  ends at the current snapshot (the watermark follows the fast path, so a crash re-sends as
+  little as possible). Rows committed by another process are picked up within that grace plus
+  ``outbox_idle_poll_seconds`` (0.25 s).
 - Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped. A row is behind the
   watermark only after the broker acknowledged it (idempotent producer, ``acks=all``).
 - A row the broker refuses for good (a per-record error, :func:`sinks.errors.is_record_error`:
