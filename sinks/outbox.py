@@ -536,10 +536,15 @@ class OutboxPublisher:
         assert current is not None
         if grace > 0:
             self._snapshots.append((time.monotonic(), str(current[0])))
+            self._aged_snapshot(grace)  # prunes: one call per window keeps the deque short
         return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
 
     def _aged_snapshot(self, grace: float) -> str | None:
-        """The newest snapshot :meth:`_window` took at least ``grace`` seconds ago, if any."""
+        """The newest snapshot :meth:`_window` took at least ``grace`` seconds ago, if any.
+
+        Drops the older ones: they are never needed again, so the deque holds one snapshot
+        older than ``grace`` and those taken since.
+        """
         now, snapshots = time.monotonic(), self._snapshots
         while len(snapshots) > 1 and now - snapshots[1][0] >= grace:
             snapshots.popleft()  # older ones are not needed again

@@ -246,3 +246,23 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=5,
                            timeout=10, settle=1.0)
     assert {c.key for c in consumed} == {r.key for r in rows} and len(consumed) == 5
+
+
+def test_the_snapshots_kept_for_the_grace_stay_few_while_every_window_is_sent_early(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    publisher = OutboxPublisher(settings)
+    try:
+        publisher.drain()
+        for _ in range(40):  # each window: every row sent by the fast path first
+            rows = _committed_rows(db, settings.topic_action_tracked, 2)
+            publisher.offer(rows)
+            assert publisher.publish_offered() == 2
+            assert publisher.publish_committed(grace=0.1) == 2
+            time.sleep(0.02)
+        kept = len(publisher._snapshots)
+    finally:
+        publisher.stop()
+
+    assert kept <= 8  # ~0.1 s of windows, not one per window for ever
