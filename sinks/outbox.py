@@ -29,12 +29,13 @@ How a row's publication is known (migration 0006, PgQ-style):
   past the acknowledged ones without sending them again. So a committed row is on the topic in
   milliseconds. A deferred commit is handed over about one batch after it committed, and a
   window that ran first would read its rows back from the table (counted in
-  ``user_activity_outbox_read_back_total``). So when the first page of the background loop's
-  window holds a row the fast path has not sent, the window ends at a snapshot at least
-  ``outbox_fast_path_grace_seconds`` (0.5 s) old instead; when the fast path sent them all, it
-  ends at the current snapshot (the watermark follows the fast path, so a crash re-sends as
-  little as possible). Rows committed by another process are picked up within that grace plus
-  ``outbox_idle_poll_seconds`` (0.25 s).
+  ``user_activity_outbox_read_back_total``). So the background loop's window stops before the
+  first row that the fast path has not sent and that committed less than
+  ``outbox_fast_path_grace_seconds`` (0.5 s) ago (not visible in a snapshot taken that long
+  ago); it records its progress up to there and resumes later, when the row has been offered or
+  is old enough to be read back. The watermark so follows the fast path row by row (a crash
+  re-sends as little as possible), and rows committed by another process are picked up within
+  that grace plus ``outbox_idle_poll_seconds`` (0.25 s).
 - Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped. A row is behind the
   watermark only after the broker acknowledged it (idempotent producer, ``acks=all``).
 - A row the broker refuses for good (a per-record error, :func:`sinks.errors.is_record_error`:
@@ -60,8 +61,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -103,7 +104,8 @@ LEASE_KEY = 0x75615F6F7574626F
 
 _NO_ROW = ("0", UUID(int=0))
 _WATERMARK = """
-SELECT delivered::text, target::text, after_txid::text, after_id, generation
+SELECT delivered::text, target::text, after_txid::text, after_id, generation,
+       pg_current_snapshot()::text
   FROM user_activity.outbox_watermark WHERE id = 1
 """
 _CURRENT_SNAPSHOT = "SELECT pg_current_snapshot()::text"
@@ -265,6 +267,23 @@ def _rendered(row: tuple[Any, ...], created: dict[Any, str]) -> tuple[Any, ...]:
     return (txid, row_id, topic, action_tracked_key(action_event_id), value, headers, created_at)
 
 
+def visible_in(snapshot: str) -> Callable[[Any], bool]:
+    """``pg_visible_in_snapshot(txid, snapshot)`` as a predicate, for a ``pg_snapshot`` text.
+
+    ``xmin:xmax:xip,...``: a txid is visible when it is below ``xmin``, or below ``xmax`` and
+    not in progress (``xip``). (Only committed txids are asked about: outbox rows.)
+    """
+    xmin, xmax, xip = snapshot.split(":")
+    low, high = int(xmin), int(xmax)
+    running = frozenset(int(x) for x in xip.split(",") if x)
+
+    def visible(txid: Any) -> bool:
+        value = int(txid)
+        return value < low or (value < high and value not in running)
+
+    return visible
+
+
 @dataclass(frozen=True, slots=True)
 class _Window:
     """The watermark as read: the window (delivered, target] and the last row sent of it."""
@@ -371,12 +390,12 @@ class OutboxPublisher:
     def publish_committed(self, grace: float = 0.0) -> int:
         """One window as the lease holder: send it, move the watermark; return rows delivered.
 
-        ``grace`` > 0: when the window's first page holds a row the fast path has not sent, the
-        window ends instead at a snapshot taken at least ``grace`` seconds ago (one of those
-        this publisher took on earlier calls), so rows committed since are left to the fast
-        path; with none that old yet, nothing is sent. When the fast path sent every row of it,
-        the window ends at the current snapshot: the watermark follows the fast path, and a
-        crash of this process re-sends as few rows as possible. Returns 0 without a lease.
+        ``grace`` > 0 (the background loop): the window stops before the first row that the
+        fast path has not sent and that is not visible in a snapshot this publisher took at
+        least ``grace`` seconds ago (committed less than ``grace`` ago, or no snapshot that old
+        yet). The watermark records the progress up to that row (rows sent, none skipped) and a
+        later call resumes there, when the fast path has sent the row or it is old enough to
+        read back. ``grace`` 0 (a drain, a stop): the whole window. Returns 0 without a lease.
         Raises :class:`DeliveryFailedError` when the broker did not
         acknowledge a row (the watermark stays before it), :class:`LeaseLostError` when another
         publisher moved the watermark, psycopg errors when PostgreSQL fails.
@@ -388,20 +407,22 @@ class OutboxPublisher:
         limit = self._settings.outbox_batch_size
         after, generation, delivered_rows = window.after, window.generation, 0
         early = self._sent_early
-        aged = grace <= 0 or window.resumed  # the target needs no second look
+        aged = self._aged_snapshot(grace) if grace > 0 else None
+        settled = visible_in(aged) if aged is not None else None
         while True:
             rows: list[tuple[Any, ...]] = conn.execute(_PAGE, {
                 "delivered": window.delivered, "target": window.target,
                 "after_txid": after[0], "after_id": after[1], "limit": limit,
             }).fetchall()
-            if not aged:
-                aged = True
-                if any(r[1] not in early for r in rows):  # committed, not (yet) offered
-                    target = self._aged_snapshot(grace)
-                    if target is None:
-                        return 0
-                    window = replace(window, target=target)
-                    continue
+            held = False
+            if grace > 0:  # stop before a recent row the fast path has not sent (yet)
+                for index, r in enumerate(rows):
+                    if r[1] not in early and (settled is None or not settled(r[0])):
+                        del rows[index:]
+                        held = True
+                        break
+                if held and not rows:
+                    return delivered_rows
             if not rows and not window.resumed and delivered_rows == 0:
                 return 0  # nothing committed since: the watermark stays where it is
             # rows the fast path already had acknowledged are not read whole nor sent again
@@ -417,7 +438,7 @@ class OutboxPublisher:
                 errors[index] = err
             sent = _settled_prefix(errors)
             refused = [(rows[i], errors[i]) for i in range(sent) if errors[i] is not None]
-            last_page = sent == len(rows) and len(rows) < limit
+            last_page = not held and sent == len(rows) and len(rows) < limit
             state: tuple[str, str | None, str | None, UUID | None]
             if last_page:
                 state = (window.target, None, None, None)
@@ -435,7 +456,7 @@ class OutboxPublisher:
                 assert failed is not None
                 self._delivery_failed(failed, len(rows) - sent)
                 raise DeliveryFailedError(failed)
-            if last_page:
+            if last_page or held:
                 return delivered_rows
             after = (str(rows[-1][0]), rows[-1][1])
 
@@ -529,21 +550,18 @@ class OutboxPublisher:
         row = conn.execute(_WATERMARK).fetchone()
         if row is None:
             raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
-        delivered, target, after_txid, after_id, generation = row
+        delivered, target, after_txid, after_id, generation, current = row
+        if grace > 0:
+            self._snapshots.append((time.monotonic(), current))
         if target is not None:  # a window of several pages was under way: resume it
             return _Window(delivered, target, (after_txid, after_id), generation, resumed=True)
-        current = conn.execute(_CURRENT_SNAPSHOT).fetchone()
-        assert current is not None
-        if grace > 0:
-            self._snapshots.append((time.monotonic(), str(current[0])))
-            self._aged_snapshot(grace)  # prunes: one call per window keeps the deque short
-        return _Window(delivered, str(current[0]), _NO_ROW, generation, resumed=False)
+        return _Window(delivered, current, _NO_ROW, generation, resumed=False)
 
     def _aged_snapshot(self, grace: float) -> str | None:
         """The newest snapshot :meth:`_window` took at least ``grace`` seconds ago, if any.
 
-        Drops the older ones: they are never needed again, so the deque holds one snapshot
-        older than ``grace`` and those taken since.
+        Called once per window. Drops the older ones: they are never needed again, so the
+        deque holds one snapshot older than ``grace`` and those taken since.
         """
         now, snapshots = time.monotonic(), self._snapshots
         while len(snapshots) > 1 and now - snapshots[1][0] >= grace:

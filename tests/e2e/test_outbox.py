@@ -19,7 +19,7 @@ import pytest
 
 from runtime.metrics import OUTBOX_READ_BACK
 from schemas.outbox import OutboxRow
-from sinks.outbox import OutboxPublisher
+from sinks.outbox import OutboxPublisher, visible_in
 from tests.conftest import SettingsFactory
 from tests.support import consume_all
 
@@ -246,6 +246,71 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=5,
                            timeout=10, settle=1.0)
     assert {c.key for c in consumed} == {r.key for r in rows} and len(consumed) == 5
+
+
+def test_a_window_stops_before_a_recent_row_the_fast_path_has_not_sent(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """The full run's case: a window whose first rows were sent early meets a later commit
+    not yet offered. It moves the watermark past the first and leaves the other to the fast
+    path (nothing read back), instead of reading it back from the table."""
+    settings = make_settings()
+    publisher = OutboxPublisher(settings)
+    try:
+        publisher.drain()
+        first = _committed_rows(db, settings.topic_action_tracked, 5)
+        publisher.offer(first)
+        assert publisher.publish_offered() == 5
+        later = _committed_rows(db, settings.topic_action_tracked, 5)  # committed, not offered
+        read_back = OUTBOX_READ_BACK._value.get()
+
+        assert publisher.publish_committed(grace=5.0) == 5  # up to the first row not sent
+        assert _behind_the_cursor(db, first) == 5 and _behind_the_cursor(db, later) == 0
+        assert publisher.publish_committed(grace=5.0) == 0  # still within the grace: held
+        publisher.offer(later)
+        assert publisher.publish_offered() == 5
+        assert publisher.publish_committed(grace=5.0) == 5  # the window resumes past them
+        assert _unpublished(db, later) == 0
+        assert OUTBOX_READ_BACK._value.get() == read_back  # every row went from memory
+    finally:
+        publisher.stop()
+    consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=10,
+                           timeout=10, settle=1.0)
+    assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in first + later)
+
+
+def _behind_the_cursor(db: psycopg.Connection[Any], rows: list[OutboxRow]) -> int:
+    """Rows a window under way has passed (its cursor is at or after them)."""
+    found = db.execute(
+        """SELECT count(*) FROM user_activity.outbox o, user_activity.outbox_watermark w
+            WHERE o.id = ANY(%s) AND w.target IS NOT NULL
+              AND (o.txid, o.id) <= (w.after_txid, w.after_id)""",
+        ([r.id for r in rows],),
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_visible_in_agrees_with_postgresql(
+    database_url: str, db: psycopg.Connection[Any]
+) -> None:
+    with psycopg.connect(database_url) as running, psycopg.connect(database_url) as done:
+        row = running.execute("SELECT pg_current_xact_id()::text").fetchone()
+        assert row is not None
+        in_progress = int(row[0])
+        done.execute("SELECT pg_current_xact_id()")
+        done.commit()
+        snap = db.execute("SELECT pg_current_snapshot()::text").fetchone()
+        assert snap is not None
+        running.commit()
+    visible = visible_in(snap[0])
+    for txid in range(in_progress - 3, in_progress + 4):
+        expected = db.execute(
+            "SELECT pg_visible_in_snapshot(%s::text::xid8, %s::pg_snapshot)", (str(txid), snap[0])
+        ).fetchone()
+        assert expected is not None
+        assert visible(txid) is expected[0], (txid, snap[0])
+    assert not visible(in_progress)  # in progress at the snapshot (in its xip list)
 
 
 def test_the_snapshots_kept_for_the_grace_stay_few_while_every_window_is_sent_early(
