@@ -19,14 +19,14 @@ BUCKETS: dict[str, str] = {
     # name: a regex searched in the ';'-joined stack of "path:Class.function" frames
     "decode: decode_favorite (msgspec, pydantic fallback)": r":decode_favorite",
     "dedup: DedupLogic.on_batch": r":DedupLogic\.on_batch",
-    "sink: FavoritesStore.send_batch (deferred: sessions, rows, send)": (
+    "sink: FavoritesStore.send_batch (deferred: parameters, send)": (
         r"favorite_actions/store\.py:FavoritesStore\.send_batch"),
-    "  send_batch: session lookup": (
-        r"favorite_actions/store\.py:FavoritesStore\.send_batch.*_sessions_by_owner_key"),
-    "  send_batch: action_rows (rows, outbox JSON, binary arrays)": (
-        r"favorite_actions/store\.py:FavoritesStore\.send_batch.*FavoritesStore\.action_rows"),
-    "sink: FavoritesStore.finish_batch (waiting for a deferred commit)": (
+    "  send_batch: statement (binary array parameters)": (
+        r"favorite_actions/store\.py:FavoritesStore\.send_batch.*FavoritesStore\.statement"),
+    "sink: FavoritesStore.finish_batch (wait for the commit, then settle)": (
         r"favorite_actions/store\.py:FavoritesStore\.finish_batch"),
+    "  settle: the recorded rows (outbox JSON, rows)": (
+        r"favorite_actions/store\.py:FavoritesStore\.settle"),
     "sink: FavoritesStore.record_batch (all)": (
         r"favorite_actions/store\.py:FavoritesStore\.record_batch"),
     "  record_batch: psycopg parameter dump (binary arrays)": (

@@ -34,7 +34,10 @@ class Database:
             conn = self._conn = psycopg.connect(
                 self._dsn, autocommit=True, connect_timeout=5,
                 application_name=self._application_name,
-                options=f"-c statement_timeout={self._statement_timeout_ms}")
+                # jit off: the batch statements' row estimates (CTEs over 1,000-2,000 unnested
+                # rows) pass jit_above_cost, and compiling them took ~34 ms per 2,000-row batch,
+                # a third of the statement (docs/performance.md)
+                options=f"-c statement_timeout={self._statement_timeout_ms} -c jit=off")
         return conn
 
     def reset(self) -> None:

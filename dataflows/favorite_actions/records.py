@@ -116,11 +116,25 @@ class ActionRowBuilder:
         outbox_message_id: UUID,
     ) -> RecordedAction:
         """The action_events row and the action-tracked outbox row for ``message``."""
+        resolved = (session.session_id, session.anonymous_id,
+                    session.user_at(message.envelope.payload.occurred_at))
+        return self.build_resolved(message, resolved, action_event_id, outbox_message_id,
+                                   propagated_headers(message.record, message.trace))
+
+    def build_resolved(
+        self, message: FavoriteMessage, resolved: tuple[UUID, UUID, UUID | None],
+        action_event_id: UUID, outbox_message_id: UUID, headers: dict[str, str],
+    ) -> RecordedAction:
+        """The rows for ``message`` in a session already resolved, with the outbox ``headers``.
+
+        ``resolved``: the session's id and AnonymousId, and the row's UserId, already the
+        session's user as of the action (``record_actions.sql`` applies the rule of
+        :meth:`SessionSnapshot.user_at`).
+        """
+        session_id, anonymous_id, user_id = resolved
         envelope = message.envelope
         payload = envelope.payload
         action_type = _ACTION_NAMES[message.action_type]
-        session_id, anonymous_id = session.session_id, session.anonymous_id
-        user_id = session.user_at(payload.occurred_at)
         # The value is kept as a right-sized copy: holding orjson's own output objects by the
         # thousand makes every later dumps take fresh memory (about twice the cost per value,
         # see docs/performance.md).
@@ -135,8 +149,7 @@ class ActionRowBuilder:
             envelope.message_id,
         ))
         outbox = OutboxRow(
-            outbox_message_id, self._topic, action_tracked_key(action_event_id), value,
-            propagated_headers(message.record, message.trace),
+            outbox_message_id, self._topic, action_tracked_key(action_event_id), value, headers,
         )
         return _new_row(RecordedAction, (message, event, outbox))
 

@@ -1,8 +1,11 @@
 """The favorites write path: one transaction per batch (SPEC §4 steps 4-5).
 
-``record_batch`` resolves every owner's session with one query, then inserts the idempotency
-marks, the action_events rows and the action-tracked outbox rows with one statement, and commits;
-the caller then offers the committed outbox rows to the publisher.
+``record_batch`` resolves every owner's session, inserts the idempotency marks, the
+action_events rows and the action-tracked outbox rows with one statement (``record_actions``),
+and commits; its answer names each message's session, from which the recorded rows are built
+(:meth:`FavoritesStore.settle`); the caller then offers the committed outbox rows to the
+publisher. The sink sends that statement without waiting (``send_batch``) and collects its
+answer later (``finish_batch``), so no query is waited for before a batch is sent.
 Idempotent: a message already recorded (mark or source_message_id present) changes nothing, so
 redelivery, replay and two racing processes are harmless. Parameters are sent as binary arrays,
 encoded here column by column (the bytes psycopg's list dumper would send, without its per-element
@@ -20,6 +23,8 @@ from uuid import UUID
 
 import orjson
 from psycopg.abc import Buffer
+from psycopg.adapt import Transformer
+from psycopg.pq import Format
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.records import (
@@ -31,6 +36,7 @@ from dataflows.favorite_actions.records import (
 from dataflows.favorite_actions.sql import query
 from schemas.action_tracked import utc_offset_seconds
 from schemas.favorites import ActionType
+from schemas.outbox import propagated_headers
 from sinks import deferred_statement
 from sinks.binary_codec import (
     LENGTH_8,
@@ -101,105 +107,102 @@ class FavoritesStore:
         outcome, batch = _unique(messages)
         if not batch:
             return outcome
+        pending, params = self.statement(batch, outcome)
         with conn.transaction():
-            sessions = self._sessions_by_owner_key(conn, batch)
-            actions, params = self.action_rows(batch, sessions, outcome.no_session)
-            if actions:
-                inserted = self._execute(conn, query("record_actions"), params)
-                _settle(outcome, actions, len(inserted), lambda: {row[0] for row in inserted})
-        return outcome
+            rows = self._execute(conn, query("record_actions"), params)
+        return self.settle(pending, rows)
 
     def send_batch(self, conn: Connection, messages: Sequence[FavoriteMessage]) -> SentBatch:
-        """``record_batch`` in two halves: this one resolves the sessions and sends the insert.
+        """``record_batch`` in two halves: this one sends the statement, without waiting.
 
-        The insert is one statement on the autocommit ``conn``, so its own transaction; it is
-        sent without waiting (:mod:`sinks.deferred_statement`). Nothing is known to be
-        committed until :meth:`finish_batch` returned; ``conn`` is busy until then.
+        The statement (sessions, marks, rows, outbox) is one statement on the autocommit
+        ``conn``, so its own transaction; it is sent without waiting
+        (:mod:`sinks.deferred_statement`). Nothing is known to be committed until
+        :meth:`finish_batch` returned; ``conn`` is busy until then.
         """
         outcome, batch = _unique(messages)
         if not batch:
-            return SentBatch(outcome, [])
-        sessions = self._sessions_by_owner_key(conn, batch)
-        actions, params = self.action_rows(batch, sessions, outcome.no_session)
-        if actions:
-            deferred_statement.send(conn, _RECORD_ACTIONS, params)
-        return SentBatch(outcome, actions)
+            return SentBatch(outcome, None)
+        pending, params = self.statement(batch, outcome)
+        deferred_statement.send(conn, _RECORD_ACTIONS, params)
+        return SentBatch(outcome, pending)
 
-    @staticmethod
-    def finish_batch(conn: Connection, sent: SentBatch) -> BatchOutcome:
-        """Wait for the insert :meth:`send_batch` sent; the batch is committed when this returns.
+    def finish_batch(self, conn: Connection, sent: SentBatch) -> BatchOutcome:
+        """Wait for the statement :meth:`send_batch` sent; the batch is committed when this returns.
 
         Raises when the statement failed (nothing of the batch was written) or the connection
         broke (the batch may or may not be committed: redo it; the write is idempotent).
         """
-        if not sent.actions:
+        if sent.pending is None:
             return sent.outcome
         result = deferred_statement.finish(conn)
-        _settle(
-            sent.outcome, sent.actions, result.ntuples,
-            lambda: {UUID(bytes=result.get_value(i, 0)) for i in range(result.ntuples)},
-        )
-        return sent.outcome
+        transformer = Transformer.from_context(conn)
+        transformer.set_pgresult(result, format=Format.BINARY)
+        return self.settle(sent.pending, transformer.load_rows(0, result.ntuples, tuple))
 
-    def action_rows(
-        self, messages: Sequence[FavoriteMessage], sessions: dict[str, SessionSnapshot],
-        no_session: list[FavoriteMessage],
-    ) -> tuple[list[RecordedAction], dict[str, Any]]:
-        """The rows of the messages whose owner has a session, and the parameters inserting them.
+    def statement(
+        self, messages: Sequence[FavoriteMessage], outcome: BatchOutcome,
+    ) -> tuple[PendingBatch, dict[str, Any]]:
+        """What :meth:`settle` needs (the ids given to each message), and the parameters.
 
-        ``sessions`` is keyed by ``owner_key``; messages without a session go to ``no_session``.
-        Pure (no database): the ``record_actions`` parameters are encoded here.
+        The ``record_actions`` parameters for ``messages`` (distinct idempotency keys). Pure
+        (no database): the parameters are encoded here, column by column.
         """
         now = self._clock()
-        build = ActionRowBuilder(self._topic, now).build
         new_id = self._new_id
         topic = self._topic_element
-        actions: list[RecordedAction] = []
+        event_ids: list[UUID] = []
+        outbox_ids: list[UUID] = []
         keys: list[bytes] = []
         ids: list[bytes] = []
         action_types: list[bytes] = []
-        session_ids: list[bytes] = []
-        anonymous_ids: list[bytes] = []
-        user_ids: list[bytes] = []
+        owner_anonymous_ids: list[bytes] = []
+        owner_user_ids: list[bytes] = []
         occurred_ats: list[Buffer] = []
         property_object_ids: list[bytes] = []
         favorite_ids: list[bytes] = []
         source_message_ids: list[bytes] = []
-        outbox_ids: list[bytes] = []
+        outbox_id_elements: list[bytes] = []
         correlation_ids: list[bytes] = []
         occurred_offsets: list[bytes] = []
         outbox_headers: list[bytes] = []
-        users_null = correlations_null = False
+        headers_of: list[dict[str, str]] = []
+        anonymous_null = users_null = correlations_null = False
         for message in messages:
-            session = sessions.get(message.owner_key)
-            if session is None:
-                no_session.append(message)
-                continue
-            action = build(message, session, new_id(), new_id())
-            actions.append(action)
-            (event_id, _, session_id, anonymous_id, user_id, occurred_at, property_object_id,
-             favorite_id, source_message_id) = action.event
-            outbox = action.outbox
+            envelope = message.envelope
+            payload = envelope.payload
+            event_id, outbox_id = new_id(), new_id()
+            event_ids.append(event_id)
+            outbox_ids.append(outbox_id)
             key = message.idempotency_key.encode()
             keys.append(len(key).to_bytes(4, "big"))
             keys.append(key)
             ids.append((UUID_FRAME | event_id.int).to_bytes(20, "big"))
             action_types.append(_ACTION_TYPES[message.action_type])
-            session_ids.append((UUID_FRAME | session_id.int).to_bytes(20, "big"))
-            anonymous_ids.append((UUID_FRAME | anonymous_id.int).to_bytes(20, "big"))
-            if user_id is None:
-                user_ids.append(NULL)
+            anonymous_id = payload.anonymous_id
+            if anonymous_id is not None:  # the owner: AnonymousId, else UserId (owner_of)
+                owner_anonymous_ids.append((UUID_FRAME | anonymous_id.int).to_bytes(20, "big"))
+                owner_user_ids.append(NULL)
                 users_null = True
             else:
-                user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
+                owner_anonymous_ids.append(NULL)
+                anonymous_null = True
+                user_id = payload.user_id
+                if user_id is None:  # (decoding lets no ownerless message through)
+                    owner_user_ids.append(NULL)
+                    users_null = True
+                else:
+                    owner_user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
+            occurred_at = payload.occurred_at
             occurred_ats.append(LENGTH_8)
             occurred_ats.append(timestamptz(occurred_at))
-            property_object_ids.append((UUID_FRAME | property_object_id.int).to_bytes(20, "big"))
-            favorite_ids.append((UUID_FRAME | favorite_id.int).to_bytes(20, "big"))
-            source_message_ids.append((UUID_FRAME | source_message_id.int).to_bytes(20, "big"))
-            outbox_ids.append((UUID_FRAME | outbox.id.int).to_bytes(20, "big"))
+            property_object_ids.append(
+                (UUID_FRAME | payload.property_object_id.int).to_bytes(20, "big"))
+            favorite_ids.append((UUID_FRAME | payload.favorite_id.int).to_bytes(20, "big"))
+            source_message_ids.append((UUID_FRAME | envelope.message_id.int).to_bytes(20, "big"))
+            outbox_id_elements.append((UUID_FRAME | outbox_id.int).to_bytes(20, "big"))
             # the thin outbox row (0008): what the event needs beyond the action_events row
-            correlation_id = message.envelope.correlation_id
+            correlation_id = envelope.correlation_id
             if correlation_id is None:
                 correlation_ids.append(NULL)
                 correlations_null = True
@@ -208,25 +211,26 @@ class FavoritesStore:
                 correlation_ids.append(len(data).to_bytes(4, "big"))
                 correlation_ids.append(data)
             occurred_offsets.append(int4_element(utc_offset_seconds(occurred_at)))
-            if outbox.headers:
-                headers = orjson.dumps(outbox.headers)
-                outbox_headers.append(len(headers).to_bytes(4, "big"))
-                outbox_headers.append(headers)
+            headers = propagated_headers(message.record, message.trace)
+            headers_of.append(headers)
+            if headers:
+                encoded = orjson.dumps(headers)
+                outbox_headers.append(len(encoded).to_bytes(4, "big"))
+                outbox_headers.append(encoded)
             else:
                 outbox_headers.append(_NO_HEADERS)
-        count = len(actions)
+        count = len(messages)
         params = {
             "idempotency_keys": TextArray(keys, count),
             "ids": UuidArray(ids, count),
             "action_types": TextArray(action_types, count),
-            "session_ids": UuidArray(session_ids, count),
-            "anonymous_ids": UuidArray(anonymous_ids, count),
-            "user_ids": UuidArray(user_ids, count, users_null),
+            "owner_anonymous_ids": UuidArray(owner_anonymous_ids, count, anonymous_null),
+            "owner_user_ids": UuidArray(owner_user_ids, count, users_null),
             "occurred_ats": TimestamptzArray(occurred_ats, count),
             "property_object_ids": UuidArray(property_object_ids, count),
             "favorite_ids": UuidArray(favorite_ids, count),
             "source_message_ids": UuidArray(source_message_ids, count),
-            "outbox_ids": UuidArray(outbox_ids, count),
+            "outbox_ids": UuidArray(outbox_id_elements, count),
             "outbox_topics": TextArray([topic] * count, count),
             "outbox_headers": TextArray(outbox_headers, count),
             "correlation_ids": ByteaArray(correlation_ids, count, correlations_null),
@@ -234,14 +238,39 @@ class FavoritesStore:
             "outbox_created_ats": TimestamptzArray([LENGTH_8 + bytes(timestamptz(now))] * count,
                                                    count),
         }
-        return actions, params
+        pending = PendingBatch(outcome, list(messages), event_ids, outbox_ids, headers_of, now)
+        return pending, params
+
+    def settle(self, pending: PendingBatch, rows: Sequence[tuple[Any, ...]]) -> BatchOutcome:
+        """The outcome of a committed ``record_actions`` statement from its answer ``rows``.
+
+        A message without an answer row had no session; one whose row was not inserted was
+        recorded before (a duplicate); the others are recorded, with their rows built
+        (:class:`ActionRowBuilder`) from the session the statement resolved.
+        """
+        outcome = pending.outcome
+        by_position = {row[0]: row for row in rows}
+        build = ActionRowBuilder(self._topic, pending.now).build_resolved
+        recorded, duplicates, no_session = outcome.recorded, outcome.duplicates, outcome.no_session
+        event_ids, outbox_ids, headers = pending.event_ids, pending.outbox_ids, pending.headers
+        for index, message in enumerate(pending.messages):
+            row = by_position.get(index + 1)
+            if row is None:
+                no_session.append(message)
+            elif row[4]:
+                recorded.append(build(message, row[1:4], event_ids[index], outbox_ids[index],
+                                      headers[index]))
+            else:
+                duplicates.append(message)
+        return outcome
 
     def resolve_sessions(
         self, conn: Connection, messages: list[FavoriteMessage]
     ) -> dict[tuple[UUID | None, UUID | None], SessionSnapshot]:
         """Each distinct owner's session (INV-ACT-003), by one query; owners without one absent.
 
-        Keyed by :func:`owner_of`; ``record_batch`` uses the same query keyed by ``owner_key``.
+        Keyed by :func:`owner_of` (the dry run's preview; ``record_actions.sql`` resolves them
+        the same way in the statement that records).
         """
         by_key = self._sessions_by_owner_key(conn, messages)
         return {
@@ -289,13 +318,29 @@ _RECORD_ACTIONS = deferred_statement.Positional.of(query("record_actions"))
 
 
 @dataclass(frozen=True, slots=True)
-class SentBatch:
-    """A batch whose insert was sent (:meth:`FavoritesStore.send_batch`), not yet confirmed."""
+class PendingBatch:
+    """A batch whose statement was made (:meth:`FavoritesStore.statement`), not yet answered."""
 
     outcome: BatchOutcome
-    """Duplicates within the batch and messages without a session (final); ``recorded`` empty."""
-    actions: list[RecordedAction]
-    """The rows sent: recorded once the insert is confirmed, unless already in the database."""
+    """Duplicates within the batch (final); filled in by :meth:`FavoritesStore.settle`."""
+    messages: list[FavoriteMessage]
+    """The messages sent, the statement's positions 1..n."""
+    event_ids: list[UUID]
+    outbox_ids: list[UUID]
+    headers: list[dict[str, str]]
+    """Each outbox row's headers (:func:`schemas.outbox.propagated_headers`)."""
+    now: datetime
+    """The batch's clock: the outbox rows' created_at (CreatedAt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SentBatch:
+    """A batch whose statement was sent (:meth:`FavoritesStore.send_batch`), not yet confirmed."""
+
+    outcome: BatchOutcome
+    """Duplicates within the batch; the rest once :meth:`FavoritesStore.finish_batch` returned."""
+    pending: PendingBatch | None
+    """What was sent (None: nothing to send)."""
 
 
 def _unique(messages: Sequence[FavoriteMessage]) -> tuple[BatchOutcome, list[FavoriteMessage]]:
@@ -308,19 +353,3 @@ def _unique(messages: Sequence[FavoriteMessage]) -> tuple[BatchOutcome, list[Fav
         else:
             unique[message.idempotency_key] = message
     return outcome, list(unique.values())
-
-
-def _settle(
-    outcome: BatchOutcome, actions: list[RecordedAction], inserted: int,
-    inserted_ids: Callable[[], set[UUID]],
-) -> None:
-    """Split the sent ``actions`` into recorded and duplicates (``inserted`` rows came back)."""
-    if inserted == len(actions):  # the usual case: every action is new
-        outcome.recorded = actions
-        return
-    ids = inserted_ids()
-    for action in actions:
-        if action.event.id in ids:
-            outcome.recorded.append(action)
-        else:
-            outcome.duplicates.append(action.message)

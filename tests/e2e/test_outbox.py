@@ -251,9 +251,11 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
 def test_a_window_stops_before_a_recent_row_the_fast_path_has_not_sent(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    """The full run's case: a window whose first rows were sent early meets a later commit
-    not yet offered. It moves the watermark past the first and leaves the other to the fast
-    path (nothing read back), instead of reading it back from the table."""
+    """A window whose first rows were sent early meets a later commit not yet offered.
+
+    It moves the watermark past the first and leaves the other to the fast path (nothing read
+    back), instead of reading it back from the table (the case of a full benchmark run).
+    """
     settings = make_settings()
     publisher = OutboxPublisher(settings)
     try:

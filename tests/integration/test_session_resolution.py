@@ -1,8 +1,14 @@
-"""Owner session resolution (INV-ACT-003) in one query, against real PostgreSQL."""
+"""Owner session resolution (INV-ACT-003), against real PostgreSQL.
+
+Two statements resolve sessions: ``record_actions.sql``, which records (the session is resolved
+in the statement that writes the row), and ``resolve_owner_sessions.sql``, the dry run's
+preview. Each rule is checked on both (the ``resolve`` fixture).
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,14 +43,36 @@ def _message(*, anonymous: uuid.UUID | None = None, user: uuid.UUID | None = Non
     return message
 
 
-def _resolve(db: psycopg.Connection[Any], message: FavoriteMessage) -> uuid.UUID | None:
-    sessions = FavoritesStore("t").resolve_sessions(db, [message])
-    found = sessions.get(owner_of(message))
-    return None if found is None else found.session_id
+Owner = tuple[uuid.UUID | None, uuid.UUID | None]
+Resolve = Callable[[psycopg.Connection[Any], list[FavoriteMessage]], dict[Owner, uuid.UUID]]
+
+
+def _previewed(db: psycopg.Connection[Any], messages: list[FavoriteMessage]) -> dict[Owner, Any]:
+    return {owner: s.session_id
+            for owner, s in FavoritesStore("t").resolve_sessions(db, messages).items()}
+
+
+def _recorded(db: psycopg.Connection[Any], messages: list[FavoriteMessage]) -> dict[Owner, Any]:
+    outcome = FavoritesStore("t").record_batch(db, messages)
+    assert len(outcome.recorded) + len(outcome.no_session) == len(messages)
+    return {owner_of(a.message): a.event.session_id for a in outcome.recorded}
+
+
+@pytest.fixture(params=[_recorded, _previewed], ids=["record_actions", "preview"])
+def resolve(request: pytest.FixtureRequest) -> Resolve:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def _resolve(db: psycopg.Connection[Any], resolve: Resolve) -> Callable[..., uuid.UUID | None]:
+    def one(_db: psycopg.Connection[Any], message: FavoriteMessage) -> uuid.UUID | None:
+        return resolve(db, [message]).get(owner_of(message))
+
+    return one
 
 
 def test_the_devices_active_session_wins_over_a_more_recent_ended_one(
-    db: psycopg.Connection[Any],
+    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
 ) -> None:
     device = uuid.uuid4()
     active = insert_session(db, anonymous_id=device, last_activity_at=NOW - timedelta(hours=5))
@@ -54,7 +82,7 @@ def test_the_devices_active_session_wins_over_a_more_recent_ended_one(
 
 
 def test_without_an_active_session_the_latest_by_last_activity_is_taken(
-    db: psycopg.Connection[Any],
+    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
 ) -> None:
     device = uuid.uuid4()
     insert_session(db, anonymous_id=device, status="Ended", last_activity_at=NOW - timedelta(2))
@@ -64,7 +92,7 @@ def test_without_an_active_session_the_latest_by_last_activity_is_taken(
 
 
 def test_a_user_with_several_active_sessions_gets_the_latest_one(
-    db: psycopg.Connection[Any],
+    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
 ) -> None:
     user = uuid.uuid4()
     insert_session(db, anonymous_id=uuid.uuid4(), user_id=user,
@@ -77,7 +105,7 @@ def test_a_user_with_several_active_sessions_gets_the_latest_one(
 
 
 def test_an_owner_without_any_session_resolves_to_nothing_and_none_is_created(
-    db: psycopg.Connection[Any],
+    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
 ) -> None:
     device, user = uuid.uuid4(), uuid.uuid4()
 
@@ -90,7 +118,9 @@ def test_an_owner_without_any_session_resolves_to_nothing_and_none_is_created(
     assert count == (0,)
 
 
-def test_one_query_resolves_a_batch_of_mixed_owners(db: psycopg.Connection[Any]) -> None:
+def test_one_statement_resolves_a_batch_of_mixed_owners(
+    db: psycopg.Connection[Any], resolve: Resolve,
+) -> None:
     devices = [uuid.uuid4() for _ in range(30)]
     users = [uuid.uuid4() for _ in range(30)]
     expected: dict[tuple[uuid.UUID | None, uuid.UUID | None], uuid.UUID] = {}
@@ -99,6 +129,30 @@ def test_one_query_resolves_a_batch_of_mixed_owners(db: psycopg.Connection[Any])
         expected[(None, user)] = insert_session(db, anonymous_id=uuid.uuid4(), user_id=user)
     messages = [_message(anonymous=d) for d in devices] + [_message(user=u) for u in users]
 
-    sessions = FavoritesStore("t").resolve_sessions(db, messages)
+    assert resolve(db, messages) == expected
 
-    assert {owner: s.session_id for owner, s in sessions.items()} == expected
+
+@pytest.mark.parametrize("linked", ["before", "after"])
+def test_the_row_and_its_event_get_the_user_only_when_linked_by_the_action(
+    db: psycopg.Connection[Any], linked: str,
+) -> None:
+    """The UserId as of OccurredAt (AC6), as the statement stores it and the event carries."""
+    device, user = uuid.uuid4(), uuid.uuid4()
+    link = NOW - timedelta(seconds=1) if linked == "before" else NOW + timedelta(seconds=1)
+    session = insert_session(db, anonymous_id=device, user_id=user, linked_at=link)
+
+    outcome = FavoritesStore("t").record_batch(  # by AnonymousId, and by UserId
+        db, [_message(anonymous=device), _message(user=user)])
+
+    expected = user if linked == "before" else None
+    by_owner = {owner_of(a.message): a for a in outcome.recorded}
+    for action in by_owner.values():
+        stored = db.execute(
+            "SELECT session_id, user_id FROM user_activity.action_events WHERE id = %s",
+            (action.event.id,)).fetchone()
+        assert stored == (session, expected)
+        assert (action.event.session_id, action.event.user_id) == (session, expected)
+        value = orjson.loads(action.outbox.value)["Payload"]
+        assert value["SessionId"] == str(session)
+        assert value["UserId"] == (None if expected is None else str(expected))
+    assert len(by_owner) == 2

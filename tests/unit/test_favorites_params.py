@@ -19,12 +19,11 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.types.numeric import Int4
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
-from dataflows.favorite_actions.records import RecordedAction, SessionSnapshot
-from dataflows.favorite_actions.store import FavoritesStore, owner_of
-from devenv.harness.sessions import LINKED_LONG_AGO
+from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, PendingBatch, owner_of
 from schemas.action_tracked import utc_offset_seconds
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from schemas.outbox import propagated_headers
 
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}
@@ -55,42 +54,38 @@ def _psycopg_binary(value: list[Any]) -> tuple[int, bytes]:
     return dumper.oid, bytes(dumper.dump(value) or b"")
 
 
-def _column_lists(actions: list[RecordedAction], now: datetime) -> dict[str, list[Any]]:
-    """The ``record_actions`` parameters as plain lists of the rows' values, one per column.
+def _column_lists(pending: PendingBatch, topic: str) -> dict[str, list[Any]]:
+    """The ``record_actions`` parameters as plain lists of the messages' values, one per column.
 
-    The outbox rows are thin (migration 0008): the source's CorrelationId (UTF-8) and its
-    OccurredAt offset in seconds, and the batch's clock as created_at.
+    The owner is the message's AnonymousId, else its UserId (the statement resolves the
+    session). The outbox rows are thin (migration 0008): the source's CorrelationId (UTF-8) and
+    its OccurredAt offset in seconds, and the batch's clock as created_at.
     """
-    events = [a.event for a in actions]
-    outbox = [a.outbox for a in actions]
+    messages = pending.messages
+    payloads = [m.envelope.payload for m in messages]
     return {
-        "idempotency_keys": [a.idempotency_key for a in actions],
-        "ids": [e.id for e in events],
-        "action_types": [e.action_type for e in events],
-        "session_ids": [e.session_id for e in events],
-        "anonymous_ids": [e.anonymous_id for e in events],
-        "user_ids": [e.user_id for e in events],
-        "occurred_ats": [e.occurred_at for e in events],
-        "property_object_ids": [e.property_object_id for e in events],
-        "favorite_ids": [e.favorite_id for e in events],
-        "source_message_ids": [e.source_message_id for e in events],
-        "outbox_ids": [o.id for o in outbox],
-        "outbox_topics": [o.topic for o in outbox],
-        "outbox_headers": [orjson.dumps(o.headers).decode() for o in outbox],
-        "correlation_ids": [None if (c := a.message.envelope.correlation_id) is None
-                            else c.encode() for a in actions],
-        "occurred_offsets": [Int4(utc_offset_seconds(e.occurred_at)) for e in events],
-        "outbox_created_ats": [now for _ in actions],
+        "idempotency_keys": [m.idempotency_key for m in messages],
+        "ids": pending.event_ids,
+        "action_types": [m.action_type.value for m in messages],
+        "owner_anonymous_ids": [owner_of(m)[0] for m in messages],
+        "owner_user_ids": [owner_of(m)[1] for m in messages],
+        "occurred_ats": [p.occurred_at for p in payloads],
+        "property_object_ids": [p.property_object_id for p in payloads],
+        "favorite_ids": [p.favorite_id for p in payloads],
+        "source_message_ids": [m.envelope.message_id for m in messages],
+        "outbox_ids": pending.outbox_ids,
+        "outbox_topics": [topic for _ in messages],
+        "outbox_headers": [orjson.dumps(propagated_headers(m.record, m.trace)).decode()
+                           for m in messages],
+        "correlation_ids": [None if (c := m.envelope.correlation_id) is None
+                            else c.encode() for m in messages],
+        "occurred_offsets": [Int4(utc_offset_seconds(p.occurred_at)) for p in payloads],
+        "outbox_created_ats": [pending.now for _ in messages],
     }
 
 
 def _encoded(param: Any) -> tuple[int, bytes]:
     return type(param).array_oid, param.data
-
-
-def _session(user: bool) -> SessionSnapshot:
-    return SessionSnapshot(uuid.uuid4(), uuid.uuid4(), uuid.uuid4() if user else None,
-                           LINKED_LONG_AGO if user else None)
 
 
 def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:
@@ -99,18 +94,16 @@ def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:
         _message(topic=REMOVED, user=uuid.uuid4(), occurred_at="1999-12-31T23:59:59.999999-05:00"),
         _message(anonymous=uuid.uuid4(), correlation_id='é "q" \\ \n \x00 \U0001f600'),
         _message(anonymous=uuid.uuid4(), correlation_id=None, occurred_at="2026-11-29T08:00:00Z"),
-        _message(anonymous=uuid.uuid4()),  # no session
+        _message(user=uuid.uuid4()),
     ]
-    sessions = {m.owner_key: _session(user=i % 2 == 0) for i, m in enumerate(messages[:4])}
-    no_session: list[FavoriteMessage] = []
     now = datetime(2027, 1, 1, 12, 30, 1, 250, tzinfo=UTC)
 
-    actions, params = FavoritesStore("t.action-tracked", clock=lambda: now).action_rows(
-        messages, sessions, no_session)
+    pending, params = FavoritesStore("t.action-tracked", clock=lambda: now).statement(
+        messages, BatchOutcome())
 
-    assert [a.message for a in actions] == messages[:4]
-    assert no_session == messages[4:]
-    lists = _column_lists(actions, now)
+    assert pending.messages == messages and pending.now == now
+    assert len(set(pending.event_ids) | set(pending.outbox_ids)) == 2 * len(messages)
+    lists = _column_lists(pending, "t.action-tracked")
     assert set(params) == set(lists)
     for name, values in lists.items():
         assert _encoded(params[name]) == _psycopg_binary(values), name
@@ -118,26 +111,49 @@ def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:
 
 @settings(max_examples=50)
 @given(
-    users=st.lists(st.booleans(), min_size=1, max_size=20),
+    by_user=st.lists(st.booleans(), min_size=1, max_size=20),
     correlation_id=st.none() | st.text(st.characters(codec="utf-8"), max_size=20),
     traced=st.booleans(),
 )
 def test_record_parameters_match_psycopg_for_any_batch(
-    users: list[bool], correlation_id: str | None, traced: bool
+    by_user: list[bool], correlation_id: str | None, traced: bool
 ) -> None:
     headers = (("traceparent", TRACEPARENT),) if traced else ()
-    messages = [_message(anonymous=uuid.uuid4(), correlation_id=correlation_id, headers=headers)
-                for _ in users]
-    sessions = {m.owner_key: _session(user) for m, user in zip(messages, users, strict=True)}
+    messages = [
+        _message(user=uuid.uuid4(), correlation_id=correlation_id, headers=headers) if user
+        else _message(anonymous=uuid.uuid4(), correlation_id=correlation_id, headers=headers)
+        for user in by_user
+    ]
     clock = datetime(2027, 1, 1, tzinfo=UTC)
 
-    actions, params = FavoritesStore("t", clock=lambda: clock).action_rows(messages, sessions, [])
+    pending, params = FavoritesStore("t", clock=lambda: clock).statement(messages, BatchOutcome())
 
-    for name, values in _column_lists(actions, clock).items():
+    for name, values in _column_lists(pending, "t").items():
         if all(v is None for v in values):  # psycopg cannot tell the type of an all-NULL list
             assert params[name].data.startswith(b"\x00\x00\x00\x01\x00\x00\x00\x01")
             continue
         assert _encoded(params[name]) == _psycopg_binary(values), name
+
+
+def test_the_answer_settles_each_message_as_recorded_duplicate_or_without_session() -> None:
+    recorded, duplicate, homeless = (_message(anonymous=uuid.uuid4()) for _ in range(3))
+    store = FavoritesStore("t.action-tracked")
+    pending, _params = store.statement([recorded, duplicate, homeless], BatchOutcome())
+    session_id, device, user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+    # the statement's answer: (position, session id, its AnonymousId, the row's UserId, new?)
+    outcome = store.settle(pending, [(2, uuid.uuid4(), device, None, False),
+                                     (1, session_id, device, user, True)])
+
+    assert outcome.duplicates == [duplicate] and outcome.no_session == [homeless]
+    [action] = outcome.recorded
+    assert action.message is recorded
+    assert action.event.id == pending.event_ids[0] and action.outbox.id == pending.outbox_ids[0]
+    assert (action.event.session_id, action.event.anonymous_id, action.event.user_id) == (
+        session_id, device, user)
+    value = orjson.loads(action.outbox.value)
+    assert value["Payload"]["SessionId"] == str(session_id)
+    assert value["Payload"]["UserId"] == str(user)
 
 
 def test_owner_parameters_are_what_psycopg_sends_for_the_lists() -> None:
@@ -157,12 +173,11 @@ def test_owner_parameters_are_what_psycopg_sends_for_the_lists() -> None:
 @pytest.mark.parametrize("count", [0, 1])
 def test_an_empty_or_single_batch_encodes(count: int) -> None:
     messages = [_message(anonymous=uuid.uuid4()) for _ in range(count)]
-    sessions = {m.owner_key: _session(user=False) for m in messages}
 
-    actions, params = FavoritesStore("t").action_rows(messages, sessions, [])
+    pending, params = FavoritesStore("t").statement(messages, BatchOutcome())
 
-    assert len(actions) == count
+    assert len(pending.event_ids) == count
     if count:
-        assert _encoded(params["ids"]) == _psycopg_binary([a.event.id for a in actions])
+        assert _encoded(params["ids"]) == _psycopg_binary(pending.event_ids)
     else:  # an empty array: no dimensions
         assert params["ids"].data == b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x0b\x86"
