@@ -22,6 +22,7 @@ from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.store import FavoritesStore
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from sinks.db import SESSION_OPTIONS  # the job's session settings (jit off)
 
 
 def decode_backlog(backlog: Backlog, added_topic: str, removed_topic: str
@@ -56,7 +57,7 @@ def run_ceiling(messages: list[FavoriteMessage], action_tracked: str, db_url: st
     """Feed decoded ``messages`` to ``record_batch``; the rate over what was written."""
     store = FavoritesStore(action_tracked)
     recorded = duplicates = no_session = fed = 0
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    with psycopg.connect(db_url, autocommit=True, options=SESSION_OPTIONS) as conn:
         wal0 = wal_lsn(conn)
         cpu = sampler() if sampler is not None else None
         start = time.monotonic()
@@ -146,7 +147,7 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
             return [None] * len(records)
 
     result: dict[str, Any] = {}
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    with psycopg.connect(db_url, autocommit=True, options=SESSION_OPTIONS) as conn:
         conn.execute(_OLD_SCHEMA)
         # the same rows, whole (a thin row rendered as the publisher renders it)
         keys = conn.execute("SELECT txid, id FROM user_activity.outbox LIMIT %s",

@@ -21,6 +21,7 @@ from dataflows.favorite_actions.store import FavoritesStore
 from runtime.settings import Settings
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from sinks.db import SESSION_OPTIONS  # the job's session settings (jit off)
 
 
 def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def run_naive(settings: Settings, db_url: str, seconds: float, backlog_size: int
 
     store = FavoritesStore(settings.topic_action_tracked)
     counts = {"processed": 0, "recorded": 0, "skipped": 0, "no_session": 0, "duplicate": 0}
-    conn = psycopg.connect(db_url, autocommit=True)
+    conn = psycopg.connect(db_url, autocommit=True, options=SESSION_OPTIONS)
     try:
         start = time.monotonic()
         deadline = start + seconds

@@ -16,6 +16,11 @@ from runtime.settings import Settings
 Connection = psycopg.Connection[tuple[Any, ...]]
 """A psycopg connection returning tuple rows."""
 
+SESSION_OPTIONS = "-c jit=off"
+"""Every job connection's session settings (besides its statement timeout). jit off: the batch
+statements' row estimates (CTEs over 1,000-2,000 unnested rows) pass ``jit_above_cost``, and
+compiling them took ~34 ms of a 108 ms statement of 2,000 rows (docs/performance.md)."""
+
 
 class Database:
     """A lazily opened autocommit connection; transactions are explicit (``conn.transaction()``)."""
@@ -34,10 +39,7 @@ class Database:
             conn = self._conn = psycopg.connect(
                 self._dsn, autocommit=True, connect_timeout=5,
                 application_name=self._application_name,
-                # jit off: the batch statements' row estimates (CTEs over 1,000-2,000 unnested
-                # rows) pass jit_above_cost, and compiling them took ~34 ms per 2,000-row batch,
-                # a third of the statement (docs/performance.md)
-                options=f"-c statement_timeout={self._statement_timeout_ms} -c jit=off")
+                options=f"-c statement_timeout={self._statement_timeout_ms} {SESSION_OPTIONS}")
         return conn
 
     def reset(self) -> None:
