@@ -331,10 +331,11 @@ class OutboxPublisher:
         """A sink committed ``rows``: hand them over and wake the publisher (never blocks).
 
         Dropped when the queue is full: the rows are in the table, and the window sends them.
-        A standby drops them (:meth:`publish_offered`); the holder, in another process, picks
-        them up within its poll interval.
+        A standby drops them at once: the holder, in another process, reads them from the table
+        and sends them; kept until this process took the lease, they would be sent from memory
+        a second time (the deployment test's SIGKILL of the lease holder: 1,757 rows twice).
         """
-        if rows:
+        if rows and self.holds_lease:
             with contextlib.suppress(queue.Full):
                 self._offered.put_nowait(rows)
             self._wake.set()
@@ -613,6 +614,11 @@ class OutboxPublisher:
             return False
         conn.execute("SET synchronous_commit = off")  # a lost update only re-sends (module doc)
         self._lease = conn
+        while True:  # offered while a standby (a race with offer()): the old holder sent them
+            try:
+                self._offered.get_nowait()
+            except queue.Empty:
+                break
         log_event(logger, "outbox-lease-taken", logging.INFO)
         return True
 

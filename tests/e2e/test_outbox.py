@@ -248,6 +248,32 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
     assert {c.key for c in consumed} == {r.key for r in rows} and len(consumed) == 5
 
 
+def test_rows_offered_to_a_standby_are_not_sent_from_memory_once_it_takes_the_lease(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """A standby's own commits are sent by the holder, which reads them back.
+
+    When the standby takes the lease later (the holder died), it must not send them again.
+    """
+    settings = make_settings()
+    holder, standby = OutboxPublisher(settings), OutboxPublisher(settings)
+    try:
+        holder.drain()  # takes the lease
+        rows = _committed_rows(db, settings.topic_action_tracked, 5)
+        standby.offer(rows)  # its sink's commits while the other process holds the lease
+        assert holder.publish_committed() == 5  # the holder reads them back and sends them
+        holder.stop()  # the lease is free
+        assert standby._take_lease(force=True)
+        assert standby.publish_offered() == 0  # nothing from memory: they are on the topic
+        assert standby.publish_committed() == 0
+    finally:
+        holder.stop()
+        standby.stop()
+    consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=5,
+                           timeout=10, settle=1.0)
+    assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
+
+
 def test_a_window_stops_before_a_recent_row_the_fast_path_has_not_sent(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
