@@ -18,6 +18,7 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from devenv.harness.messages import favorite_envelope, sign_in_envelope
+from sinks.outbox import LEASE_KEY
 
 __all__ = [
     "Exactness",
@@ -144,6 +145,18 @@ def exactness(dsn: str, bootstrap: str, topic: str, message_ids: Sequence[uuid.U
         rows_announced_once=sum(1 for r in row_ids if per_row[r] == 1),
         unpublished=unpublished(dsn, topic),
     )
+
+
+def lease_holder_ip(dsn: str) -> str | None:
+    """The client address of the session holding the outbox lease (its pod's IP), if any."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                WHERE l.locktype = 'advisory' AND l.granted
+                  AND ((l.classid::bigint << 32) | l.objid::bigint) = %s""",
+            (LEASE_KEY,),
+        ).fetchone()
+    return str(row[0]) if row and row[0] else None
 
 
 def unpublished(dsn: str, topic: str) -> int:

@@ -119,20 +119,27 @@ def backlog_exactly_once(d: Deployment) -> str:
 
 
 def kill_and_replace(d: Deployment) -> str:
-    """SIGKILL pod 1 while events arrive, replace it; nothing lost, nothing doubled."""
+    """SIGKILL the pod holding the outbox lease while events arrive, replace it.
+
+    Nothing lost, nothing doubled. The lease holder is the hard case: the rows it sent from
+    memory and the watermark not yet past them, and the other pod's publisher taking over.
+    """
     pods = [d.pods[f"{FAVORITES}-{i}"] for i in (0, 1)]
     time.sleep(SNAPSHOT_WAIT_SECONDS)
-    peer = pods[0].container("stream").container_name
+    holder = checks.lease_holder_ip(d.dsn)
+    victim = 0 if holder == pods[0].ip else 1  # pod 1 when no one holds it (yet)
+    killed_pod, survivor = pods[victim], pods[1 - victim]
+    peer = survivor.container("stream").container_name
     restarts_before = (d.kubelet.state(peer) or {}).get("RestartCount", 0)
     since = datetime.now(UTC)
     producer = threading.Thread(target=d.produce, args=(LIVE, 2, LIVE_SECONDS))
     producer.start()
     time.sleep(LIVE_SECONDS / 3)
-    d.save_log(pods[1].container("stream"))
-    d.kubelet.delete_pod(pods[1])  # docker rm --force: SIGKILL, the pod is gone
+    d.save_log(killed_pod.container("stream"))
+    d.kubelet.delete_pod(killed_pod)  # docker rm --force: SIGKILL, the pod is gone
     killed = time.monotonic()
-    replacement = d.pod(d.manifests.get("StatefulSet", FAVORITES), pods[1].name, pods[1].ip,
-                        dict(pods[1].containers[0].hosts))
+    replacement = d.pod(d.manifests.get("StatefulSet", FAVORITES), killed_pod.name,
+                        killed_pod.ip, dict(killed_pod.containers[0].hosts))
     d.kubelet.start_pod(replacement)
     producer.join()
     found = d.wait_exact()
@@ -145,10 +152,12 @@ def kill_and_replace(d: Deployment) -> str:
         raise StepFailed(f"{replayed} duplicates replayed: the cluster started from scratch, "
                          "not from the recovery volumes")
     init_log = d.kubelet.logs(replacement.init_containers[-1].container_name)
-    return (f"pod 1 SIGKILLed and replaced (init-recovery: {init_log.strip()[:70]}); pod 0 "
-            f"restarted {restarts}x; all {found.messages} recorded and published once "
-            f"{recovered} s after the kill; {replayed} records replayed (< backlog {BACKLOG}: "
-            "resumed from the recovery volumes)")
+    role = "the lease holder" if holder == killed_pod.ip else "no lease holder found"
+    return (f"pod {victim} ({role}) SIGKILLed and replaced (init-recovery: "
+            f"{init_log.strip()[:70]}); pod {1 - victim} restarted {restarts}x; all "
+            f"{found.messages} recorded and published once {recovered} s after the kill; "
+            f"{replayed} records replayed (< backlog {BACKLOG}: resumed from the recovery "
+            "volumes)")
 
 
 def rolling_stop(d: Deployment) -> str:
@@ -250,7 +259,7 @@ STEPS: tuple[tuple[str, Callable[[Deployment], str]], ...] = (
     ("favorites: 2 pods started", start_favorites),
     ("favorites: probes, /metrics", probe_favorites),
     ("favorites: backlog exactly once", backlog_exactly_once),
-    ("favorites: SIGKILL pod 1, replace", kill_and_replace),
+    ("favorites: SIGKILL lease holder, replace", kill_and_replace),
     ("favorites: SIGTERM all, restart", rolling_stop),
     ("job: backfill (dry run, window)", backfill),
     ("session-linking: sign-ins", session_linking),
