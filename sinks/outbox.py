@@ -29,13 +29,14 @@ How a row's publication is known (migration 0006, PgQ-style):
   past the acknowledged ones without sending them again. So a committed row is on the topic in
   milliseconds. A deferred commit is handed over about one batch after it committed, and a
   window that ran first would read its rows back from the table (counted in
-  ``user_activity_outbox_read_back_total``). So the background loop's window stops before the
-  first row that the fast path has not sent and that committed less than
+  ``user_activity_outbox_read_back_total``). So a sink announces the rows of a deferred
+  statement when it sends it (``expect``), and the background loop's window stops before the
+  first announced row that the fast path has not sent and that committed less than
   ``outbox_fast_path_grace_seconds`` (0.5 s) ago (not visible in a snapshot taken that long
   ago); it records its progress up to there and resumes later, when the row has been offered or
-  is old enough to be read back. The watermark so follows the fast path row by row (a crash
-  re-sends as little as possible), and rows committed by another process are picked up within
-  that grace plus ``outbox_idle_poll_seconds`` (0.25 s).
+  is old enough to be read back. Rows not announced here (another process's, a crash's) are
+  read back at once. The watermark so follows the fast path row by row, and a crash of the
+  lease holder re-sends as little as possible.
 - Kafka or PostgreSQL down: retried forever with back-off; nothing is dropped. A row is behind the
   watermark only after the broker acknowledged it (idempotent producer, ``acks=all``).
 - A row the broker refuses for good (a per-record error, :func:`sinks.errors.is_record_error`:
@@ -312,6 +313,7 @@ class OutboxPublisher:
         self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
         self._sent_early: set[UUID] = set()
         self._sent_by_window = _RecentIds(_RECENT_WINDOW_IDS)
+        self._expected = _RecentIds(_RECENT_WINDOW_IDS)
         self._snapshots: collections.deque[tuple[float, str]] = collections.deque()
         self._thread: SupervisedThread | None = None
         self._watchdog: OutboxWatchdog | None = None
@@ -339,6 +341,18 @@ class OutboxPublisher:
             with contextlib.suppress(queue.Full):
                 self._offered.put_nowait(rows)
             self._wake.set()
+
+    def expect(self, ids: Iterable[UUID]) -> None:
+        """A sink of this process sent a statement writing these outbox rows (not committed yet).
+
+        They will be offered once the sink knows the commit, so a window that finds them
+        committed first leaves them to the fast path for up to the grace instead of reading
+        them back. Rows not expected (another process's, a crash's) are read back at once, so
+        the watermark does not wait for them. Ignored by a standby; the last
+        50,000 ids are remembered (a statement that failed leaves its ids to be forgotten).
+        """
+        if self.holds_lease:
+            self._expected.extend(ids)
 
     @property
     def holds_lease(self) -> bool:
@@ -391,12 +405,13 @@ class OutboxPublisher:
     def publish_committed(self, grace: float = 0.0) -> int:
         """One window as the lease holder: send it, move the watermark; return rows delivered.
 
-        ``grace`` > 0 (the background loop): the window stops before the first row that the
-        fast path has not sent and that is not visible in a snapshot this publisher took at
-        least ``grace`` seconds ago (committed less than ``grace`` ago, or no snapshot that old
-        yet). The watermark records the progress up to that row (rows sent, none skipped) and a
-        later call resumes there, when the fast path has sent the row or it is old enough to
-        read back. ``grace`` 0 (a drain, a stop): the whole window. Returns 0 without a lease.
+        ``grace`` > 0 (the background loop): the window stops before the first row that this
+        process's sinks will offer (:meth:`expect`), that the fast path has not sent, and that
+        is not visible in a snapshot this publisher took at least ``grace`` seconds ago
+        (committed less than ``grace`` ago, or no snapshot that old yet). The watermark records
+        the progress up to that row (rows sent, none skipped) and a later call resumes there,
+        when the fast path has sent the row or it is old enough to read back. ``grace`` 0 (a
+        drain, a stop): the whole window. Returns 0 without a lease.
         Raises :class:`DeliveryFailedError` when the broker did not
         acknowledge a row (the watermark stays before it), :class:`LeaseLostError` when another
         publisher moved the watermark, psycopg errors when PostgreSQL fails.
@@ -416,9 +431,11 @@ class OutboxPublisher:
                 "after_txid": after[0], "after_id": after[1], "limit": limit,
             }).fetchall()
             held = False
-            if grace > 0:  # stop before a recent row the fast path has not sent (yet)
+            if grace > 0:  # stop before a recent row of ours the fast path has not sent (yet)
+                expected = self._expected
                 for index, r in enumerate(rows):
-                    if r[1] not in early and (settled is None or not settled(r[0])):
+                    if (r[1] not in early and r[1] in expected
+                            and (settled is None or not settled(r[0]))):
                         del rows[index:]
                         held = True
                         break

@@ -118,6 +118,8 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             else:
                 self._in_flight = (values, sent)
                 sent.outcome.written_ns = (started_ns, 0)
+                if self._publisher is not None and sent.pending is not None:
+                    self._publisher.expect(sent.pending.outbox_ids)  # offered once finished
                 # finished by the next write or snapshot, or as soon as the polls catch up
                 BACKLOG.when_caught_up(self._finish_in_flight)
             HEALTH.beat()

@@ -231,6 +231,7 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
     try:
         publisher.drain()  # takes the lease; what earlier tests left is sent
         rows = _committed_rows(db, settings.topic_action_tracked, 5)  # committed, not offered
+        publisher.expect(r.id for r in rows)  # as a sink announces a deferred statement's rows
         read_back = OUTBOX_READ_BACK._value.get()
 
         assert publisher.publish_committed(grace=0.8) == 0  # no snapshot 0.8 s old yet
@@ -246,6 +247,33 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=5,
                            timeout=10, settle=1.0)
     assert {c.key for c in consumed} == {r.key for r in rows} and len(consumed) == 5
+
+
+def test_a_recent_row_no_sink_here_announced_is_read_back_at_once(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """Another process's rows are never offered here: the window does not wait for them.
+
+    So the watermark stays close behind the fast path (a crash of this process re-sends little).
+    """
+    settings = make_settings()
+    publisher = OutboxPublisher(settings)
+    try:
+        publisher.drain()
+        ours = _committed_rows(db, settings.topic_action_tracked, 3)
+        publisher.offer(ours)
+        assert publisher.publish_offered() == 3
+        theirs = _committed_rows(db, settings.topic_action_tracked, 2)  # not announced here
+        read_back = OUTBOX_READ_BACK._value.get()
+
+        assert publisher.publish_committed(grace=5.0) == 5  # no waiting for the grace
+        assert OUTBOX_READ_BACK._value.get() - read_back == 2
+        assert _unpublished(db, ours + theirs) == 0
+    finally:
+        publisher.stop()
+    consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=5,
+                           timeout=10, settle=1.0)
+    assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in ours + theirs)
 
 
 def test_rows_offered_to_a_standby_are_not_sent_from_memory_once_it_takes_the_lease(
@@ -290,6 +318,7 @@ def test_a_window_stops_before_a_recent_row_the_fast_path_has_not_sent(
         publisher.offer(first)
         assert publisher.publish_offered() == 5
         later = _committed_rows(db, settings.topic_action_tracked, 5)  # committed, not offered
+        publisher.expect(r.id for r in later)
         read_back = OUTBOX_READ_BACK._value.get()
 
         assert publisher.publish_committed(grace=5.0) == 5  # up to the first row not sent
