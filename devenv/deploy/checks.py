@@ -18,7 +18,6 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from devenv.harness.messages import favorite_envelope, sign_in_envelope
-from sinks.outbox import LEASE_KEY
 
 __all__ = [
     "Exactness",
@@ -147,16 +146,19 @@ def exactness(dsn: str, bootstrap: str, topic: str, message_ids: Sequence[uuid.U
     )
 
 
-def lease_holder_ip(dsn: str) -> str | None:
-    """The client address of the session holding the outbox lease (its pod's IP), if any."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            """SELECT host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-                WHERE l.locktype = 'advisory' AND l.granted
-                  AND ((l.classid::bigint << 32) | l.objid::bigint) = %s""",
-            (LEASE_KEY,),
-        ).fetchone()
-    return str(row[0]) if row and row[0] else None
+def holds_lease(log: str) -> bool:
+    """Whether a container's log (every run of it) ends holding the outbox lease.
+
+    That is, its last ``outbox-lease-taken`` / ``outbox-lease-released`` event is a take. (The
+    pods reach PostgreSQL on 127.0.0.1, so ``pg_locks`` cannot tell them apart.)
+    """
+    last = None
+    for line in log.splitlines():
+        if '"outbox-lease-taken"' in line:
+            last = True
+        elif '"outbox-lease-released"' in line:
+            last = False
+    return bool(last)
 
 
 def unpublished(dsn: str, topic: str) -> int:
