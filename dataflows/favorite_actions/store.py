@@ -179,20 +179,17 @@ class FavoritesStore:
             keys.append(key)
             ids.append((UUID_FRAME | event_id.int).to_bytes(20, "big"))
             action_types.append(_ACTION_TYPES[message.action_type])
-            anonymous_id = payload.anonymous_id
-            if anonymous_id is not None:  # the owner: AnonymousId, else UserId (owner_of)
+            anonymous_id, user_id = owner_of(message)  # the one the statement resolves
+            if anonymous_id is None:
+                owner_anonymous_ids.append(NULL)
+                anonymous_null = True
+            else:
                 owner_anonymous_ids.append((UUID_FRAME | anonymous_id.int).to_bytes(20, "big"))
+            if user_id is None:
                 owner_user_ids.append(NULL)
                 users_null = True
             else:
-                owner_anonymous_ids.append(NULL)
-                anonymous_null = True
-                user_id = payload.user_id
-                if user_id is None:  # (decoding lets no ownerless message through)
-                    owner_user_ids.append(NULL)
-                    users_null = True
-                else:
-                    owner_user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
+                owner_user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
             occurred_at = payload.occurred_at
             occurred_ats.append(LENGTH_8)
             occurred_ats.append(timestamptz(occurred_at))
