@@ -88,6 +88,14 @@ class _Executor(PostgreSQLExecutor):
             del env[ENV_UUID]
         return env
 
+    def _build_initdb_command(self, initdb_options: list[str],
+                              pgdata: str | None = None) -> list[str]:
+        """Run initdb with ``--no-sync``: no final fsync of every file (a quarter of its time).
+
+        The server runs with fsync off anyway, and a cluster half-made by a crash is made anew.
+        """
+        return super()._build_initdb_command([*initdb_options, "--no-sync"], pgdata)
+
     def init_directory(self) -> None:
         if not (Path(self.datadir) / "PG_VERSION").exists():
             super().init_directory()
