@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 
 from bench.measure import CpuSampler, Job, OutputCounter, cpu_us_per_event, read_topic
 from bench.services import Services
@@ -276,7 +277,12 @@ def steady_state(
     """Produce at ``rate``/s for ``seconds`` while the job tails; CreatedAt -> arrival latency.
 
     1 % duplicates, 0.5 % invalid owners, 0.5 % without a session; the latency of every valid
-    message, as percentiles and a histogram (``LATENCY_BIN_MS`` bins).
+    message, as percentiles and a histogram (``LATENCY_BIN_MS`` bins), and split in three
+    stages (``stages_ms``, percentiles of each): ``to_write`` CreatedAt -> the recording
+    transaction's start (the row's ``recorded_at``: Kafka in, decode, dedup, Bytewax);
+    ``write_to_publish`` -> the action-tracked record's timestamp (commit, offer, the
+    publisher's queue); ``publish_to_arrival`` -> received (producer linger, broker, fetch).
+    All three clocks are this machine's.
     """
     settings = services.settings("steady", db_url)
     counter = OutputCounter(services.bootstrap, settings.topic_action_tracked,
@@ -331,6 +337,7 @@ def steady_state(
         job.stop()
     latencies = sorted(1000 * (counter.arrivals[f] - t) for f, t in sent_at.items()
                        if f in counter.arrivals)
+    stages = _latency_stages(db_url, sent_at, counter)
     histogram = [0] * (int((latencies[-1] if latencies else 0) // LATENCY_BIN_MS) + 1)
     for ms in latencies:
         histogram[int(ms // LATENCY_BIN_MS)] += 1
@@ -343,12 +350,37 @@ def steady_state(
         "max_ms": _round(latencies[-1] if latencies else None),
         "min_ms": _round(latencies[0] if latencies else None),
         "latency_histogram": {"bin_ms": LATENCY_BIN_MS, "counts": histogram},
+        "stages_ms": stages,
         "resources": cpu,
         "ok": len(latencies) == len(sent_at) > 0,
     }
     log(f"  steady: {result['produced_rate']}/s, p50 {result['p50_ms']} ms, p95 "
         f"{result['p95_ms']} ms, p99 {result['p99_ms']} ms, got {len(latencies)}/{len(sent_at)}")
+    log("  steady stages p50/p95/p99 ms: " + ", ".join(
+        f"{name} {q['p50']}/{q['p95']}/{q['p99']}" for name, q in stages.items()))
     return result
+
+
+def _latency_stages(db_url: str, sent_at: dict[str, float],
+                    counter: OutputCounter) -> dict[str, dict[str, float | None]]:
+    """Percentiles of each stage of the steady latency (see :func:`steady_state`)."""
+    with psycopg.connect(db_url) as conn:
+        written: dict[str, float] = dict(conn.execute(
+            "SELECT favorite_id::text, extract(epoch FROM recorded_at)::float8"
+            "  FROM user_activity.action_events WHERE favorite_id = ANY(%s::uuid[])",
+            (list(sent_at),)).fetchall())
+    spans: dict[str, list[float]] = {
+        "to_write": [], "write_to_publish": [], "publish_to_arrival": []}
+    for favorite, created in sent_at.items():
+        arrived, published = counter.arrivals.get(favorite), counter.published.get(favorite)
+        recorded = written.get(favorite)
+        if arrived is None or published is None or recorded is None:
+            continue
+        spans["to_write"].append(1000 * (recorded - created))
+        spans["write_to_publish"].append(1000 * (published - recorded))
+        spans["publish_to_arrival"].append(1000 * (arrived - published))
+    return {name: {f"p{q}": _round(_percentile(sorted(values), q / 100)) for q in (50, 95, 99)}
+            for name, values in spans.items()}
 
 
 def dedup_and_restart(
