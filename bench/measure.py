@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from devenv.harness.jobs import ROOT, JobProcess
@@ -126,6 +127,40 @@ def kill_all_jobs() -> None:
     for job in list(_LIVE):
         job.kill()
         _LIVE.discard(job)
+
+
+class CommitProbe:
+    """Times a one-row commit (a WAL flush, fsync) every ``interval`` seconds, in a thread.
+
+    The steady phase runs it beside the job, on the same server: a commit that takes long is the
+    storage stalling, which every writer of the server waits for. ``stalls(ms)`` are the wall
+    clock ``(start, end)`` of the probes that took at least ``ms``.
+    """
+
+    def __init__(self, db_url: str, interval: float = 0.05) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(db_url, autocommit=True)
+        self._conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
+        self.interval = interval
+        self._thread = threading.Thread(target=self._run, name="commit-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            began = time.time()
+            self._conn.execute("INSERT INTO bench_commit_probe VALUES (now())")
+            self.samples.append((began, time.time()))
+
+    def stop(self) -> None:
+        """Stop probing and close the connection."""
+        self._stop.set()
+        self._thread.join(10)
+        self._conn.close()
+
+    def stalls(self, ms: float) -> list[tuple[float, float]]:
+        """The probes of at least ``ms`` milliseconds."""
+        return [(a, b) for a, b in self.samples if 1000 * (b - a) >= ms]
 
 
 class CpuSampler:

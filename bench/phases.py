@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench.measure import CpuSampler, Job, OutputCounter, cpu_us_per_event, read_topic
+from bench.measure import CommitProbe, CpuSampler, Job, OutputCounter, cpu_us_per_event, read_topic
 from bench.services import Services
 from bench.wal import describe_composition
 from bench.workload import (
@@ -306,6 +306,7 @@ def steady_state(
                     "log_tail": job.log_tail(20, info=True)}
         ready_s, warm_count = time.monotonic() - job.started, counter.count
         sampler = CpuSampler(services, job)
+        probe = CommitProbe(db_url)
         recent: deque[OutRecord] = deque(maxlen=1000)
         sent, start = 0, time.monotonic()
         while (elapsed := time.monotonic() - start) < seconds:
@@ -332,12 +333,14 @@ def steady_state(
         while time.monotonic() < deadline and not all(f in counter.arrivals for f in sent_at):
             time.sleep(0.2)
         cpu = sampler.stop()
+        probe.stop()
     finally:
         counter.close()
         job.stop()
     latencies = sorted(1000 * (counter.arrivals[f] - t) for f, t in sent_at.items()
                        if f in counter.arrivals)
     stages = _latency_stages(db_url, sent_at, counter)
+    commits = _commit_stalls(probe, sent_at, counter)
     histogram = [0] * (int((latencies[-1] if latencies else 0) // LATENCY_BIN_MS) + 1)
     for ms in latencies:
         histogram[int(ms // LATENCY_BIN_MS)] += 1
@@ -351,6 +354,7 @@ def steady_state(
         "min_ms": _round(latencies[0] if latencies else None),
         "latency_histogram": {"bin_ms": LATENCY_BIN_MS, "counts": histogram},
         "stages_ms": stages,
+        "commit_probe": commits,
         "resources": cpu,
         "ok": len(latencies) == len(sent_at) > 0,
     }
@@ -358,7 +362,38 @@ def steady_state(
         f"{result['p95_ms']} ms, p99 {result['p99_ms']} ms, got {len(latencies)}/{len(sent_at)}")
     log("  steady stages p50/p95/p99 ms: " + ", ".join(
         f"{name} {q['p50']}/{q['p95']}/{q['p99']}" for name, q in stages.items()))
+    log(f"  steady commit probe: p50 {commits['p50_ms']} ms, p99 {commits['p99_ms']} ms, max "
+        f"{commits['max_ms']} ms, {commits['stalls']} stalls >= {STALL_MS} ms; of the messages"
+        f" over {TAIL_MS} ms, {commits['tail_in_stall_pct']} % were in flight during one")
     return result
+
+
+STALL_MS = 100.0
+"""A commit of the probe this slow is a storage stall (a WAL flush is ~1-10 ms here)."""
+TAIL_MS = 150.0
+"""The steady latency bound: the messages above it are the tail to explain."""
+
+
+def _commit_stalls(probe: CommitProbe, sent_at: dict[str, float],
+                   counter: OutputCounter) -> dict[str, Any]:
+    """The probe's commit times, and how much of the latency tail overlapped a stall.
+
+    A message is in the tail when CreatedAt -> arrival exceeded :data:`TAIL_MS`; it overlapped
+    a stall when a probe commit of at least :data:`STALL_MS` ran during its flight.
+    """
+    took = sorted(1000 * (b - a) for a, b in probe.samples)
+    stalls = probe.stalls(STALL_MS)
+    tail = [(t, counter.arrivals[f]) for f, t in sent_at.items()
+            if f in counter.arrivals and 1000 * (counter.arrivals[f] - t) > TAIL_MS]
+    overlapped = sum(1 for start, end in tail if any(a < end and b > start for a, b in stalls))
+    return {
+        "interval_s": probe.interval, "probes": len(took),
+        **{f"p{q}_ms": _round(_percentile(took, q / 100)) for q in (50, 99)},
+        "max_ms": _round(took[-1] if took else None), "stalls": len(stalls),
+        "stalled_s": _round(sum(b - a for a, b in stalls), 2),
+        "tail_messages": len(tail),
+        "tail_in_stall_pct": _round(100 * overlapped / len(tail)) if tail else None,
+    }
 
 
 def _latency_stages(db_url: str, sent_at: dict[str, float],
