@@ -82,6 +82,11 @@ def test_bench_small_writes_every_section_with_positive_numbers(
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         _positive(results, "steady", key)
     assert results["steady"]["ok"], results["steady"]
+    for stage in ("to_write", "write_to_publish", "publish_to_arrival"):
+        _positive(results, "steady", "stages_ms", stage, "p50")
+    probe = results["steady"]["commit_probe"]
+    assert probe["probes"] > 0 and probe["stalls"] <= probe["probes"], probe
+    _positive(results, "steady", "commit_probe", "p50_ms")
     histogram = results["steady"]["latency_histogram"]
     assert sum(histogram["counts"]) == results["steady"]["received_outputs"] > 0
     _positive(results, "dedup", "rss_mb")
