@@ -22,6 +22,12 @@ FAVORITES_CONSUME_DURATION_MS = Histogram(
     "Milliseconds from a favorites record being read from Kafka to its transaction committing.",
     buckets=_MS_BUCKETS,
 )
+FAVORITES_WRITE_DURATION_MS = Histogram(
+    "user_activity_favorites_write_duration_ms",
+    "Milliseconds from a favorites batch's statement being sent to PostgreSQL to its commit"
+    " being known, one observation per committed batch (a storage stall shows here first).",
+    buckets=_MS_BUCKETS,
+)
 FAVORITES_RECORDED = Counter(
     "user_activity_favorites_recorded",
     "Action-history rows recorded (one per source message).",

@@ -29,6 +29,7 @@ from runtime.metrics import (
     FAVORITES_RECORDED,
     FAVORITES_RETRIES,
     FAVORITES_SKIPPED,
+    FAVORITES_WRITE_DURATION_MS,
     observe_durations_ms,
 )
 from runtime.settings import Settings
@@ -183,12 +184,16 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def report(self, outcome: BatchOutcome) -> None:
         """Metrics and one log line per message of a committed batch.
 
-        Counters move once per batch (``inc(n)``), the histogram once per distinct poll time
-        (:func:`runtime.metrics.observe_durations_ms`), and each outcome's lines are written
-        together (:func:`runtime.logs.log_events`). The spans of its sampled messages are made
-        (:func:`~dataflows.favorite_actions.traces.trace_batch`).
+        Counters move once per batch (``inc(n)``), the write-duration histogram once (the
+        batch's statement sent -> its commit known), the consume-duration histogram once per
+        distinct poll time (:func:`runtime.metrics.observe_durations_ms`), and each outcome's
+        lines are written together (:func:`runtime.logs.log_events`). The spans of its sampled
+        messages are made (:func:`~dataflows.favorite_actions.traces.trace_batch`).
         """
         trace_batch(outcome)
+        if outcome.written_ns is not None and outcome.written_ns[0] and outcome.written_ns[1]:
+            started_ns, ended_ns = outcome.written_ns
+            FAVORITES_WRITE_DURATION_MS.observe((ended_ns - started_ns) / 1e6)
         now_mono = time.monotonic()
         recorded = outcome.recorded
         if recorded:

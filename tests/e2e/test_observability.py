@@ -68,6 +68,8 @@ def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
     assert delta("user_activity_favorites_dlq_total") == 1
     assert delta("user_activity_favorites_retries_total") == 0
     assert delta("user_activity_favorites_consume_duration_ms_count") == 11  # rows + db skips
+    batches = delta("user_activity_favorites_write_duration_ms_count")  # one per committed batch
+    assert 1 <= batches <= 11 and delta("user_activity_favorites_write_duration_ms_sum") > 0
     assert 0 <= value(after, "user_activity_favorites_lag_seconds") < 300
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
         assert response.status == 200

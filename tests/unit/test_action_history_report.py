@@ -42,6 +42,8 @@ _SAMPLES = [
     ("user_activity_favorites_skipped_total", {"reason": "duplicate"}),
     ("user_activity_favorites_skipped_total", {"reason": "no-session"}),
     ("user_activity_favorites_consume_duration_ms_count", {}),
+    ("user_activity_favorites_write_duration_ms_count", {}),
+    ("user_activity_favorites_write_duration_ms_sum", {}),
 ]
 
 
@@ -82,10 +84,12 @@ def _outcomes() -> list[BatchOutcome]:
                       _recorded(_message(2, REMOVED, 11, user=True), session=502)],
             duplicates=[_message(3, ADDED, 12)],
             no_session=[_message(4, REMOVED, 13)],
+            written_ns=(1_000_000, 3_500_000),  # its statement took 2.5 ms to commit
         ),
         BatchOutcome(),  # nothing committed: no line, no count
         BatchOutcome(recorded=[_recorded(_message(5, ADDED, 14), session=505)],
-                     no_session=[_message(6, ADDED, 15, user=True)]),
+                     no_session=[_message(6, ADDED, 15, user=True)],
+                     written_ns=(2_000_000, 42_000_000)),  # 40 ms
     ]
 
 
@@ -149,5 +153,6 @@ def test_report_writes_one_line_per_message_and_moves_each_counter_once(
     lines = [_TS.sub("{", line) for line in stream.getvalue().splitlines()]
     assert lines == EXPECTED_LINES
     assert all(_TS.match(line) for line in stream.getvalue().splitlines())
-    # recorded Add / Remove, skipped duplicate / no-session, consume-duration observations
-    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 1, 1, 2, 6]
+    # recorded Add / Remove, skipped duplicate / no-session, consume-duration observations,
+    # write-duration observations (one per committed batch) and their milliseconds
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 1, 1, 2, 6, 2, 42.5]
