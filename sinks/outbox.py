@@ -593,22 +593,26 @@ class OutboxPublisher:
         generation: int,
         refused: Sequence[tuple[tuple[Any, ...], KafkaError | None]],
     ) -> int:
-        """Park the refused rows and move the watermark in one transaction; the new generation."""
+        """Park the refused rows and move the watermark in one transaction; the new generation.
+
+        Nothing refused (the normal case): the UPDATE alone, its own transaction on the
+        autocommit connection (one round trip, no BEGIN and COMMIT).
+        """
         delivered, target, after_txid, after_id = state
-        with conn.transaction():
-            with conn.cursor() as cur:
-                if refused:
-                    cur.executemany(_PARK, [
-                        (r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6],
-                         err.name() if err is not None else "")
-                        for r, err in refused
-                    ])
-                moved = cur.execute(_ADVANCE, {
-                    "delivered": delivered, "target": target, "after_txid": after_txid,
-                    "after_id": after_id, "generation": generation,
-                }).rowcount
-            if moved != 1:
-                raise LeaseLostError("the outbox watermark was moved by another publisher")
+        params = {"delivered": delivered, "target": target, "after_txid": after_txid,
+                  "after_id": after_id, "generation": generation}
+        if refused:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(_PARK, [
+                    (r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6],
+                     err.name() if err is not None else "")
+                    for r, err in refused
+                ])
+                moved = cur.execute(_ADVANCE, params).rowcount
+                if moved != 1:  # raised inside: the parking is rolled back with it
+                    raise LeaseLostError("the outbox watermark was moved by another publisher")
+        elif conn.execute(_ADVANCE, params).rowcount != 1:
+            raise LeaseLostError("the outbox watermark was moved by another publisher")
         for row, err in refused:
             assert err is not None
             _log_parked(row[1], row[2], err)
