@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SourceRecord:
-    """One consumed Kafka record, bytes untouched (the DLQ re-sends them as they came)."""
+    """One consumed Kafka record, bytes untouched (the DLQ re-sends them as they came).
+
+    Never changed once made, but not ``frozen``: one is made per consumed record, and a frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) costs 1.06 µs against 0.20.
+    """
 
     topic: str
     partition: int

@@ -63,9 +63,12 @@ class MessageTrace:
         return f"00-{self.trace_id:032x}-{self.handle_span_id:016x}-01"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutboxRow:
     """One ``user_activity.outbox`` row: the event's MessageId, topic, key, value, headers.
+
+    Never changed once made; not ``frozen``, as :class:`~schemas.kafka_record.SourceRecord`
+    (one per recorded event, and a frozen ``__init__`` costs about five times as much).
 
     The publisher produces a row as it is (``sinks.kafka_producer.Producible``: ``topic``,
     ``key``, ``value``, ``headers``; the headers dict is sent with its str values UTF-8 encoded).
