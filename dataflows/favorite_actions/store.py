@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -165,6 +165,7 @@ class FavoritesStore:
         outbox_id_elements: list[bytes] = []
         correlation_ids: list[bytes] = []
         occurred_offsets: list[bytes] = []
+        offset_of: dict[object, bytes] = {}  # a fixed-offset zone's element, once per batch
         outbox_headers: list[bytes] = []
         headers_of: list[dict[str, str]] = []
         anonymous_null = users_null = correlations_null = False
@@ -207,7 +208,13 @@ class FavoritesStore:
                 data = correlation_id.encode()
                 correlation_ids.append(len(data).to_bytes(4, "big"))
                 correlation_ids.append(data)
-            occurred_offsets.append(int4_element(utc_offset_seconds(occurred_at)))
+            zone = occurred_at.tzinfo
+            offset = offset_of.get(zone)
+            if offset is None:
+                offset = int4_element(utc_offset_seconds(occurred_at))
+                if type(zone) is timezone:  # the same offset at every moment
+                    offset_of[zone] = offset
+            occurred_offsets.append(offset)
             headers = propagated_headers(message.record, message.trace)
             headers_of.append(headers)
             if headers:

@@ -111,18 +111,21 @@ def test_record_parameters_are_what_psycopg_sends_for_the_lists() -> None:
 
 @settings(max_examples=50)
 @given(
-    by_user=st.lists(st.booleans(), min_size=1, max_size=20),
+    owners=st.lists(st.tuples(st.booleans(), st.sampled_from(["+03:00", "Z", "-05:30", "+14:00"])),
+                    min_size=1, max_size=20),
     correlation_id=st.none() | st.text(st.characters(codec="utf-8"), max_size=20),
     traced=st.booleans(),
 )
 def test_record_parameters_match_psycopg_for_any_batch(
-    by_user: list[bool], correlation_id: str | None, traced: bool
+    owners: list[tuple[bool, str]], correlation_id: str | None, traced: bool
 ) -> None:
+    """Any mix of owners and OccurredAt offsets in one batch (offsets are cached per zone)."""
     headers = (("traceparent", TRACEPARENT),) if traced else ()
     messages = [
-        _message(user=uuid.uuid4(), correlation_id=correlation_id, headers=headers) if user
-        else _message(anonymous=uuid.uuid4(), correlation_id=correlation_id, headers=headers)
-        for user in by_user
+        _message(user=uuid.uuid4() if user else None,
+                 anonymous=None if user else uuid.uuid4(), correlation_id=correlation_id,
+                 headers=headers, occurred_at=f"2026-11-29T08:00:00.1234567{offset}")
+        for user, offset in owners
     ]
     clock = datetime(2027, 1, 1, tzinfo=UTC)
 
