@@ -8,11 +8,13 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
+from confluent_kafka import KafkaError
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -26,7 +28,7 @@ from devenv.harness.jobs import ROOT
 from runtime.health import HEALTH
 from runtime.metrics import BACKGROUND_RESTARTS, OUTBOX_PARKED
 from schemas.outbox import OutboxRow
-from sinks.outbox import OutboxPublisher, OutboxWatchdog, parked_rows
+from sinks.outbox import LeaseLostError, OutboxPublisher, OutboxWatchdog, parked_rows
 from tests.conftest import SettingsFactory
 from tests.support import consume_all
 
@@ -119,6 +121,49 @@ def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published
     assert state[rows[10].id] == (False, True, 1, "MSG_SIZE_TOO_LARGE")
     assert _parked(topic) == parked_before + 1
     assert [row[0] for row in parked_rows(db) if row[1] == topic] == [rows[10].id]
+
+
+def test_an_advance_on_a_stale_generation_moves_nothing_and_parks_nothing(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """The watermark update is conditional on the generation its window read.
+
+    A publisher whose generation is stale (another one moved the watermark) gets
+    LeaseLostError: the watermark stays, and a row it meant to park is not parked (the parking
+    commits with the advance or not at all). On the current generation both take effect.
+    """
+    settings = make_settings()
+    topic = settings.topic_action_tracked
+    row = _rows(topic, 1)[0]
+    stored: tuple[Any, ...] = (None, row.id, topic, row.key, row.value, {}, datetime.now(UTC))
+    refused: list[tuple[tuple[Any, ...], KafkaError | None]] = [
+        (stored, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))]
+    publisher = OutboxPublisher(settings)
+
+    def watermark() -> tuple[Any, ...]:
+        found = db.execute("SELECT delivered::text, target::text, generation"
+                           " FROM user_activity.outbox_watermark").fetchone()
+        assert found is not None
+        return tuple(found)
+
+    def parked() -> int:
+        found = db.execute("SELECT count(*) FROM user_activity.outbox_parked WHERE id = %s",
+                           (row.id,)).fetchone()
+        assert found is not None
+        return int(found[0])
+
+    delivered, _target, generation = watermark()
+    state = (delivered, None, None, None)  # the same watermark: other tests' rows stay behind
+    for stale in ([], refused):
+        with pytest.raises(LeaseLostError):
+            publisher._advance(db, state, generation - 1, stale)
+        assert watermark() == (delivered, _target, generation)
+        assert parked() == 0
+
+    assert publisher._advance(db, state, generation, []) == generation + 1
+    assert publisher._advance(db, state, generation + 1, refused) == generation + 2
+    assert watermark() == (delivered, None, generation + 2)
+    assert parked() == 1
 
 
 def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
