@@ -23,6 +23,7 @@ import orjson
 import psycopg
 
 from bench.measure import CommitProbe, CpuSampler, Job, OutputCounter, cpu_us_per_event, read_topic
+from bench.report import paired_ratios
 from bench.services import Services
 from bench.wal import describe_composition
 from bench.workload import (
@@ -201,7 +202,8 @@ def compare_jobs(
     The reference is the job at commit ``ref`` (this tree when empty) with ``ref_env`` added
     to its environment. ``rounds`` x (this tree, reference), alternating which goes first, each
     on its own copy of the template database: on a noisy machine only an interleaved A/B
-    separates a 10 % change from the noise. Reports each run and the ratio of medians.
+    separates a 10 % change from the noise. Reports each run, the ratio of medians and each
+    round's ratio with their geometric mean (:func:`bench.report.paired_ratios`).
     """
     checkout = Path(tempfile.mkdtemp(prefix="bench-ref-")) if ref else None
     if checkout is not None:
@@ -231,12 +233,15 @@ def compare_jobs(
         head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
         result = {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
                   "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
-                  "ratio_ref_to_head": round(base / head, 3)}
+                  "ratio_ref_to_head": round(base / head, 3),
+                  "paired_head_to_ref": paired_ratios(rates["head"], rates["ref"])}
         if cpu_us["head"] and cpu_us["ref"]:
             # the job's CPU per event: less disturbed by a busy machine than its throughput
             cpu_head, cpu_ref = statistics.median(cpu_us["head"]), statistics.median(cpu_us["ref"])
             result.update({"job_cpu_us_per_event": cpu_us,
                            "cpu_ratio_ref_to_head": round(cpu_ref / cpu_head, 3)})
+            if len(cpu_us["head"]) == len(cpu_us["ref"]) == rounds:
+                result["cpu_paired_head_to_ref"] = paired_ratios(cpu_us["head"], cpu_us["ref"])
         return result
     finally:
         if checkout is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 TARGETS = {
@@ -31,6 +33,23 @@ def get(results: dict[str, Any], path: str) -> Any:
 
 def _ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
     return round(a / b, digits) if a and b else None
+
+
+def paired_ratios(head: Sequence[float], ref: Sequence[float]) -> dict[str, Any]:
+    """Each interleaved round's ``head / ref`` and their geometric mean.
+
+    The two runs of a round ran minutes apart, so a pair's ratio is little moved by the
+    machine's slow drift (its speed changes by 10-30 % within an hour here); the ratio of the
+    two sides' medians pairs a fast round's run with a slow one's whenever the rounds fall so.
+    """
+    ratios = [h / r for h, r in zip(head, ref, strict=True)]
+    if not ratios or any(x <= 0 for x in ratios):
+        return {"pairs": [round(x, 3) for x in ratios], "geomean": None, "head_lower": None}
+    return {
+        "pairs": [round(x, 3) for x in ratios],
+        "geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+        "head_lower": sum(1 for x in ratios if x < 1),
+    }
 
 
 def best_job(results: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
