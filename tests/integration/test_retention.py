@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -23,10 +24,19 @@ from tests.support import partitions
 pytestmark = pytest.mark.integration
 
 RETENTION_DAYS = 7
-MIGRATED = datetime.now(UTC).date()
-"""The day the test database is migrated (its partitions: the day before to 3 days ahead)."""
-EXPIRED = MIGRATED + timedelta(days=RETENTION_DAYS + 1)
-"""A ``today`` on which the partitions of MIGRATED and before are expired."""
+
+
+@dataclass(frozen=True)
+class Days:
+    """The days a test's dates are relative to."""
+
+    migrated: date
+    """The day the test database was migrated (its partitions: the day before to 3 days ahead)."""
+
+    @property
+    def expired(self) -> date:
+        """A ``today`` on which the partitions of ``migrated`` and before are expired."""
+        return self.migrated + timedelta(days=RETENTION_DAYS + 1)
 
 
 def _day(day: date) -> str:
@@ -66,6 +76,19 @@ def fdb(fresh: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
+@pytest.fixture
+def days(fdb: psycopg.Connection[Any]) -> Days:
+    """Read from the partitions the migration made, not from the clock.
+
+    The migration names them after PostgreSQL's UTC date when it ran; a test that started just
+    before midnight UTC would otherwise expect the previous day's.
+    """
+    named = [n.removeprefix("outbox_p") for n in partitions(fdb, "outbox")]
+    first = min(datetime.strptime(d, "%Y%m%d").replace(tzinfo=UTC).date()
+                for d in named if d.isdigit())
+    return Days(migrated=first + timedelta(days=1))
+
+
 def _mark(db: psycopg.Connection[Any], day: date) -> str:
     key = f"retention-test:{uuid.uuid4()}"
     db.execute("INSERT INTO user_activity.consumer_idempotency_marks"
@@ -81,88 +104,93 @@ def _outbox(db: psycopg.Connection[Any], day: date) -> uuid.UUID:
 
 
 def test_expired_partitions_are_dropped_once_their_rows_are_published(
-    fdb: psycopg.Connection[Any],
+    fdb: psycopg.Connection[Any], days: Days,
 ) -> None:
-    old_mark, recent_mark = _mark(fdb, MIGRATED), _mark(fdb, MIGRATED + timedelta(days=2))
-    old_rows = [_outbox(fdb, MIGRATED - timedelta(days=1)), _outbox(fdb, MIGRATED)]
-    recent_row = _outbox(fdb, MIGRATED + timedelta(days=2))
+    old_mark, recent_mark = _mark(fdb, days.migrated), _mark(fdb, days.migrated + timedelta(days=2))
+    old_rows = [_outbox(fdb, days.migrated - timedelta(days=1)), _outbox(fdb, days.migrated)]
+    recent_row = _outbox(fdb, days.migrated + timedelta(days=2))
     _deliver_everything(fdb)
 
-    report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+    report = maintain(fdb, RETENTION_DAYS, today=days.expired)
 
     assert report.ran
-    before = MIGRATED - timedelta(days=1)  # the migration made the partitions of yesterday too
+    before = days.migrated - timedelta(days=1)  # the migration made the partitions of yesterday too
     assert set(report.dropped) == {
         f"consumer_idempotency_marks_p{_day(before)}",
-        f"consumer_idempotency_marks_p{_day(MIGRATED)}",
-        f"outbox_p{_day(before)}", f"outbox_p{_day(MIGRATED)}",
+        f"consumer_idempotency_marks_p{_day(days.migrated)}",
+        f"outbox_p{_day(before)}", f"outbox_p{_day(days.migrated)}",
     }
     marks = fdb.execute("SELECT key FROM user_activity.consumer_idempotency_marks").fetchall()
     assert marks == [(recent_mark,)] and old_mark != recent_mark
     rows = fdb.execute("SELECT id FROM user_activity.outbox").fetchall()
     assert rows == [(recent_row,)] and recent_row not in old_rows
     for ahead in range(PARTITIONS_AHEAD_DAYS + 1):  # created ahead of the (simulated) today
-        day = _day(EXPIRED + timedelta(days=ahead))
+        day = _day(days.expired + timedelta(days=ahead))
         assert f"outbox_p{day}" in partitions(fdb, "outbox")
         assert f"consumer_idempotency_marks_p{day}" in partitions(
             fdb, "consumer_idempotency_marks")
 
 
 def test_an_expired_outbox_partition_with_an_unpublished_row_is_kept(
-    fdb: psycopg.Connection[Any],
+    fdb: psycopg.Connection[Any], days: Days,
 ) -> None:
-    _mark(fdb, MIGRATED)
-    waiting = _outbox(fdb, MIGRATED)  # committed, not yet behind the watermark
+    _mark(fdb, days.migrated)
+    waiting = _outbox(fdb, days.migrated)  # committed, not yet behind the watermark
 
-    report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+    report = maintain(fdb, RETENTION_DAYS, today=days.expired)
 
-    assert f"outbox_p{_day(MIGRATED)}" in report.kept
-    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in report.dropped  # no check needed
+    assert f"outbox_p{_day(days.migrated)}" in report.kept
+    assert f"consumer_idempotency_marks_p{_day(days.migrated)}" in report.dropped  # no check needed
     assert fdb.execute("SELECT id FROM user_activity.outbox_unpublished").fetchall() == [
         (waiting,)]
 
     _deliver_everything(fdb)
-    assert f"outbox_p{_day(MIGRATED)}" in maintain(fdb, RETENTION_DAYS, today=EXPIRED).dropped
+    again = maintain(fdb, RETENTION_DAYS, today=days.expired)
+    assert f"outbox_p{_day(days.migrated)}" in again.dropped
 
 
-def test_a_second_run_changes_nothing(fdb: psycopg.Connection[Any]) -> None:
+def test_a_second_run_changes_nothing(fdb: psycopg.Connection[Any], days: Days) -> None:
     _deliver_everything(fdb)
-    maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+    maintain(fdb, RETENTION_DAYS, today=days.expired)
 
-    again = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+    again = maintain(fdb, RETENTION_DAYS, today=days.expired)
 
     assert (again.created, again.dropped, again.kept, again.deleted_rows) == (0, [], [], 0)
 
 
-def test_nothing_inside_the_retention_is_dropped(fdb: psycopg.Connection[Any]) -> None:
-    key = _mark(fdb, MIGRATED)
-    _outbox(fdb, MIGRATED)
+def test_nothing_inside_the_retention_is_dropped(fdb: psycopg.Connection[Any], days: Days) -> None:
+    key = _mark(fdb, days.migrated)
+    _outbox(fdb, days.migrated)
     _deliver_everything(fdb)
 
-    report = maintain(fdb, RETENTION_DAYS, today=EXPIRED - timedelta(days=1))
+    report = maintain(fdb, RETENTION_DAYS, today=days.expired - timedelta(days=1))
 
-    before = _day(MIGRATED - timedelta(days=1))  # empty, a day older
+    before = _day(days.migrated - timedelta(days=1))  # empty, a day older
     assert sorted(report.dropped) == [f"consumer_idempotency_marks_p{before}", f"outbox_p{before}"]
     assert fdb.execute("SELECT key FROM user_activity.consumer_idempotency_marks"
                        ).fetchall() == [(key,)]
     assert fdb.execute("SELECT count(*) FROM user_activity.outbox").fetchone() == (1,)
 
 
-def test_only_one_maintenance_run_at_a_time(fdb: psycopg.Connection[Any], fresh: str) -> None:
+def test_only_one_maintenance_run_at_a_time(
+    fdb: psycopg.Connection[Any], fresh: str, days: Days
+) -> None:
     with psycopg.connect(fresh, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", (MAINTENANCE_KEY,))
         try:
-            report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+            report = maintain(fdb, RETENTION_DAYS, today=days.expired)
         finally:
             holder.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))
 
     assert not report.ran
-    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in partitions(
+    assert f"consumer_idempotency_marks_p{_day(days.migrated)}" in partitions(
         fdb, "consumer_idempotency_marks")
 
 
-def test_expired_rows_in_a_default_partition_are_deleted(fdb: psycopg.Connection[Any]) -> None:
-    far = MIGRATED + timedelta(days=30)  # a day that had no partition: the DEFAULT one
+def test_expired_rows_in_a_default_partition_are_deleted(
+    fdb: psycopg.Connection[Any], days: Days
+) -> None:
+    far = days.migrated + timedelta(days=30)  # a day that had no partition: the DEFAULT one
     key = _mark(fdb, far)
     _outbox(fdb, far)
     _deliver_everything(fdb)
@@ -176,7 +204,7 @@ def test_expired_rows_in_a_default_partition_are_deleted(fdb: psycopg.Connection
 
 
 def test_writes_go_on_while_partitions_are_dropped(
-    fdb: psycopg.Connection[Any], fresh: str
+    fdb: psycopg.Connection[Any], fresh: str, days: Days
 ) -> None:
     _deliver_everything(fdb)
     stop = threading.Event()
@@ -193,10 +221,10 @@ def test_writes_go_on_while_partitions_are_dropped(
     thread = threading.Thread(target=write)
     thread.start()
     try:
-        report = maintain(fdb, RETENTION_DAYS, today=EXPIRED)
+        report = maintain(fdb, RETENTION_DAYS, today=days.expired)
     finally:
         stop.set()
         thread.join(10)
 
-    assert f"consumer_idempotency_marks_p{_day(MIGRATED)}" in report.dropped
+    assert f"consumer_idempotency_marks_p{_day(days.migrated)}" in report.dropped
     assert written
