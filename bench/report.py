@@ -43,13 +43,12 @@ def paired_ratios(head: Sequence[float], ref: Sequence[float]) -> dict[str, Any]
     two sides' medians pairs a fast round's run with a slow one's whenever the rounds fall so.
     """
     ratios = [h / r for h, r in zip(head, ref, strict=True)]
-    if not ratios or any(x <= 0 for x in ratios):
-        return {"pairs": [round(x, 3) for x in ratios], "geomean": None, "head_lower": None}
-    return {
-        "pairs": [round(x, 3) for x in ratios],
-        "geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
-        "head_lower": sum(1 for x in ratios if x < 1),
-    }
+    found: dict[str, Any] = {"pairs": [round(x, 3) for x in ratios], "geomean": None,
+                             "head_lower": None}
+    if ratios and all(x > 0 for x in ratios):
+        found["geomean"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+        found["head_lower"] = sum(1 for x in ratios if x < 1)
+    return found
 
 
 def best_job(results: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

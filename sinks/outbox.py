@@ -608,11 +608,10 @@ class OutboxPublisher:
                      err.name() if err is not None else "")
                     for r, err in refused
                 ])
-                moved = cur.execute(_ADVANCE, params).rowcount
-                if moved != 1:  # raised inside: the parking is rolled back with it
-                    raise LeaseLostError("the outbox watermark was moved by another publisher")
-        elif conn.execute(_ADVANCE, params).rowcount != 1:
-            raise LeaseLostError("the outbox watermark was moved by another publisher")
+                # raised inside: the parking is rolled back with it
+                _require_moved(cur.execute(_ADVANCE, params).rowcount)
+        else:
+            _require_moved(conn.execute(_ADVANCE, params).rowcount)
         for row, err in refused:
             assert err is not None
             _log_parked(row[1], row[2], err)
@@ -731,6 +730,12 @@ class OutboxPublisher:
             attempt=attempt,
             delay_s=round(delay, 2),
         )
+
+
+def _require_moved(rowcount: int) -> None:
+    """Raise :class:`LeaseLostError` unless the conditional watermark update moved its row."""
+    if rowcount != 1:
+        raise LeaseLostError("the outbox watermark was moved by another publisher")
 
 
 def _is_transient(exc: BaseException) -> bool:
