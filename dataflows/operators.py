@@ -78,6 +78,7 @@ def kafka_inputs(
                 start=start,
                 tail=settings.tail,
                 batch_size=settings.source_batch_size,
+                stuck_after=settings.source_stuck_seconds,
                 backoff=backoff,
                 count_retry=retries.inc,
                 consumer_group=consumer_group,

@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     tail: bool = Field(
         True, description="`false`: stop at the end offsets seen at start (a bounded run).")
     source_batch_size: int = Field(1000, ge=1, description="Records per poll per partition.")
+    source_stuck_seconds: float = Field(
+        30.0, ge=0,
+        description="A partition that read nothing for this long while the broker says records"
+                    " are waiting gets a new consumer at its offset (librdkafka can stop"
+                    " fetching an assigned partition after a broker restart); `0`: never.")
 
     # Favorites flow.
     dedup_ttl_seconds: float = Field(

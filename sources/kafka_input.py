@@ -16,12 +16,20 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
 - progress per partition (next offset, high watermark, last read, CreateTime of the last
   record) is recorded for the scrape-time lag gauges (:mod:`runtime.input_progress`);
 - a requested shutdown (:mod:`runtime.shutdown`: SIGTERM, Ctrl-C) ends every partition at its
-  next poll, so Bytewax finishes the epoch and closes the sinks instead of dying mid-batch.
+  next poll, so Bytewax finishes the epoch and closes the sinks instead of dying mid-batch;
+- no silent stall: librdkafka can stop fetching an assigned partition after a broker restart
+  and never resume, with no error (confluentinc/librdkafka#5153; seen here once in a CI run of
+  the broker-restart chaos test: one partition of twelve read nothing more). A partition that
+  read nothing for ``stuck_after`` seconds asks the broker for its high watermark; if records
+  wait past both its next offset and its consumer's fetch position, the consumer is replaced by
+  a new one at the next offset (nothing skipped, nothing read twice), logged
+  (``kafka-consumer-restarted``) and counted as a retry.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -85,6 +93,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         tail: bool = True,
         batch_size: int = 1000,
         idle_poll: timedelta = timedelta(milliseconds=20),
+        stuck_after: float = 30.0,
         backoff: Backoff | None = None,
         count_retry: Callable[[], None] = lambda: None,
         consumer_group: str = "",
@@ -93,7 +102,9 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         """Read ``topic``.
 
         ``consumer_group``: where snapshotted offsets are also committed (empty: nowhere);
-        ``flow``: the flow whose lag gauge this input feeds (:mod:`runtime.input_progress`).
+        ``flow``: the flow whose lag gauge this input feeds (:mod:`runtime.input_progress`);
+        ``stuck_after``: seconds without a record before the broker is asked whether the
+        partition's consumer stopped fetching (module doc; ``0``: never).
         """
         self._config = dict(client_config)
         self._consumer_group = consumer_group
@@ -103,6 +114,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         self._tail = tail
         self._batch_size = batch_size
         self._idle_poll = idle_poll
+        self._stuck_after = stuck_after
         self._backoff = backoff or Backoff()
         self._count_retry = count_retry
 
@@ -134,6 +146,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             tail=self._tail,
             batch_size=self._batch_size,
             idle_poll=self._idle_poll,
+            stuck_after=self._stuck_after,
             backoff=self._backoff,
             count_retry=self._count_retry,
             consumer_group=self._consumer_group,
@@ -153,6 +166,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         tail: bool,
         batch_size: int,
         idle_poll: timedelta,
+        stuck_after: float,
         backoff: Backoff,
         count_retry: Callable[[], None],
         consumer_group: str,
@@ -171,14 +185,36 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._last_commit_warning = -60.0
         self._down_attempts = 0  # failed reachability checks since every broker went down
         self._probe_at = 0.0  # time.monotonic() of the next check while down
-        self._consumer = Consumer(
+        self._stuck_after = stuck_after
+        self._read_at = time.monotonic()  # when a record was last read (or the consumer made)
+        self._stuck_check_at = 0.0  # time.monotonic() of the next stuck check, at the earliest
+        self._client_config = client_config
+        self._consumer_group = consumer_group
+        self._consumer = self._new_consumer()
+        self._next_offset = (
+            resume_state
+            if resume_state is not None
+            else _retrying(lambda: self._initial_offset(start), topic, backoff, count_retry)
+        )
+        self._progress.next_offset = self._next_offset
+        self._end_offset: int | None = None
+        if not tail:
+            self._end_offset = _retrying(
+                lambda: self._final_offset(start.until_ms), topic, backoff, count_retry
+            )
+        self._partition_handle = TopicPartition(topic, partition)
+        self._assign()
+
+    def _new_consumer(self) -> Consumer:
+        """A consumer for this partition (not yet assigned)."""
+        return Consumer(
             {
-                **client_config,
+                **self._client_config,
                 "logger": LIBRDKAFKA_LOGGER,
                 "error_cb": self._on_client_error,
                 # Offsets live in Bytewax snapshots; the group only receives informational
                 # commits of snapshotted offsets (no subscription, no group membership).
-                "group.id": consumer_group or "user-activity-stream-unused",
+                "group.id": self._consumer_group or "user-activity-stream-unused",
                 "on_commit": self._on_commit,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
@@ -193,19 +229,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 "queued.min.messages": 5000,
             }
         )
-        self._next_offset = (
-            resume_state
-            if resume_state is not None
-            else _retrying(lambda: self._initial_offset(start), topic, backoff, count_retry)
-        )
-        self._progress.next_offset = self._next_offset
-        self._end_offset: int | None = None
-        if not tail:
-            self._end_offset = _retrying(
-                lambda: self._final_offset(start.until_ms), topic, backoff, count_retry
-            )
-        self._consumer.assign([TopicPartition(topic, partition, self._assign_offset())])
-        self._partition_handle = TopicPartition(topic, partition)
+
+    def _assign(self) -> None:
+        self._consumer.assign([TopicPartition(self._topic, self._partition, self._assign_offset())])
 
     def _watermarks(self) -> tuple[int, int]:
         low, high = self._consumer.get_watermark_offsets(
@@ -287,9 +313,14 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             next_offset = offset + 1
             last = msg
         self._next_offset = next_offset
-        last_timestamp = None if last is None else last.timestamp()[1]
-        if last_timestamp is not None:
-            self._progress.read(self._next_offset or 0, last_timestamp, time.time())
+        if last is not None:
+            self._read_at = now
+            last_timestamp = last.timestamp()[1]
+            if last_timestamp is not None:
+                self._progress.read(self._next_offset or 0, last_timestamp, time.time())
+        elif (self._stuck_after and now >= self._stuck_check_at and not self._down_attempts
+              and now - self._read_at >= self._stuck_after):
+            self._check_stuck(now)
         BACKLOG.polled(self._topic, self._partition, full=self._behind(len(messages)))
         if self._down_attempts:
             self._check_kafka(fetched=any(isinstance(item, SourceRecord) for item in batch))
@@ -329,6 +360,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             self._kafka_down(error.name() if isinstance(error, KafkaError) else type(exc).__name__)
             return
         attempts, self._down_attempts = self._down_attempts, 0
+        self._read_at = time.monotonic()  # reconnecting takes a moment: not a stuck consumer
         HEALTH.resumed("kafka")
         log_event(
             logger, "kafka-consumer-recovered", topic=self._topic, partition=self._partition,
@@ -346,6 +378,37 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             partition=self._partition, error=error, attempt=self._down_attempts,
             delay_s=round(delay, 2),
         )
+
+    def _check_stuck(self, now: float) -> None:
+        """Nothing read for ``stuck_after`` s: replace the consumer if records wait (module doc).
+
+        One watermark query (at most 1 s, on the worker thread) per ``stuck_after`` while the
+        partition reads nothing; an unanswered query is left to the next check. Caught up
+        (the high watermark at the next offset or the fetch position, which passes control
+        records) is the normal idle case and changes nothing. A transaction left open upstream
+        for longer than ``stuck_after`` looks stuck too: its consumer is replaced, harmlessly.
+        """
+        self._stuck_check_at = now + self._stuck_after
+        handle = self._partition_handle
+        try:
+            low, high = self._consumer.get_watermark_offsets(handle, timeout=1.0, cached=False)
+            position = self._consumer.position([handle])[0].offset
+        except KafkaException:
+            return
+        reached = max(low if self._next_offset is None else self._next_offset, position)
+        if high <= reached:
+            return
+        stuck, self._consumer = self._consumer, self._new_consumer()
+        self._assign()
+        # Closed aside: a consumer in that state must not hold the worker up.
+        threading.Thread(target=stuck.close, name="close-stuck-consumer", daemon=True).start()
+        self._count_retry()
+        log_event(
+            logger, "kafka-consumer-restarted", logging.WARNING, topic=self._topic,
+            partition=self._partition, next_offset=self._next_offset, position=position,
+            high_watermark=high, idle_s=round(now - self._read_at, 1),
+        )
+        self._read_at = now
 
     @override
     def next_awake(self) -> datetime | None:

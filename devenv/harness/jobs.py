@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.metrics import parse_metrics
@@ -318,7 +319,36 @@ class JobProcess:
             return None if code is None else f"the job exited ({code})"
 
         return wait_until(condition, timeout, what, interval=interval, exited=exited,
-                          context=self.log_tail)
+                          context=self.diagnosis)
+
+    def diagnosis(self) -> str:
+        """What a failed wait shows: the log tail, the job's threads, its busy SQL sessions.
+
+        The threads come from ``py-spy dump`` (where it is installed and may attach) and the
+        sessions from ``pg_stat_activity`` (every one of the job's database that is not idle),
+        so a silent stall says where it waits.
+        """
+        parts = [self.log_tail()]
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if self.running and self._proc is not None and Path(spy).exists():
+            try:
+                dump = subprocess.run([spy, "dump", "--pid", str(self._proc.pid)],
+                                      check=False, capture_output=True, text=True, timeout=30)
+                parts.append(f"py-spy dump:\n{dump.stdout}{dump.stderr}")
+            except (OSError, subprocess.SubprocessError) as exc:
+                parts.append(f"py-spy dump failed: {exc}")
+        try:
+            with psycopg.connect(self.settings.database_dsn(), connect_timeout=5,
+                                 autocommit=True) as conn:
+                rows = conn.execute(
+                    "SELECT application_name, state, wait_event_type, wait_event,"
+                    " now() - xact_start, left(query, 200) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND state <> 'idle'").fetchall()
+            parts.append("busy sessions:\n" + "\n".join(map(str, rows)))
+        except psycopg.Error as exc:
+            parts.append(f"pg_stat_activity failed: {exc}")
+        return "\n".join(parts)
 
 
 def wait_until(

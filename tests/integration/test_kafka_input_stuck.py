@@ -1,0 +1,73 @@
+"""The Kafka source heals a consumer that stopped fetching (librdkafka#5153), on a real broker.
+
+After a broker restart librdkafka can leave an assigned partition that fetches nothing more,
+with no error. The fault is put in place here by pausing the partition's real consumer: records
+then wait on the broker, none arrive, no error comes, the state the bug leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from schemas.kafka_record import SourceRecord
+from sources.kafka_input import KafkaInput
+from tests.conftest import SettingsFactory
+from tests.support import Produced, produce
+
+pytestmark = pytest.mark.integration
+
+
+def _read(part: object, until: int, seconds: float) -> list[int]:
+    offsets: list[int] = []
+    deadline = time.monotonic() + seconds
+    while len(offsets) < until and time.monotonic() < deadline:
+        offsets += [i.offset for i in part.next_batch() if isinstance(i, SourceRecord)]  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    return offsets
+
+
+def test_a_partition_whose_consumer_stopped_fetching_gets_a_new_one_and_reads_on_exactly(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    retries: list[int] = []
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, batch_size=50,
+                      stuck_after=1.0, count_retry=lambda: retries.append(1)).build_part(
+        "input", f"{topic}#0", None)
+    try:
+        produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(30)])
+        assert _read(part, 30, 30) == list(range(30))
+        stuck = part._consumer
+        stuck.pause([TopicPartition(topic, 0)])  # the fault: fetches nothing more, no error
+        produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(40)])
+        with caplog.at_level(logging.WARNING, logger="sources.kafka_input"):
+            offsets = _read(part, 40, 30)
+        assert offsets == list(range(30, 70)), "skipped or read twice"
+        assert part._consumer is not stuck
+        restarts = [r for r in caplog.records if r.getMessage() == "kafka-consumer-restarted"]
+        assert len(restarts) == 1 and retries == [1]
+        assert restarts[0].next_offset == 30 and restarts[0].high_watermark == 70  # type: ignore[attr-defined]
+    finally:
+        part.close()
+
+
+def test_an_idle_caught_up_partition_keeps_its_consumer(make_settings: SettingsFactory) -> None:
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    retries: list[int] = []
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, stuck_after=0.5,
+                      count_retry=lambda: retries.append(1)).build_part(
+        "input", f"{topic}#0", None)
+    try:
+        produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(5)])
+        assert _read(part, 5, 30) == list(range(5))
+        consumer = part._consumer
+        _read(part, 1, 3.0)  # six stuck checks' worth of idle polls: caught up each time
+        assert part._consumer is consumer and retries == []
+    finally:
+        part.close()
