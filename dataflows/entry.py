@@ -43,7 +43,8 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         flow = module.build_flow(settings)
         tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
         if handled:  # a stop requested meanwhile is announced at its first check
-            ClusterStop(settings.database_dsn(), flow.flow_id).start()
+            ClusterStop(settings.database_dsn(), flow.flow_id,
+                        tcp_options=settings.database_tcp_options()).start()
         return flow
     raise AttributeError(name)
 

@@ -24,6 +24,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,8 +50,11 @@ _LATEST = "SELECT requested_at, requested_by FROM user_activity.stream_stops WHE
 class ClusterStop:
     """Shares stop requests of ``flow`` between the processes of its cluster (see module doc)."""
 
-    def __init__(self, dsn: str, flow: str, *, interval: float = 1.0) -> None:
+    def __init__(self, dsn: str, flow: str, *, interval: float = 1.0,
+                 tcp_options: Mapping[str, Any] | None = None) -> None:
+        """``tcp_options``: libpq's keepalive parameters (``Settings.database_tcp_options``)."""
         self._dsn = dsn
+        self._tcp_options = dict(tcp_options or {})
         self._flow = flow
         self._interval = interval
         self._started_at: datetime | None = None
@@ -74,7 +78,8 @@ class ClusterStop:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5,
-                                           application_name=f"user-activity-stop-{self._flow}")
+                                           application_name=f"user-activity-stop-{self._flow}",
+                                           **self._tcp_options)
                 self._check(conn)
             except psycopg.Error:
                 if conn is not None:

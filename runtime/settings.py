@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     db_statement_timeout_ms: int = Field(
         30_000, ge=100,
         description="Statement timeout; a timeout is an infrastructure failure (retried).")
+    db_dead_connection_seconds: float = Field(
+        30.0, ge=0,
+        description="A PostgreSQL connection whose server stops answering, even TCP"
+                    " (its host or address gone in a failover, no reset sent), fails after about"
+                    " this long and is retried (TCP keepalives and user timeout); `0`: the OS's"
+                    " defaults, about two hours.")
 
     # Topics (defaults: the specification, docs/spec.md).
     topic_favorite_added: str = Field(
@@ -206,6 +212,20 @@ class Settings(BaseSettings):
     def database_dsn(self) -> str:
         """The database URL in clear, for the connection factory only."""
         return self.database_url.get_secret_value()
+
+    def database_tcp_options(self) -> dict[str, Any]:
+        """The libpq parameters that fail a dead connection in ``db_dead_connection_seconds``.
+
+        Keepalive probes while a connection waits for an answer (idle a third of it, then 4
+        probes a sixth apart: a server busy on a long statement still answers them) and a TCP
+        user timeout on data sent and never acknowledged.
+        """
+        seconds = self.db_dead_connection_seconds
+        if not seconds:
+            return {}
+        return {"keepalives": 1, "keepalives_idle": max(1, round(seconds / 3)),
+                "keepalives_interval": max(1, round(seconds / 6)), "keepalives_count": 4,
+                "tcp_user_timeout": int(seconds * 1000)}
 
     def all_topics(self) -> list[str]:
         """Every topic the service reads or writes: the ``topic_*`` fields (``create-topics``)."""

@@ -45,6 +45,14 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   $SUDO systemctl disable prometheus >/dev/null 2>&1 || $SUDO update-rc.d prometheus disable >/dev/null 2>&1 || true
 fi
 
+# iptables: the dead-connection test silences one TCP connection (as root; skipped otherwise).
+if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then
+  echo "bootstrap: installing Debian's iptables" >&2
+  apt-get update -qq >/dev/null || fail "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables \
+    >/dev/null || fail "apt-get install iptables failed"
+fi
+
 if [ -z "${USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
   command -v java >/dev/null 2>&1 || fail "Java 17+ is required for the local Kafka broker"
   .venv/bin/python -m devenv.kafka_broker fetch >/dev/null || fail "cannot fetch the Kafka jars (Maven Central unreachable?)"

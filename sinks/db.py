@@ -29,6 +29,7 @@ class Database:
         self._dsn = settings.database_dsn()
         self._application_name = application_name
         self._statement_timeout_ms = settings.db_statement_timeout_ms
+        self._tcp_options = settings.database_tcp_options()
         self._conn: Connection | None = None
 
     def connection(self) -> Connection:
@@ -38,7 +39,7 @@ class Database:
             self.reset()
             conn = self._conn = psycopg.connect(
                 self._dsn, autocommit=True, connect_timeout=5,
-                application_name=self._application_name,
+                application_name=self._application_name, **self._tcp_options,
                 options=f"-c statement_timeout={self._statement_timeout_ms} {SESSION_OPTIONS}")
         return conn
 

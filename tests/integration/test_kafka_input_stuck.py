@@ -2,7 +2,8 @@
 
 After a broker restart librdkafka can leave an assigned partition that fetches nothing more,
 with no error. The fault is put in place here by pausing the partition's real consumer: records
-then wait on the broker, none arrive, no error comes, the state the bug leaves.
+then wait on the broker, none arrive, no error comes, the state the bug leaves. ``stuck_after``
+is 2 s here, longer than a first fetch takes (the default is 30 s).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def test_a_partition_whose_consumer_stopped_fetching_gets_a_new_one_and_reads_on
     topic = settings.topic_favorite_added
     retries: list[int] = []
     part = KafkaInput(settings.kafka_client_config(), topic, tail=True, batch_size=50,
-                      stuck_after=1.0, count_retry=lambda: retries.append(1)).build_part(
+                      stuck_after=2.0, count_retry=lambda: retries.append(1)).build_part(
         "input", f"{topic}#0", None)
     try:
         produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(30)])
@@ -60,14 +61,14 @@ def test_an_idle_caught_up_partition_keeps_its_consumer(make_settings: SettingsF
     settings = make_settings(tail=True)
     topic = settings.topic_favorite_added
     retries: list[int] = []
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, stuck_after=0.5,
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, stuck_after=2.0,
                       count_retry=lambda: retries.append(1)).build_part(
         "input", f"{topic}#0", None)
     try:
         produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(5)])
         assert _read(part, 5, 30) == list(range(5))
         consumer = part._consumer
-        _read(part, 1, 3.0)  # six stuck checks' worth of idle polls: caught up each time
+        _read(part, 1, 7.0)  # three stuck checks' worth of idle polls: caught up each time
         assert part._consumer is consumer and retries == []
     finally:
         part.close()

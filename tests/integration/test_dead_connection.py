@@ -1,0 +1,93 @@
+"""A PostgreSQL connection whose server goes silent fails in time, on a real server.
+
+The silence is made with iptables: every packet of that one TCP connection is dropped, as when
+the server's host or its address is gone in a failover (no reset, no answer; the statement
+timeout is the server's and cannot fire either). Without keepalives and a TCP user timeout the
+client would wait about two hours; with ``db_dead_connection_seconds`` it fails in about that
+long with an infrastructure error (retried by the caller) and the next connection works. Needs
+root and iptables (``scripts/bootstrap.sh`` installs it as root); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from sinks.db import Database
+from sinks.errors import is_infrastructure_error
+from tests.conftest import SettingsFactory
+
+pytestmark = pytest.mark.integration
+
+DEAD_SECONDS = 6.0
+
+
+def _iptables_usable() -> bool:
+    if os.geteuid() != 0 or shutil.which("iptables") is None:
+        return False
+    listed = subprocess.run(["iptables", "-w", "-L", "OUTPUT", "-n"], capture_output=True,
+                            check=False)
+    return listed.returncode == 0
+
+
+@contextlib.contextmanager
+def _silenced(local_port: int) -> Iterator[None]:
+    """Drop every packet to and from ``local_port`` (one client connection) on this host."""
+    rules = [["OUTPUT", "-p", "tcp", "--sport", str(local_port), "-j", "DROP"],
+             ["OUTPUT", "-p", "tcp", "--dport", str(local_port), "-j", "DROP"]]
+    for rule in rules:
+        subprocess.run(["iptables", "-w", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        for rule in rules:
+            subprocess.run(["iptables", "-w", "-D", *rule], check=False)
+
+
+def _local_port(conn: psycopg.Connection[object]) -> int:
+    with socket.fromfd(conn.pgconn.socket, socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.skipif(not _iptables_usable(), reason="needs root and iptables")
+@pytest.mark.parametrize("when", ["waiting for an answer", "sending a statement"])
+def test_a_connection_to_a_silent_server_fails_in_the_dead_connection_time_then_reconnects(
+    make_settings: SettingsFactory, when: str,
+) -> None:
+    settings = make_settings(db_dead_connection_seconds=DEAD_SECONDS)
+    db = Database(settings, "test-dead-connection")
+    conn = db.connection()
+    outcome: dict[str, object] = {}
+
+    def run(statement: str) -> None:
+        started = time.monotonic()
+        try:
+            conn.execute(statement)
+        except psycopg.Error as exc:
+            outcome["error"], outcome["after"] = exc, time.monotonic() - started
+
+    with _silenced(_local_port(conn)):
+        if when == "waiting for an answer":  # the statement was sent; its answer never comes
+            worker = threading.Thread(target=run, args=("SELECT pg_sleep(3)",), daemon=True)
+            worker.start()
+            time.sleep(0.5)
+        else:  # the statement is sent into the silence
+            worker = threading.Thread(target=run, args=("SELECT 1",), daemon=True)
+            worker.start()
+        worker.join(DEAD_SECONDS * 4)
+        assert not worker.is_alive(), "still waiting on a dead connection"
+    error = outcome["error"]
+    assert isinstance(error, psycopg.OperationalError) and is_infrastructure_error(error)
+    assert float(outcome["after"]) < DEAD_SECONDS * 2  # type: ignore[arg-type]
+    db.reset()
+    assert db.connection().execute("SELECT 1").fetchone() == (1,)
+    db.close()
