@@ -36,7 +36,7 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         configure_logging(settings.log_level)
         # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
         # their first poll), never the default kill (exit -15) of a process still starting.
-        handled = install_signal_handlers()
+        handled = install_signal_handlers(settings.stop_grace_seconds)
         serve_http(settings.http_host, settings.http_port)
         start_trimmer(settings.malloc_trim_interval_seconds)
         configure_from_env(_consumer_group(settings, flow_module))

@@ -136,6 +136,13 @@ class Settings(BaseSettings):
     poison_attempts: int = Field(
         3, ge=1, description="Immediate attempts before a message is dead-lettered.")
 
+    stop_grace_seconds: float = Field(
+        20.0, ge=0,
+        description="After SIGTERM, how long a commit or publish blocked by an outage keeps"
+                    " retrying; then the process exits with code 75, leaving it to the next"
+                    " start (nothing is lost). Keep it below the pod's"
+                    " `terminationGracePeriodSeconds` (30).")
+
     # Back-off for infrastructure failures: retried forever.
     retry_initial_seconds: float = Field(
         1.0, gt=0, description="First back-off delay after an infrastructure failure.")

@@ -26,7 +26,6 @@ though its compressed batch would fit.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -41,6 +40,7 @@ from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
+from runtime.shutdown import SHUTDOWN
 from schemas.dlq_letter import DeadLetter, LetterForm, next_form
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
 from sinks.kafka_producer import KafkaProducer, OutgoingRecord
@@ -215,7 +215,8 @@ class DeadLetterPublisher:
         """``attempt()``, retried forever with back-off while ``is_transient`` (Kafka paused)."""
         return retry_forever(attempt, is_transient=is_transient, backoff=self._backoff,
                              on_retry=self._on_retry,
-                             on_recovered=lambda _n: HEALTH.resumed("kafka"), sleep=time.sleep)
+                             on_recovered=lambda _n: HEALTH.resumed("kafka"),
+                             sleep=SHUTDOWN.retry_sleep)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries_counter.inc()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
+from runtime.shutdown import SHUTDOWN
 from sinks.errors import is_record_error
 
 logger = logging.getLogger(__name__)
@@ -229,7 +231,10 @@ def _produce_and_wait(
                 if settled is not None:
                     settled[index] = True
                 break
-    left = producer.flush(timeout)
+    deadline = time.monotonic() + timeout
+    left = producer.flush(min(timeout, 1.0))  # as soon as all is settled, in steps of a second
+    while left > 0 and (rest := SHUTDOWN.time_left(deadline - time.monotonic())) > 0:
+        left = producer.flush(min(rest, 1.0))  # a stop past its grace waits no longer
     if left > 0:
         timed_out = KafkaError(KafkaError._TIMED_OUT)
         if settled is None:
@@ -335,7 +340,7 @@ class KafkaProducer:
         """Flush what is queued (bounded) and drop the producer."""
         if self._producer is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
-                self._producer.flush(timeout)
+                self._producer.flush(SHUTDOWN.time_left(timeout))
             self._producer = None
 
     def _replace(self, dead: Producer) -> None:

@@ -84,6 +84,7 @@ from runtime.metrics import (
 )
 from runtime.periodic import Periodic
 from runtime.settings import Settings
+from runtime.shutdown import SHUTDOWN
 from runtime.supervisor import SupervisedThread
 from runtime.tracing import start_publish
 from schemas.action_tracked import (
@@ -368,13 +369,18 @@ class OutboxPublisher:
             self._watchdog.stop()
             self._watchdog = None
         if self._thread is not None:
-            self._thread.stop(timeout)
-            self._thread = None
+            thread, self._thread = self._thread, None
+            thread.stop(SHUTDOWN.time_left(timeout))
             try:  # a bounded run ends with its rows on the topic when the services are up
-                self.drain(wait_seconds=_STOP_DRAIN_SECONDS)
+                if thread.alive():  # held up by an outage past the stop's grace
+                    raise TimeoutError("the publish loop did not stop")
+                self.drain(wait_seconds=SHUTDOWN.time_left(_STOP_DRAIN_SECONDS))
             except Exception as exc:  # noqa: BLE001 - left rows are sent by the next publisher
                 log_event(logger, "outbox-final-drain-failed", logging.WARNING,
                           error=type(exc).__name__)
+                if SHUTDOWN.requested():
+                    SHUTDOWN.unfinished("committed outbox rows not published (the next start"
+                                        " publishes them)")
         self._release()
         self._producer.close(5)
         HEALTH.resumed("outbox")  # a stopped publisher waits for nothing

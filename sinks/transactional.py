@@ -21,7 +21,6 @@ Guarantees every flow's sink inherits (SPEC §4-§5):
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -36,6 +35,7 @@ from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.logs import log_event
 from runtime.settings import Settings
+from runtime.shutdown import SHUTDOWN
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
@@ -165,7 +165,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
             backoff=self._backoff,
             on_retry=self._on_retry,
             on_recovered=self._on_recovered,
-            sleep=time.sleep,
+            sleep=SHUTDOWN.retry_sleep,
         )
 
     def _write_once(self, batch: Sequence[M]) -> R:

@@ -444,7 +444,13 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     def close(self) -> None:
         BACKLOG.closed(self._topic, self._partition)
         INPUT_PROGRESS.forget(self._progress)
-        self._consumer.close()
+        # librdkafka's close waits for the group's informational commits: with the broker down,
+        # for ever. Closed aside; waited for (within a stop's grace, :mod:`runtime.shutdown`)
+        # unless every broker is known to be down.
+        closing = threading.Thread(target=self._consumer.close, name="close-consumer",
+                                   daemon=True)
+        closing.start()
+        closing.join(0 if self._down_attempts else SHUTDOWN.time_left(10.0))
 
 
 T = TypeVar("T")
@@ -473,7 +479,7 @@ def _retrying(
         backoff=backoff,
         on_retry=on_retry,
         on_recovered=lambda _attempts: HEALTH.resumed("kafka"),
-        sleep=time.sleep,
+        sleep=SHUTDOWN.retry_sleep,
     )
 
 

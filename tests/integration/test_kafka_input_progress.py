@@ -71,5 +71,5 @@ def test_a_requested_shutdown_ends_the_partition_at_its_next_poll(
         with pytest.raises(StopIteration):
             part.next_batch()
     finally:
-        SHUTDOWN._event.clear()
+        SHUTDOWN.reset()
         part.close()

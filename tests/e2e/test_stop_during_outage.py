@@ -1,0 +1,72 @@
+"""SIGTERM while PostgreSQL or Kafka is down: the job stops within the pod's grace, loses nothing.
+
+A stop cannot commit or publish through an outage. Kubernetes kills a pod 30 s after SIGTERM
+(``terminationGracePeriodSeconds``), so the job must not wait for the outage to end.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from devenv.harness.jobs import JobSupervisor
+from tests.chaos import (
+    PacedProducer,
+    assert_exact_outcome,
+    count_rows,
+    good_stream,
+    report,
+    wait_for_rows,
+    wait_until_drained,
+)
+from tests.conftest import SettingsFactory
+
+pytestmark = pytest.mark.e2e
+
+
+def _paused_on(job: Any, dependency: str) -> bool:
+    answer = job.get("/readyz")
+    return answer is not None and answer.status == 503 and \
+        answer.json().get("dependency") == dependency
+
+
+@pytest.mark.parametrize("down", ["postgres", "kafka"])
+def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_loses_nothing(
+    make_settings: SettingsFactory, jobs: JobSupervisor, record_property: Any, down: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    server = request.getfixturevalue("postgres_server" if down == "postgres" else "kafka_broker")
+    if server is None:
+        pytest.skip("needs the suite's own services (external ones configured)")
+    settings = make_settings(retry_initial_seconds=0.5, retry_max_seconds=4.0)
+    database_url = settings.database_dsn()
+    stream = good_stream(settings, database_url, 3_000, seed=21)
+    job = jobs.job(settings)
+    job.start()
+    producer = PacedProducer(settings, stream.records, rate=1_000)
+    producer.start()
+    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    server.stop()
+    try:
+        job.wait_until(lambda: _paused_on(job, down), 60, f"/readyz paused on {down}")
+        started = time.monotonic()
+        code = job.terminate(timeout=40, sig=signal.SIGTERM)
+        stop_s = time.monotonic() - started
+    finally:
+        server.start()
+    events = [e.get("event") for e in job.log_events(1)]
+    report(record_property, f"sigterm-during-{down}-outage", {"stop_s": round(stop_s, 1),
+                                                              "exit_code": code})
+    assert stop_s < 25, f"took {stop_s:.1f} s (the pod is killed at 30 s)"
+    assert code == 75, (code, job.log_tail())
+    assert "stopped-during-outage" in events
+    rows_before = count_rows(database_url, stream.good_ids)
+    job.start()
+    deliveries = producer.result()
+    wait_until_drained(job, database_url, stream)
+    assert job.terminate(timeout=25) == 0
+    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    assert counts.rows == counts.tracked_distinct == len(stream.good_ids) >= rows_before
