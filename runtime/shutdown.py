@@ -87,10 +87,6 @@ class Shutdown:
             abandon(f"an outage outlasted the stop's {self.grace:g} s grace")
         time.sleep(min(seconds, left))
 
-    def past_grace(self) -> bool:
-        """True once a stop was requested ``grace`` seconds ago or more."""
-        return self.time_left(1.0) <= 0
-
     def time_left(self, timeout: float) -> float:
         """``timeout``, or less: what is left of the stop's grace once a stop was requested."""
         requested_at = self._requested_at
