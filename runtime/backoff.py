@@ -41,7 +41,9 @@ def retry_forever(
 
     A failure for which ``is_transient`` is false is raised at once (it is the caller's to
     classify as poison). ``on_retry(exc, attempt, delay)`` is called before each sleep;
-    ``on_recovered(attempts)`` after a success that followed at least one failure.
+    ``on_recovered(attempts)`` once the dependency answers after at least one transient
+    failure: a success, or a failure that is not transient (the service is back and refused
+    the operation itself; a pause reported by ``on_retry`` must end then too).
     """
     attempt = 0
     while True:
@@ -49,6 +51,8 @@ def retry_forever(
             result = operation()
         except Exception as exc:
             if not is_transient(exc):
+                if attempt and on_recovered is not None:
+                    on_recovered(attempt)
                 raise
             delay = backoff.delay(attempt)
             attempt += 1

@@ -7,6 +7,11 @@ while some part of the process reports itself stalled (:meth:`Health.stalled`: e
 committed outbox row unpublished for longer than ``USER_ACTIVITY_OUTBOX_STALL_SECONDS``), with
 the reason in the body. ``/metrics`` serves the Prometheus registry. Bodies are JSON describing
 the state.
+
+A pause belongs to the loop that waits (a *waiter*: one sink partition, one input partition,
+one DLQ publisher, the outbox publisher), not to the dependency: twelve input partitions wait
+for Kafka separately, and the first to reconnect does not make the process ready while the
+others still wait. ``/readyz`` names the dependency waited for longest and lists every waiter.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ class HealthSnapshot:
     seconds_since_progress: float
     stalled: tuple[tuple[str, str], ...] = ()
     """What reports itself stalled, and why (``(component, reason)``)."""
+    waiting: tuple[tuple[str, str], ...] = ()
+    """Every paused waiter and the dependency it waits for (``(waiter, dependency)``)."""
 
     def as_json(self) -> bytes:
         """The JSON body of the health endpoints."""
@@ -45,7 +52,7 @@ class HealthSnapshot:
                 "%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
             "attempt": self.attempt, "last_error": self.last_error,
             "seconds_since_progress": round(self.seconds_since_progress, 3),
-            "stalled": dict(self.stalled),
+            "stalled": dict(self.stalled), "waiting": dict(self.waiting),
         })
 
 
@@ -55,7 +62,7 @@ class Health:
     def __init__(self, stall_seconds: float = 300.0) -> None:
         self._lock = threading.Lock()
         self._stall_seconds = stall_seconds
-        self._paused: dict[str, tuple[float, int, str]] = {}
+        self._paused: dict[str, tuple[str, float, int, str]] = {}  # waiter -> dependency, ...
         self._stalled: dict[str, str] = {}
         self._last_progress = time.monotonic()
 
@@ -63,18 +70,23 @@ class Health:
         """Record progress (a poll, a batch, an idle loop): the process is alive."""
         self._last_progress = time.monotonic()
 
-    def paused(self, dependency: str, attempt: int, error: str) -> None:
-        """Record that a step waits for ``dependency`` (retry ``attempt``, error class)."""
+    def paused(self, dependency: str, attempt: int, error: str, *, waiter: str) -> None:
+        """Record that ``waiter`` waits for ``dependency`` (retry ``attempt``, error class).
+
+        The pause keeps the time it began across attempts, also when the waiter's dependency
+        changes (the outbox publisher may wait for PostgreSQL, then for Kafka).
+        """
         with self._lock:
-            since = self._paused.get(dependency, (time.time(), 0, ""))[0]
-            self._paused[dependency] = (since, attempt, error)
+            began = self._paused.get(waiter)
+            since = time.time() if began is None else began[1]
+            self._paused[waiter] = (dependency, since, attempt, error)
         self.beat()
         self.refresh_gauge()
 
-    def resumed(self, dependency: str) -> None:
-        """Record that ``dependency`` answers again."""
+    def resumed(self, *, waiter: str) -> None:
+        """Record that ``waiter``'s dependency answers again (harmless if it never paused)."""
         with self._lock:
-            self._paused.pop(dependency, None)
+            self._paused.pop(waiter, None)
         self.beat()
         self.refresh_gauge()
 
@@ -95,8 +107,10 @@ class Health:
             stalled = tuple(sorted(self._stalled.items()))
         idle = time.monotonic() - self._last_progress
         if paused:
-            dependency, (since, attempt, error) = min(paused.items(), key=lambda kv: kv[1][0])
-            return HealthSnapshot("paused", dependency, since, attempt, error, idle, stalled)
+            dependency, since, attempt, error = min(paused.values(), key=lambda v: v[1])
+            waiting = tuple(sorted((waiter, v[0]) for waiter, v in paused.items()))
+            return HealthSnapshot("paused", dependency, since, attempt, error, idle, stalled,
+                                  waiting)
         if idle > self._stall_seconds:
             return HealthSnapshot("dead", None, None, 0, None, idle, stalled)
         state = "stalled" if stalled else "running"
@@ -105,7 +119,7 @@ class Health:
     def refresh_gauge(self) -> None:
         """Bring the paused-seconds gauge up to date (on each change and each scrape)."""
         with self._lock:
-            since = min((v[0] for v in self._paused.values()), default=None)
+            since = min((v[1] for v in self._paused.values()), default=None)
         PAUSED_SECONDS.set(0 if since is None else time.time() - since)
 
 

@@ -88,9 +88,11 @@ class DeadLetterPublisher:
     """Sends dead letters to one DLQ topic and counts them."""
 
     def __init__(
-        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter
+        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
+        *, name: str,
     ) -> None:
         self._topic = topic
+        self._name = name  # the waiter a Kafka outage pauses (health)
         self._settings = settings
         self._producer: KafkaProducer | None = None  # built on the first letter: poison is rare
         self._limit: int | None = None  # the topic's max.message.bytes, read on the first letter
@@ -215,17 +217,18 @@ class DeadLetterPublisher:
         """``attempt()``, retried forever with back-off while ``is_transient`` (Kafka paused)."""
         return retry_forever(attempt, is_transient=is_transient, backoff=self._backoff,
                              on_retry=self._on_retry,
-                             on_recovered=lambda _n: HEALTH.resumed("kafka"),
+                             on_recovered=lambda _n: HEALTH.resumed(waiter=self._name),
                              sleep=SHUTDOWN.retry_sleep)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries_counter.inc()
-        HEALTH.paused("kafka", attempt, type(exc).__name__)
+        HEALTH.paused("kafka", attempt, type(exc).__name__, waiter=self._name)
         log_event(logger, "dlq-publish-retry", logging.WARNING, error=type(exc).__name__,
                   detail=str(exc), attempt=attempt, delay_s=round(delay, 2))
 
     def close(self) -> None:
         """Flush what is queued (bounded) and drop the producer."""
+        HEALTH.resumed(waiter=self._name)
         if self._producer is not None:
             self._producer.close(10)
             self._producer = None
@@ -241,7 +244,8 @@ class DeadLetterSink(DynamicSink[DeadLetter]):
 
     @override
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _DeadLetterPartition:
-        return _DeadLetterPartition(DeadLetterPublisher(*self._publisher_args))
+        return _DeadLetterPartition(DeadLetterPublisher(
+            *self._publisher_args, name=f"{step_id}-{worker_index}"))
 
 
 class _DeadLetterPartition(StatelessSinkPartition[DeadLetter]):

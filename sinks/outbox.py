@@ -306,6 +306,7 @@ class OutboxPublisher:
 
     def __init__(self, settings: Settings, name: str = "outbox") -> None:
         self._settings = settings
+        self._name = name  # the waiter an outage pauses (health)
         self._db = Database(settings, f"user-activity-{name}")
         self._producer = KafkaProducer(settings, name)
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
@@ -383,7 +384,7 @@ class OutboxPublisher:
                                         " publishes them)")
         self._release()
         self._producer.close(5)
-        HEALTH.resumed("outbox")  # a stopped publisher waits for nothing
+        HEALTH.resumed(waiter=self._name)  # a stopped publisher waits for nothing
 
     def drain(self, wait_seconds: float = 0.0) -> int:
         """Publish every row committed before the call; return how many rows this one sent.
@@ -693,7 +694,7 @@ class OutboxPublisher:
                 is_transient=_is_transient,
                 backoff=self._backoff,
                 on_retry=self._on_retry,
-                on_recovered=lambda _n: HEALTH.resumed("outbox"),
+                on_recovered=lambda _n: HEALTH.resumed(waiter=self._name),
                 sleep=self._sleep,
             )
             if not count:  # caught up: wait for a local commit or the poll interval
@@ -727,7 +728,7 @@ class OutboxPublisher:
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()
-        HEALTH.paused("outbox", attempt, type(exc).__name__)
+        HEALTH.paused(_dependency_of(exc), attempt, type(exc).__name__, waiter=self._name)
         log_event(
             logger,
             "outbox-publish-retry",
@@ -742,6 +743,11 @@ def _require_moved(rowcount: int) -> None:
     """Raise :class:`LeaseLostError` unless the conditional watermark update moved its row."""
     if rowcount != 1:
         raise LeaseLostError("the outbox watermark was moved by another publisher")
+
+
+def _dependency_of(exc: BaseException) -> str:
+    """The service a transient failure of the publish cycle waits for."""
+    return "postgres" if isinstance(exc, (psycopg.Error, LeaseLostError)) else "kafka"
 
 
 def _is_transient(exc: BaseException) -> bool:

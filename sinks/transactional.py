@@ -99,8 +99,10 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         logger: logging.Logger,
     ) -> None:
         self._settings = settings
+        self._name = name
         self._db = Database(settings, name)
-        self._dlq = DeadLetterPublisher(settings, dlq_topic, dlq_counter, retries_counter)
+        self._dlq = DeadLetterPublisher(settings, dlq_topic, dlq_counter, retries_counter,
+                                        name=f"{name}-dlq")
         self._retries = retries_counter
         self._logger = logger
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
@@ -151,6 +153,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     @override
     def close(self) -> None:
+        HEALTH.resumed(waiter=self._name)  # a closed partition waits for nothing
         try:
             self._dlq.close()
             self._db.close()
@@ -178,7 +181,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries.inc()
-        HEALTH.paused("postgres", attempt, type(exc).__name__)
+        HEALTH.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
         log_event(
             self._logger,
             "postgres-retry",
@@ -190,7 +193,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         )
 
     def _on_recovered(self, attempts: int) -> None:
-        HEALTH.resumed("postgres")
+        HEALTH.resumed(waiter=self._name)
         log_event(self._logger, "postgres-recovered", attempts=attempts)
 
     def _dead_letter(self, poisoned: list[Poisoned[M]]) -> None:

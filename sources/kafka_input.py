@@ -28,6 +28,7 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -174,6 +175,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     ) -> None:
         self._topic = topic
         self._partition = partition
+        self._waiter = f"{topic}[{partition}]"  # what a broker outage pauses (health)
         self._commits = bool(consumer_group)
         self._committed: int | None = None
         self._progress = INPUT_PROGRESS.track(flow, topic, partition)
@@ -361,7 +363,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return
         attempts, self._down_attempts = self._down_attempts, 0
         self._read_at = time.monotonic()  # reconnecting takes a moment: not a stuck consumer
-        HEALTH.resumed("kafka")
+        HEALTH.resumed(waiter=self._waiter)
         log_event(
             logger, "kafka-consumer-recovered", topic=self._topic, partition=self._partition,
             attempts=attempts,
@@ -372,7 +374,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._down_attempts += 1
         self._count_retry()
         self._probe_at = time.monotonic() + delay
-        HEALTH.paused("kafka", self._down_attempts, error)
+        HEALTH.paused("kafka", self._down_attempts, error, waiter=self._waiter)
         log_event(
             logger, "kafka-consumer-retry", logging.WARNING, topic=self._topic,
             partition=self._partition, error=error, attempt=self._down_attempts,
@@ -444,6 +446,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     def close(self) -> None:
         BACKLOG.closed(self._topic, self._partition)
         INPUT_PROGRESS.forget(self._progress)
+        HEALTH.resumed(waiter=self._waiter)  # a closed partition waits for nothing
         # librdkafka's close waits for the group's informational commits: with the broker down,
         # for ever. Closed aside; waited for (within a stop's grace, :mod:`runtime.shutdown`)
         # unless every broker is known to be down.
@@ -454,6 +457,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
 
 
 T = TypeVar("T")
+_METADATA_CALLS = itertools.count()
 
 
 def _retrying(
@@ -462,12 +466,14 @@ def _retrying(
     """Run a metadata call until Kafka answers (a leader moving, a broker restarting).
 
     The one retry loop of the service (:func:`runtime.backoff.retry_forever`): every
-    ``KafkaException`` is retried with back-off, counted, reported to health and logged.
+    ``KafkaException`` is retried with back-off, counted, reported to health (each call its
+    own waiter: workers may wait at once) and logged.
     """
+    waiter = f"{topic}-metadata-{next(_METADATA_CALLS)}"
 
     def on_retry(exc: BaseException, attempt: int, delay: float) -> None:
         count_retry()
-        HEALTH.paused("kafka", attempt, type(exc).__name__)
+        HEALTH.paused("kafka", attempt, type(exc).__name__, waiter=waiter)
         log_event(
             logger, "kafka-metadata-retry", logging.WARNING, topic=topic,
             error=str(exc), attempt=attempt, delay_s=round(delay, 2),
@@ -478,7 +484,7 @@ def _retrying(
         is_transient=lambda exc: isinstance(exc, KafkaException),
         backoff=backoff,
         on_retry=on_retry,
-        on_recovered=lambda _attempts: HEALTH.resumed("kafka"),
+        on_recovered=lambda _attempts: HEALTH.resumed(waiter=waiter),
         sleep=SHUTDOWN.retry_sleep,
     )
 

@@ -106,6 +106,9 @@ def test_postgres_down_20s_mid_stream_pauses_then_records_all_20k_exactly_once(
     assert paused, "readyz never reported the pause"
     assert all(s.ready_state == "paused" for s in paused)
     bodies = [s.ready.json() for s in paused if s.ready is not None]
+    # The sinks and the outbox publisher all wait for PostgreSQL, and /readyz says so.
+    assert {b["dependency"] for b in bodies} == {"postgres"}
+    assert all(set(b["waiting"].values()) == {"postgres"} for b in bodies)
     first_paused = paused[0].at - stopped
     steady = [s for s in outage if s.at >= paused[0].at]
     assert all(s.ready_state == "paused" for s in steady), "readyz flapped while Postgres was down"
@@ -184,9 +187,12 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
     paused = [s for s in outage if s.ready is not None and s.ready.status == 503]
     assert paused and all(s.ready_state == "paused" for s in paused), "no pause reported"
     bodies = [s.ready.json() for s in paused if s.ready is not None]
-    # The input's consumers report "kafka"; past message.timeout.ms (30 s) the outbox publisher
-    # reports its own pause ("outbox") as well.
-    assert "kafka" in {b["dependency"] for b in bodies} <= {"kafka", "outbox"}
+    # The input's consumers wait for Kafka, and past message.timeout.ms (30 s) so does the
+    # outbox publisher: every waiter names Kafka, and the input partitions are among them.
+    assert {b["dependency"] for b in bodies} == {"kafka"}
+    assert all(set(b["waiting"].values()) == {"kafka"} for b in bodies)
+    assert any(waiter.startswith(f"{settings.topic_favorite_added}[") for b in bodies
+               for waiter in b["waiting"])
     steady = monitor.between(paused[0].at, starting)
     assert all(s.ready_state == "paused" for s in steady), "readyz flapped while Kafka was down"
     assert all(s.live is not None and s.live.status == 200 for s in samples), "livez failed"

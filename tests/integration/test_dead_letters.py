@@ -59,7 +59,7 @@ class Dlq:
         self.publisher = DeadLetterPublisher(
             self.settings, self.topic,
             Counter("dlq", "dead letters", registry=self.registry),
-            Counter("retries", "retries", registry=self.registry),
+            Counter("retries", "retries", registry=self.registry), name="test-dlq",
         )
 
     def records(self, expected: int) -> list[Consumed]:
@@ -223,6 +223,7 @@ def test_an_unreadable_topic_limit_falls_back_to_one_million_with_a_warning(
     publisher = DeadLetterPublisher(
         settings, f"no-such-topic-{uuid.uuid4().hex[:8]}",
         Counter("dlq", "d", registry=registry), Counter("retries", "r", registry=registry),
+        name="test-dlq",
     )
 
     assert publisher._read_topic_limit() == DEFAULT_TOPIC_LIMIT

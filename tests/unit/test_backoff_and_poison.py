@@ -186,7 +186,9 @@ def test_non_transient_failure_is_raised_at_once_without_sleeping() -> None:
     assert (recorder.sleeps, recorder.retries, recorder.recovered) == ([], [], [])
 
 
-def test_non_transient_failure_after_transient_ones_is_raised_without_recovery() -> None:
+def test_non_transient_failure_after_transient_ones_is_raised_and_ends_the_pause() -> None:
+    # The service answered (and refused the operation itself): whoever reported the pause
+    # through on_retry must hear that the outage is over, or /readyz stays 503 for good.
     recorder = Recorder()
     errors: list[Exception] = [Infrastructure(), Infrastructure(), Poison()]
 
@@ -204,7 +206,7 @@ def test_non_transient_failure_after_transient_ones_is_raised_without_recovery()
         )
 
     assert recorder.sleeps == [1.0, 2.0]
-    assert recorder.recovered == []
+    assert recorder.recovered == [2]
 
 
 def test_recovery_without_an_on_recovered_hook_still_returns_the_result() -> None:

@@ -202,7 +202,7 @@ def publisher(fake: FakeDlqProducer) -> tuple[DeadLetterPublisher, CollectorRegi
     )
     pub = DeadLetterPublisher(
         settings, "dlq", Counter("dlq", "d", registry=registry),
-        Counter("retries", "r", registry=registry),
+        Counter("retries", "r", registry=registry), name="test-dlq",
     )
     pub._producer = fake  # type: ignore[assignment]
     pub._limit = LIMIT
@@ -313,6 +313,7 @@ def test_publishing_nothing_builds_nothing() -> None:
     pub = DeadLetterPublisher(
         Settings(kafka_bootstrap_servers="127.0.0.1:1"), "dlq",
         Counter("dlq", "d", registry=registry), Counter("retries", "r", registry=registry),
+        name="test-dlq",
     )
     pub.publish([])
     assert pub.limit is None

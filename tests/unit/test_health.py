@@ -70,43 +70,65 @@ def test_a_retry_pauses_on_its_dependency_with_the_attempt_and_error_class(
 ) -> None:
     before = time.time()
 
-    health.paused("postgres", 1, "OperationalError")
-    health.paused("postgres", 2, "AdminShutdown")
+    health.paused("postgres", 1, "OperationalError", waiter="sink-0")
+    health.paused("postgres", 2, "AdminShutdown", waiter="sink-0")
     snap = health.snapshot()
 
     assert (snap.state, snap.dependency, snap.attempt, snap.last_error) == (
         "paused", "postgres", 2, "AdminShutdown",
     )
     assert snap.paused_since is not None and before <= snap.paused_since <= time.time()
+    assert snap.waiting == (("sink-0", "postgres"),)
 
 
 def test_later_attempts_keep_the_time_the_pause_began(health: Health) -> None:
-    health.paused("kafka", 1, "_TRANSPORT")
+    health.paused("kafka", 1, "_TRANSPORT", waiter="outbox")
     since = health.snapshot().paused_since
     time.sleep(0.01)
 
-    health.paused("kafka", 5, "_TRANSPORT")
+    health.paused("kafka", 5, "_TRANSPORT", waiter="outbox")
+    health.paused("postgres", 6, "OperationalError", waiter="outbox")  # its dependency changed
 
     assert health.snapshot().paused_since == since
+    assert health.snapshot().dependency == "postgres"
 
 
 def test_the_dependency_paused_longest_is_reported(health: Health) -> None:
-    health.paused("postgres", 3, "OperationalError")
+    health.paused("postgres", 3, "OperationalError", waiter="sink-0")
     time.sleep(0.01)
-    health.paused("kafka", 1, "_TRANSPORT")
+    health.paused("kafka", 1, "_TRANSPORT", waiter="favorite-added[0]")
 
     assert health.snapshot().dependency == "postgres"
-    health.resumed("postgres")
+    health.resumed(waiter="sink-0")
     assert (health.snapshot().state, health.snapshot().dependency) == ("paused", "kafka")
 
 
-def test_resuming_every_dependency_is_running_again(health: Health) -> None:
-    health.paused("postgres", 1, "OperationalError")
+def test_one_waiter_resuming_leaves_the_others_paused_on_the_same_dependency(
+    health: Health,
+) -> None:
+    # Twelve input partitions wait for Kafka on their own: the first to reconnect must not
+    # make the process ready while another still waits.
+    for partition in range(3):
+        health.paused("kafka", 1, "_TRANSPORT", waiter=f"favorite-added[{partition}]")
 
-    health.resumed("postgres")
-    health.resumed("kafka")  # never paused: harmless
+    health.resumed(waiter="favorite-added[0]")
+    health.resumed(waiter="favorite-added[1]")
+    still = health.snapshot()
+    health.resumed(waiter="favorite-added[2]")
+
+    assert (still.state, still.dependency) == ("paused", "kafka")
+    assert still.waiting == (("favorite-added[2]", "kafka"),)
+    assert health.snapshot().state == "running"
+
+
+def test_resuming_every_waiter_is_running_again(health: Health) -> None:
+    health.paused("postgres", 1, "OperationalError", waiter="sink-0")
+
+    health.resumed(waiter="sink-0")
+    health.resumed(waiter="favorite-added[0]")  # never paused: harmless
 
     assert health.snapshot().state == "running"
+    assert health.snapshot().waiting == ()
 
 
 def test_no_progress_for_longer_than_the_stall_limit_is_dead(health: Health) -> None:
@@ -120,7 +142,7 @@ def test_no_progress_for_longer_than_the_stall_limit_is_dead(health: Health) -> 
 
 
 def test_a_long_pause_is_never_dead(health: Health) -> None:
-    health.paused("postgres", 1, "OperationalError")
+    health.paused("postgres", 1, "OperationalError", waiter="sink-0")
     time.sleep(0.25)
 
     assert health.snapshot().state == "paused"
@@ -129,19 +151,22 @@ def test_a_long_pause_is_never_dead(health: Health) -> None:
 def test_the_paused_seconds_gauge_counts_while_paused_and_returns_to_zero(
     health: Health,
 ) -> None:
-    health.paused("postgres", 1, "OperationalError")
+    health.paused("postgres", 1, "OperationalError", waiter="sink-0")
     time.sleep(0.05)
     health.refresh_gauge()
     during = paused_gauge()
 
-    health.resumed("postgres")
+    health.resumed(waiter="sink-0")
 
     assert during >= 0.05
     assert paused_gauge() == 0
 
 
-def test_the_json_body_names_state_dependency_since_and_attempt(health: Health) -> None:
-    health.paused("kafka", 4, "_ALL_BROKERS_DOWN")
+def test_the_json_body_names_state_dependency_since_attempt_and_waiters(
+    health: Health,
+) -> None:
+    health.paused("kafka", 4, "_ALL_BROKERS_DOWN", waiter="favorite-added[3]")
+    health.paused("kafka", 1, "KafkaException", waiter="outbox")
 
     body = orjson.loads(health.snapshot().as_json())
 
@@ -149,18 +174,19 @@ def test_the_json_body_names_state_dependency_since_and_attempt(health: Health) 
     assert (body["dependency"], body["attempt"], body["last_error"]) == (
         "kafka", 4, "_ALL_BROKERS_DOWN",
     )
+    assert body["waiting"] == {"favorite-added[3]": "kafka", "outbox": "kafka"}
     assert body["paused_since"].endswith("Z")
     assert isinstance(body["seconds_since_progress"], float)
 
 
 def test_concurrent_pauses_and_resumes_leave_a_consistent_state(health: Health) -> None:
-    def churn(dependency: str) -> None:
+    def churn(waiter: str) -> None:
         for attempt in range(1, 300):
-            health.paused(dependency, attempt, "OperationalError")
+            health.paused("postgres", attempt, "OperationalError", waiter=waiter)
             health.snapshot()
-            health.resumed(dependency)
+            health.resumed(waiter=waiter)
 
-    threads = [threading.Thread(target=churn, args=(f"dep-{i}",)) for i in range(4)]
+    threads = [threading.Thread(target=churn, args=(f"sink-{i}",)) for i in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -184,7 +210,7 @@ def test_running_is_live_and_ready(base_url: str, health: Health) -> None:
 
 
 def test_paused_stays_live_but_is_not_ready(base_url: str, health: Health) -> None:
-    health.paused("postgres", 7, "OperationalError")
+    health.paused("postgres", 7, "OperationalError", waiter="sink-0")
 
     live = get(f"{base_url}/livez")
     ready = get(f"{base_url}/readyz")
@@ -213,7 +239,7 @@ def test_a_query_string_is_ignored(base_url: str, health: Health) -> None:
 def test_metrics_serves_the_prometheus_registry_with_a_fresh_paused_gauge(
     base_url: str, health: Health,
 ) -> None:
-    health.paused("postgres", 1, "OperationalError")
+    health.paused("postgres", 1, "OperationalError", waiter="sink-0")
     time.sleep(0.05)
 
     status, content_type, body = get(f"{base_url}/metrics")
@@ -223,7 +249,7 @@ def test_metrics_serves_the_prometheus_registry_with_a_fresh_paused_gauge(
     [gauge] = [line for line in lines if line.startswith("user_activity_paused_seconds ")]
     assert float(gauge.split()[1]) >= 0.05
     assert any(line.startswith("user_activity_favorites_retries_total") for line in lines)
-    health.resumed("postgres")
+    health.resumed(waiter="sink-0")
 
 
 def test_an_unknown_path_is_404(base_url: str) -> None:
