@@ -58,8 +58,9 @@ class Settings(BaseSettings):
         30.0, ge=0,
         description="A PostgreSQL connection whose server stops answering, even TCP"
                     " (its host or address gone in a failover, no reset sent), fails after about"
-                    " this long and is retried (TCP keepalives and user timeout); `0`: the OS's"
-                    " defaults, about two hours.")
+                    " this long and is retried (TCP keepalives and user timeout); and the server"
+                    " ends the session of a job that vanished (its node lost) as fast, releasing"
+                    " its locks and the outbox lease. `0`: the OS's defaults, about two hours.")
 
     # Topics (defaults: the specification, docs/spec.md).
     topic_favorite_added: str = Field(
@@ -221,18 +222,24 @@ class Settings(BaseSettings):
         return self.database_url.get_secret_value()
 
     def database_tcp_options(self) -> dict[str, Any]:
-        """The libpq parameters that fail a dead connection in ``db_dead_connection_seconds``.
+        """The libpq parameters that end a dead connection in ``db_dead_connection_seconds``.
 
-        Keepalive probes while a connection waits for an answer (idle a third of it, then 4
-        probes a sixth apart: a server busy on a long statement still answers them) and a TCP
-        user timeout on data sent and never acknowledged.
+        At both ends. The client: keepalive probes while it waits for an answer (idle a third of
+        it, then 4 probes a sixth apart: a server busy on a long statement still answers them)
+        and a TCP user timeout on data sent and never acknowledged. The server, for this session
+        (``options``: the same four settings as session GUCs): a job whose node vanished would
+        otherwise keep its backend, its open transaction's locks and the outbox lease (a
+        session advisory lock) for about two hours, and no other publisher could take over.
         """
         seconds = self.db_dead_connection_seconds
         if not seconds:
             return {}
-        return {"keepalives": 1, "keepalives_idle": max(1, round(seconds / 3)),
-                "keepalives_interval": max(1, round(seconds / 6)), "keepalives_count": 4,
-                "tcp_user_timeout": int(seconds * 1000)}
+        idle, interval, user_timeout_ms = (max(1, round(seconds / 3)),
+                                           max(1, round(seconds / 6)), int(seconds * 1000))
+        return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval,
+                "keepalives_count": 4, "tcp_user_timeout": user_timeout_ms,
+                "options": f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval}"
+                           f" -c tcp_keepalives_count=4 -c tcp_user_timeout={user_timeout_ms}"}
 
     def all_topics(self) -> list[str]:
         """Every topic the service reads or writes: the ``topic_*`` fields (``create-topics``)."""

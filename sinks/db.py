@@ -28,8 +28,10 @@ class Database:
     def __init__(self, settings: Settings, application_name: str) -> None:
         self._dsn = settings.database_dsn()
         self._application_name = application_name
-        self._statement_timeout_ms = settings.db_statement_timeout_ms
         self._tcp_options = settings.database_tcp_options()
+        self._options = " ".join(filter(None, (
+            f"-c statement_timeout={settings.db_statement_timeout_ms}", SESSION_OPTIONS,
+            self._tcp_options.pop("options", ""))))
         self._conn: Connection | None = None
 
     def connection(self) -> Connection:
@@ -40,7 +42,7 @@ class Database:
             conn = self._conn = psycopg.connect(
                 self._dsn, autocommit=True, connect_timeout=5,
                 application_name=self._application_name, **self._tcp_options,
-                options=f"-c statement_timeout={self._statement_timeout_ms} {SESSION_OPTIONS}")
+                options=self._options)
         return conn
 
     def reset(self) -> None:

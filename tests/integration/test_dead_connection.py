@@ -4,7 +4,8 @@ The silence is made with iptables: every packet of that one TCP connection is dr
 the server's host or its address is gone in a failover (no reset, no answer; the statement
 timeout is the server's and cannot fire either). Without keepalives and a TCP user timeout the
 client would wait about two hours; with ``db_dead_connection_seconds`` it fails in about that
-long with an infrastructure error (retried by the caller) and the next connection works. Needs
+long with an infrastructure error (retried by the caller) and the next connection works. The
+same silence seen from the server (the job's node lost): its session ends as fast. Needs
 root and iptables (``scripts/bootstrap.sh`` installs it as root); skipped otherwise.
 """
 
@@ -24,6 +25,7 @@ import pytest
 
 from sinks.db import Database
 from sinks.errors import is_infrastructure_error
+from sinks.outbox import LEASE_KEY
 from tests.conftest import SettingsFactory
 
 pytestmark = pytest.mark.integration
@@ -91,3 +93,37 @@ def test_a_connection_to_a_silent_server_fails_in_the_dead_connection_time_then_
     db.reset()
     assert db.connection().execute("SELECT 1").fetchone() == (1,)
     db.close()
+
+
+@pytest.mark.skipif(not _iptables_usable(), reason="needs root and iptables")
+def test_the_server_ends_the_session_of_a_job_that_vanished_and_frees_the_outbox_lease(
+    make_settings: SettingsFactory,
+) -> None:
+    # A job whose node is lost sends no FIN: its backend would hold the outbox lease (a session
+    # advisory lock) and its transaction's locks for the server's OS default of ~2 hours.
+    settings = make_settings(db_dead_connection_seconds=DEAD_SECONDS)
+    vanishing = Database(settings, "test-vanishing-job")
+    conn = vanishing.connection()
+    shown = conn.execute(
+        "SELECT setting FROM pg_settings WHERE name IN ('tcp_keepalives_idle',"
+        " 'tcp_user_timeout', 'statement_timeout', 'jit') ORDER BY name").fetchall()
+    assert shown == [("off",), (str(settings.db_statement_timeout_ms),), ("2",), ("6000",)]
+    assert conn.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,)).fetchone() == (True,)
+    conn.execute("BEGIN")
+    conn.execute("CREATE TEMP TABLE held (x int)")  # an open transaction, locks held
+    backend = conn.info.backend_pid
+    with psycopg.connect(settings.database_dsn(), autocommit=True) as other, \
+            _silenced(_local_port(conn)):
+        started = time.monotonic()
+        while time.monotonic() - started < DEAD_SECONDS * 4:
+            gone = other.execute("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = %s",
+                                 (backend,)).fetchone() == (True,)
+            if gone:
+                break
+            time.sleep(0.2)
+        after = time.monotonic() - started
+        assert gone, f"the vanished job's backend still lives after {after:.0f} s"
+        assert after < DEAD_SECONDS * 2, after
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,)).fetchone() == (
+            True,)
+    vanishing.reset()
