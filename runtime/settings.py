@@ -99,6 +99,12 @@ class Settings(BaseSettings):
         description="A partition that read nothing for this long while the broker says records"
                     " are waiting gets a new consumer at its offset (librdkafka can stop"
                     " fetching an assigned partition after a broker restart); `0`: never.")
+    source_partition_check_seconds: float = Field(
+        60.0, ge=0,
+        description="How often the job asks the broker whether an input topic gained"
+                    " partitions; if one did, the job stops cleanly with exit code 75 so its"
+                    " restart reads them from their first record (Bytewax lists partitions"
+                    " only at start); `0`: never.")
 
     # Favorites flow.
     dedup_ttl_seconds: float = Field(

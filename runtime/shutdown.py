@@ -19,6 +19,10 @@ records are read again at the next start; committed outbox rows are published th
 of the stop itself (closing consumers, flushing producers, the outbox's final drain) are bounded
 by the same deadline (:meth:`Shutdown.time_left`), and a stop that had to leave work behind
 (:meth:`Shutdown.unfinished`) also exits 75 once Bytewax has returned.
+
+The job may also stop itself to be started again (:meth:`Shutdown.restart`: an input topic
+gained partitions, :mod:`sources.partition_watch`): a clean stop like SIGTERM's, then exit
+code 75, which every supervisor restarts.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from runtime.logs import log_event
 logger = logging.getLogger(__name__)
 
 STOPPED_DURING_OUTAGE = 75
-"""The exit code of a stop that an outage kept from finishing (``EX_TEMPFAIL``)."""
+"""The exit code of a stop that an outage kept from finishing (``EX_TEMPFAIL``), and of a clean
+stop the job asked for to be started again: start it again, nothing is lost."""
 
 
 class Shutdown:
@@ -62,6 +67,12 @@ class Shutdown:
             self._requested_at = time.monotonic()
             self._event.set()
             log_event(logger, "shutdown-requested", logging.WARNING, reason=reason)
+
+    def restart(self, reason: str) -> None:
+        """Ask for a clean stop after which the process must be started again (exit code 75)."""
+        if not self.requested():
+            atexit.register(_exit_for_restart, reason)
+        self.request(reason)
 
     def reset(self) -> None:
         """Forget a stop request (for tests that request one in their own process)."""
@@ -115,6 +126,16 @@ def abandon(why: str) -> None:
               exit_code=STOPPED_DURING_OUTAGE,
               unfinished="the batch in flight is read again at the next start; committed"
                          " outbox rows are published then")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(STOPPED_DURING_OUTAGE)
+
+
+def _exit_for_restart(reason: str) -> None:
+    """The end of a clean stop :meth:`Shutdown.restart` asked for (an ``atexit`` hook)."""
+    log_event(logger, "stopped-for-restart", logging.WARNING, reason=reason,
+              exit_code=STOPPED_DURING_OUTAGE)
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()

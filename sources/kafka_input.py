@@ -56,6 +56,7 @@ from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
+from sources.partition_watch import watch_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         batch_size: int = 1000,
         idle_poll: timedelta = timedelta(milliseconds=20),
         stuck_after: float = 30.0,
+        partition_check: float = 0.0,
         backoff: Backoff | None = None,
         count_retry: Callable[[], None] = lambda: None,
         consumer_group: str = "",
@@ -102,6 +104,8 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
     ) -> None:
         """Read ``topic``.
 
+        ``partition_check``: in a tailed run, seconds between checks whether the topic gained
+        partitions, to restart and read them (:mod:`sources.partition_watch`; ``0``: never);
         ``consumer_group``: where snapshotted offsets are also committed (empty: nowhere);
         ``flow``: the flow whose lag gauge this input feeds (:mod:`runtime.input_progress`);
         ``stuck_after``: seconds without a record before the broker is asked whether the
@@ -116,6 +120,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         self._batch_size = batch_size
         self._idle_poll = idle_poll
         self._stuck_after = stuck_after
+        self._partition_check = partition_check
         self._backoff = backoff or Backoff()
         self._count_retry = count_retry
 
@@ -131,7 +136,10 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
                 raise KafkaException(topic.error)
             return [_part_name(self._topic, p) for p in sorted(topic.partitions)]
 
-        return _retrying(partitions, self._topic, self._backoff, self._count_retry)
+        parts = _retrying(partitions, self._topic, self._backoff, self._count_retry)
+        if self._tail:
+            watch_partitions(config, self._topic, len(parts), self._partition_check)
+        return parts
 
     @override
     def build_part(

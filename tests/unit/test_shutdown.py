@@ -61,3 +61,15 @@ def test_a_stop_that_left_work_behind_exits_75_at_the_end() -> None:
         "from runtime.shutdown import Shutdown\n"
         "s = Shutdown(); s.request('SIGTERM'); s.unfinished('outbox rows'); print('ran on')\n")
     assert done.returncode == 75 and "ran on" in done.stdout
+
+
+def test_a_restart_the_job_asks_for_is_a_clean_stop_that_exits_75_at_the_end() -> None:
+    done = _exit_code(
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
+        "from runtime.shutdown import Shutdown\n"
+        "s = Shutdown(); s.restart('t has 12 partitions, 6 are read')\n"
+        "print('stop requested', s.requested())\n")
+    assert done.returncode == 75
+    assert "stop requested True" in done.stdout  # the stop itself runs to its end first
+    assert done.stderr.split() == ["shutdown-requested", "stopped-for-restart"]

@@ -1,0 +1,87 @@
+"""Partitions added to an input topic while the job runs: the job restarts itself to read them.
+
+Bytewax lists a source's partitions once, when the dataflow starts
+(``FixedPartitionedSource.list_parts``). Records on a partition added later (``kafka-topics
+--alter --partitions``, or a producer-side scale-up) would wait unread, and unseen by every lag
+gauge (they follow the partitions being read), until someone restarts the job. So every
+``USER_ACTIVITY_SOURCE_PARTITION_CHECK_SECONDS`` (60 s) the watch asks the broker how many
+partitions each tailed input topic has. Once one has more than were listed, it logs
+``kafka-partitions-added`` and asks for a clean stop of the whole cluster
+(:meth:`runtime.shutdown.Shutdown.restart`: the batch in flight commits, exit code 75), so the
+supervisor starts the job again; the new partitions, which have no snapshot, then start at
+``USER_ACTIVITY_STARTING_OFFSET`` (``earliest``, the default: their first record).
+
+A broker that does not answer is skipped until the next check: the input partitions report the
+outage themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from runtime.logs import log_event
+from runtime.periodic import Periodic
+from runtime.shutdown import SHUTDOWN
+
+logger = logging.getLogger(__name__)
+
+
+class PartitionWatch(Periodic):
+    """Compares each topic's partition count on the broker with the count listed at start."""
+
+    def __init__(self, admin: AdminClient, interval: float) -> None:
+        super().__init__(interval, "partition-watch")
+        self._admin = admin
+        self._lock = threading.Lock()
+        self._listed: dict[str, int] = {}
+
+    def listed(self, topic: str, count: int) -> None:
+        """Record that the dataflow reads ``count`` partitions of ``topic``."""
+        with self._lock:
+            self._listed[topic] = max(count, self._listed.get(topic, 0))
+
+    def tick(self) -> bool:
+        """Check every listed topic; False (no more checks) once a restart was asked for."""
+        with self._lock:
+            listed = dict(self._listed)
+        for topic, count in listed.items():
+            try:
+                metadata = self._admin.list_topics(topic, timeout=10).topics.get(topic)
+            except KafkaException:
+                return True
+            if metadata is None or metadata.error is not None:
+                continue
+            now = len(metadata.partitions)
+            if now > count:
+                log_event(logger, "kafka-partitions-added", logging.WARNING, topic=topic,
+                          reading=count, partitions=now,
+                          action="stopping cleanly: the restart reads the new partitions")
+                SHUTDOWN.restart(f"{topic} has {now} partitions, {count} are read")
+                return False
+        return True
+
+
+_watch: PartitionWatch | None = None
+_watch_lock = threading.Lock()
+
+
+def watch_partitions(
+    client_config: Mapping[str, Any], topic: str, count: int, interval: float
+) -> None:
+    """Watch ``topic`` (read on ``count`` partitions); the first call starts the watch thread.
+
+    ``interval`` 0: no watch. One watch per process, for every topic of its dataflows.
+    """
+    global _watch  # noqa: PLW0603
+    if interval <= 0:
+        return
+    with _watch_lock:
+        if _watch is None:
+            _watch = PartitionWatch(AdminClient(dict(client_config)), interval).start()
+        _watch.listed(topic, count)
