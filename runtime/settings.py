@@ -140,6 +140,12 @@ class Settings(BaseSettings):
                     " event-time watermark minus this has passed them and applied in"
                     " SignedInAt order (linking waits up to this long); a sign-in later than"
                     " this that would change who owns a session is a `late-conflict`.")
+    session_linking_max_clock_skew_seconds: float = Field(
+        60.0, ge=0,
+        description="A SignedInAt further ahead of the job's clock than this (a producer's"
+                    " clock or time zone wrong) is taken as the moment the job read the sign-in"
+                    " (logged `sign-in-from-the-future`): else that one sign-in would make every"
+                    " real one of its device look late until then.")
     poison_attempts: int = Field(
         3, ge=1, description="Immediate attempts before a message is dead-lettered.")
 

@@ -3,12 +3,18 @@
 Every record yields exactly one of: a :class:`SignInMessage` to link, an :class:`InvalidSignIn`
 (an empty GUID: acknowledged, logged, no change, no DLQ — SPEC §5) or a
 :class:`~schemas.dlq_letter.DeadLetter` (poison). Never raises.
+
+A SignedInAt further ahead of the job's clock than the allowed skew (a producer's clock or time
+zone wrong: +03:00 written as Z) is taken as the moment the job read the sign-in
+(:attr:`SignInMessage.adjusted_at`). Left as it is, one such sign-in would become the device's
+newest for hours: every real sign-in until then would look late, be applied out of order, and a
+new user's would be refused as a ``late-conflict``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -32,6 +38,9 @@ class SignInMessage:
     envelope: UserSignedInEnvelope
     trace: MessageTrace | None = None
     """Set when the sign-in is sampled for tracing (:func:`runtime.tracing.sample`)."""
+    adjusted_at: datetime | None = None
+    """When the job read a sign-in whose SignedInAt lay beyond the allowed clock skew: the
+    event time used in its place (module doc); None for every other sign-in."""
 
     @property
     def message_id(self) -> UUID:
@@ -50,8 +59,12 @@ class SignInMessage:
 
     @property
     def signed_in_at(self) -> datetime:
-        """When the user signed in (event time: sign-ins are decided in this order)."""
-        return self.envelope.payload.signed_in_at
+        """When the user signed in (event time: sign-ins are decided, and stored, in this order).
+
+        The claimed SignedInAt, or :attr:`adjusted_at` when it lay too far in the future.
+        """
+        adjusted = getattr(self, "adjusted_at", None)  # (absent from an older snapshot's state)
+        return self.envelope.payload.signed_in_at if adjusted is None else adjusted
 
     @property
     def device_key(self) -> str:
@@ -92,15 +105,18 @@ def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict
             "UserId": str(payload.user_id), "source": record.where()}
 
 
-def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
-    """Decode ``record`` from the user-signed-in topic.
+def decode_sign_in(
+    record: SourceRecord, now: datetime | None = None, max_skew: timedelta = timedelta(0),
+) -> DecodedSignIn:
+    """Decode ``record`` from the user-signed-in topic (read at ``now``, None: never adjusted).
 
     Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
     that does not fit the (assumed) contract -> ``schema-mismatch`` (also a ``CorrelationId``
     over :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the envelope is shared,
     see the input-bounds table in :mod:`schemas`); anything unexpected ->
     ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`. Tracing's
-    sampling decision is taken here, once per sign-in (:func:`runtime.tracing.sample`).
+    sampling decision is taken here, once per sign-in (:func:`runtime.tracing.sample`). A
+    SignedInAt later than ``now + max_skew`` is adjusted to ``now`` (module doc).
     """
     try:
         envelope = parse_envelope(record, UserSignedInEnvelope, ("UserId", "AnonymousId"))
@@ -109,6 +125,7 @@ def decode_sign_in(record: SourceRecord) -> DecodedSignIn:
         payload = envelope.payload
         if EMPTY_GUID in (envelope.message_id, payload.user_id, payload.anonymous_id):
             return InvalidSignIn(record, envelope)
-        return SignInMessage(record, envelope, sample(record))
+        adjusted = now if now is not None and payload.signed_in_at > now + max_skew else None
+        return SignInMessage(record, envelope, sample(record), adjusted)
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
         return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)

@@ -19,7 +19,9 @@ input (offsets in Bytewax snapshots) + the idempotency mark in the linking trans
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
@@ -64,11 +66,19 @@ def _log_invalid(_step_id: str, invalid: InvalidSignIn) -> None:
     trace_invalid(invalid)
 
 
-def _decode(record: SourceRecord) -> DecodedSignIn:
-    decoded = decode_sign_in(record)
-    if isinstance(decoded, DeadLetter):
-        trace_poison(decoded)
-    return decoded
+def _decoder(max_skew: timedelta) -> Callable[[SourceRecord], DecodedSignIn]:
+    def decode(record: SourceRecord) -> DecodedSignIn:
+        decoded = decode_sign_in(record, datetime.now(UTC), max_skew)
+        if isinstance(decoded, DeadLetter):
+            trace_poison(decoded)
+        elif isinstance(decoded, SignInMessage) and decoded.adjusted_at is not None:
+            log_event(logger, "sign-in-from-the-future", logging.WARNING,
+                      SignedInAt=decoded.envelope.payload.signed_in_at.isoformat(),
+                      used=decoded.adjusted_at.isoformat(),
+                      **sign_in_fields(record, decoded.envelope))
+        return decoded
+
+    return decode
 
 
 def _warn_version(message: SignInMessage) -> SignInMessage:
@@ -119,7 +129,8 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
             start or configured_start(settings), SESSION_LINKING_RETRIES,
             flow_name="session-linking", consumer_group=settings.consumer_group_session_linking)
 
-    decoded = op.map("decode_sign_in", records, _decode)
+    max_skew = timedelta(seconds=settings.session_linking_max_clock_skew_seconds)
+    decoded = op.map("decode_sign_in", records, _decoder(max_skew))
     valid = op.branch("route_decoded", decoded, lambda d: isinstance(d, SignInMessage))
     rejected = op.branch("route_rejected", valid.falses, lambda d: isinstance(d, DeadLetter))
     op.output("dead_letter_poison", rejected.trues, outputs.dead_letters)  # type: ignore[misc]

@@ -211,3 +211,35 @@ def test_a_tailing_job_holds_a_sign_in_for_the_lateness_and_applies_an_earlier_o
     first, second = sessions()
     assert first == (guest, a, "Ended")  # A signed in first: the guest session is A's
     assert second[1:] == (b, "Active")  # then B: A's session ended, a new one started for B
+
+
+def test_a_sign_in_stamped_hours_ahead_does_not_make_the_next_user_of_the_device_late(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A's SignedInAt is +03:00 written as Z (three hours ahead). Taken at its word, it would be
+    # the device's newest sign-in until then: B signing in on the device a minute later would
+    # look late and be refused as a would-relink conflict, and B's actions would stay A's.
+    config = make_settings(session_linking_lateness_seconds=1)
+    device, a, b = new_id(), new_id(), new_id()
+    guest = insert_session(db, anonymous_id=device,
+                           last_activity_at=datetime.now(UTC) - timedelta(minutes=5))
+    ahead = datetime.now(UTC) + timedelta(hours=3)
+    produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
+        user_id=a, anonymous_id=device, signed_in_at=ahead.isoformat()))])
+    with caplog.at_level("WARNING"):
+        run_main(build_flow(config))  # A links the guest session
+    time.sleep(1.1)
+    produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
+        user_id=b, anonymous_id=device, signed_in_at=datetime.now(UTC).isoformat()))])
+
+    run_main(build_flow(config))
+
+    sessions = db.execute(
+        "SELECT id, user_id, status, last_signed_in_at FROM user_activity.sessions"
+        " WHERE anonymous_id = %s ORDER BY started_at", (device,)).fetchall()
+    assert [(s[1], s[2]) for s in sessions] == [(a, "Ended"), (b, "Active")]  # B relinked
+    assert sessions[0][0] == guest and sessions[0][3] < ahead - timedelta(hours=2)
+    assert db.execute("SELECT count(*) FROM user_activity.sign_in_conflicts"
+                      " WHERE anonymous_id = %s", (device,)).fetchone() == (0,)
+    assert "sign-in-from-the-future" in caplog.text

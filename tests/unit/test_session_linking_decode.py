@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import pickle
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -119,3 +121,43 @@ def test_log_fields_are_ids_and_the_source_only() -> None:
         "UserId": str(USER_ID),
         "source": f"{TOPIC}[2]@41",
     }
+
+
+# ---- a SignedInAt in the future ---------------------------------------------------------------
+
+SIGNED_IN_AT = datetime(2026, 11, 29, 8, 0, 0, 123456, tzinfo=UTC)  # the envelope's, in UTC
+
+
+def _read(at: datetime, skew_seconds: float = 60.0) -> SignInMessage:
+    message = decode_sign_in(record(json.dumps(sign_in_value()).encode()), at,
+                             timedelta(seconds=skew_seconds))
+    assert isinstance(message, SignInMessage)
+    return message
+
+
+def test_a_sign_in_within_the_skew_or_in_the_past_keeps_its_signed_in_at() -> None:
+    assert _read(SIGNED_IN_AT + timedelta(hours=5)).signed_in_at == SIGNED_IN_AT
+    assert _read(SIGNED_IN_AT - timedelta(seconds=59)).signed_in_at == SIGNED_IN_AT
+    assert _read(SIGNED_IN_AT - timedelta(seconds=59)).adjusted_at is None
+    assert decode(sign_in_value()).adjusted_at is None  # no clock given: never adjusted
+
+
+def test_a_sign_in_beyond_the_skew_is_taken_as_read_when_the_job_read_it() -> None:
+    # +03:00 written as Z: three hours ahead of the job's clock.
+    now = SIGNED_IN_AT - timedelta(hours=3)
+
+    message = _read(now)
+
+    assert message.adjusted_at == now and message.signed_in_at == now
+    assert message.envelope.payload.signed_in_at == SIGNED_IN_AT  # the claim is kept for logs
+
+
+def test_an_adjusted_sign_in_survives_a_snapshot_and_one_from_an_older_snapshot_reads_back(
+) -> None:
+    now = SIGNED_IN_AT - timedelta(hours=3)
+    message = _read(now)
+
+    assert pickle.loads(pickle.dumps(message)).signed_in_at == now
+    older = SignInMessage.__new__(SignInMessage)  # the state an earlier release pickled
+    older.__setstate__([message.record, message.envelope, None])  # type: ignore[attr-defined]
+    assert older.signed_in_at == SIGNED_IN_AT
