@@ -126,16 +126,18 @@ def abandon(why: str) -> None:
               exit_code=STOPPED_DURING_OUTAGE,
               unfinished="the batch in flight is read again at the next start; committed"
                          " outbox rows are published then")
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stderr.flush()
-    os._exit(STOPPED_DURING_OUTAGE)
+    _exit_now()
 
 
 def _exit_for_restart(reason: str) -> None:
     """The end of a clean stop :meth:`Shutdown.restart` asked for (an ``atexit`` hook)."""
     log_event(logger, "stopped-for-restart", logging.WARNING, reason=reason,
               exit_code=STOPPED_DURING_OUTAGE)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Flush the log handlers, then end the process with :data:`STOPPED_DURING_OUTAGE`."""
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()
