@@ -79,6 +79,7 @@ def kafka_inputs(
                 tail=settings.tail,
                 batch_size=settings.source_batch_size,
                 stuck_after=settings.source_stuck_seconds,
+                fetch_wait_ms=settings.source_fetch_wait_ms,
                 partition_check=settings.source_partition_check_seconds,
                 backoff=backoff,
                 count_retry=retries.inc,

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     tail: bool = Field(
         True, description="`false`: stop at the end offsets seen at start (a bounded run).")
     source_batch_size: int = Field(1000, ge=1, description="Records per poll per partition.")
+    source_fetch_wait_ms: int = Field(
+        10, ge=0, le=5000,
+        description="How long the broker may hold a fetch of a worker's consumer (one per"
+                    " worker, for all its input partitions) to gather 64 KiB: the most the input"
+                    " adds to a record's latency when traffic is light. Longer: fewer fetches.")
     source_stuck_seconds: float = Field(
         30.0, ge=0,
         description="A partition that read nothing for this long while the broker says records"

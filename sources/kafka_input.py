@@ -1,5 +1,8 @@
 """Kafka input: one Bytewax partition per Kafka partition, offsets kept in Bytewax snapshots.
 
+The partitions a worker reads share one consumer (:mod:`sources.shared_consumer`: one fetch
+loop per worker, not per partition); each keeps its own position, snapshot and health.
+
 Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviours:
 - consumer errors become :class:`ConsumerError` items (routed by the flow, never raised and never
   mistaken for an offset: an error event does not move the snapshot offset);
@@ -21,9 +24,9 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   and never resume, with no error (confluentinc/librdkafka#5153; seen here once in a CI run of
   the broker-restart chaos test: one partition of twelve read nothing more). A partition that
   read nothing for ``stuck_after`` seconds asks the broker for its high watermark; if records
-  wait past both its next offset and its consumer's fetch position, the consumer is replaced by
-  a new one at the next offset (nothing skipped, nothing read twice), logged
-  (``kafka-consumer-restarted``) and counted as a retry.
+  wait past both its next offset and its consumer's fetch position, the worker's consumer is
+  replaced by a new one, each partition at its own next offset (nothing skipped, nothing read
+  twice), logged (``kafka-consumer-restarted``) and counted as a retry.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.partition_watch import watch_partitions
+from sources.shared_consumer import shared_consumer
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +100,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         batch_size: int = 1000,
         idle_poll: timedelta = timedelta(milliseconds=20),
         stuck_after: float = 30.0,
+        fetch_wait_ms: int = 10,
         partition_check: float = 0.0,
         backoff: Backoff | None = None,
         count_retry: Callable[[], None] = lambda: None,
@@ -109,7 +114,9 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         ``consumer_group``: where snapshotted offsets are also committed (empty: nowhere);
         ``flow``: the flow whose lag gauge this input feeds (:mod:`runtime.input_progress`);
         ``stuck_after``: seconds without a record before the broker is asked whether the
-        partition's consumer stopped fetching (module doc; ``0``: never).
+        partition's consumer stopped fetching (module doc; ``0``: never); ``fetch_wait_ms``:
+        how long the broker may hold a fetch of the worker's shared consumer to gather 64 KiB
+        (:mod:`sources.shared_consumer`), the most the input adds to a record's latency.
         """
         self._config = dict(client_config)
         self._consumer_group = consumer_group
@@ -120,6 +127,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         self._batch_size = batch_size
         self._idle_poll = idle_poll
         self._stuck_after = stuck_after
+        self._fetch_wait_ms = fetch_wait_ms
         self._partition_check = partition_check
         self._backoff = backoff or Backoff()
         self._count_retry = count_retry
@@ -156,6 +164,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             batch_size=self._batch_size,
             idle_poll=self._idle_poll,
             stuck_after=self._stuck_after,
+            fetch_wait_ms=self._fetch_wait_ms,
             backoff=self._backoff,
             count_retry=self._count_retry,
             consumer_group=self._consumer_group,
@@ -176,12 +185,15 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         batch_size: int,
         idle_poll: timedelta,
         stuck_after: float,
+        fetch_wait_ms: int,
         backoff: Backoff,
         count_retry: Callable[[], None],
         consumer_group: str,
         flow: str,
     ) -> None:
-        self._topic = topic
+        self.topic = self._topic = topic
+        self.partition = partition
+        self._key = (topic, partition)
         self._partition = partition
         self._waiter = f"{topic}[{partition}]"  # what a broker outage pauses (health)
         self._commits = bool(consumer_group)
@@ -198,9 +210,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._stuck_after = stuck_after
         self._read_at = time.monotonic()  # when a record was last read (or the consumer made)
         self._stuck_check_at = 0.0  # time.monotonic() of the next stuck check, at the earliest
-        self._client_config = client_config
-        self._consumer_group = consumer_group
-        self._consumer = self._new_consumer()
+        self._shared = shared_consumer(client_config, consumer_group, fetch_wait_ms)
         self._next_offset = (
             resume_state
             if resume_state is not None
@@ -213,35 +223,12 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 lambda: self._final_offset(start.until_ms), topic, backoff, count_retry
             )
         self._partition_handle = TopicPartition(topic, partition)
-        self._assign()
+        self._shared.join(self)
 
-    def _new_consumer(self) -> Consumer:
-        """A consumer for this partition (not yet assigned)."""
-        return Consumer(
-            {
-                **self._client_config,
-                "logger": LIBRDKAFKA_LOGGER,
-                "error_cb": self._on_client_error,
-                # Offsets live in Bytewax snapshots; the group only receives informational
-                # commits of snapshotted offsets (no subscription, no group membership).
-                "group.id": self._consumer_group or "user-activity-stream-unused",
-                "on_commit": self._on_commit,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-                # The broker answers a fetch as soon as data arrives; this only bounds idle
-                # long-polls (12 consumers at 50 ms kept the broker at 0.6 cores when idle).
-                "fetch.wait.max.ms": 500,
-                # One consumer per partition: librdkafka's default prefetch (64 MB each) would
-                # cost ~800 MB for 12 partitions; a few MB keep the pipeline full.
-                "queued.max.messages.kbytes": 4096,
-                "queued.min.messages": 5000,
-            }
-        )
-
-    def _assign(self) -> None:
-        self._consumer.assign([TopicPartition(self._topic, self._partition, self._assign_offset())])
+    @property
+    def _consumer(self) -> Consumer:
+        """The librdkafka consumer this partition reads from (shared by its worker)."""
+        return self._shared.consumer
 
     def _watermarks(self) -> tuple[int, int]:
         low, high = self._consumer.get_watermark_offsets(
@@ -274,7 +261,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         )[0]
         return min(end, int(found.offset)) if found.offset >= 0 else end
 
-    def _assign_offset(self) -> int:
+    def assign_offset(self) -> int:
+        """Where this partition reads on (:class:`sources.shared_consumer.Member`)."""
         return OFFSET_BEGINNING if self._next_offset is None else self._next_offset
 
     def _finished(self) -> bool:
@@ -291,7 +279,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         HEALTH.beat()
         if SHUTDOWN.requested() or self._finished():
             raise StopIteration
-        messages = self._consumer.consume(self._batch_size, 0)
+        messages = self._shared.take(self._key, self._batch_size)
         batch: list[InputItem] = []
         append = batch.append
         now = time.monotonic()
@@ -350,7 +338,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return True
         return self._next_offset is not None and high > self._next_offset
 
-    def _on_client_error(self, error: KafkaError) -> None:
+    def on_client_error(self, error: KafkaError) -> None:
         """Every broker is unreachable (librdkafka reconnects by itself): report the pause."""
         if error.code() == KafkaError._ALL_BROKERS_DOWN and not self._down_attempts:
             self._kafka_down(error.name())
@@ -408,8 +396,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         reached = max(low if self._next_offset is None else self._next_offset, position)
         if high <= reached:
             return
-        stuck, self._consumer = self._consumer, self._new_consumer()
-        self._assign()
+        stuck = self._shared.replace()  # every partition of the worker reads on at its offset
         # Closed aside: a consumer in that state must not hold the worker up.
         threading.Thread(target=stuck.close, name="close-stuck-consumer", daemon=True).start()
         self._count_retry()
@@ -435,14 +422,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                     asynchronous=True,
                 )
             except KafkaException as exc:
-                self._commit_failed(exc.args[0] if exc.args else None)
+                self.commit_failed(exc.args[0] if exc.args else None)
         return offset
 
-    def _on_commit(self, error: KafkaError | None, _partitions: list[TopicPartition]) -> None:
-        if error is not None:
-            self._commit_failed(error)
-
-    def _commit_failed(self, error: object) -> None:
+    def commit_failed(self, error: object) -> None:
         now = time.monotonic()
         if now - self._last_commit_warning >= 60.0:  # at most once a minute per partition
             self._last_commit_warning = now
@@ -458,8 +441,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         # librdkafka's close waits for the group's informational commits: with the broker down,
         # for ever. Closed aside; waited for (within a stop's grace, :mod:`runtime.shutdown`)
         # unless every broker is known to be down.
-        closing = threading.Thread(target=self._consumer.close, name="close-consumer",
-                                   daemon=True)
+        consumer = self._shared.leave(self)
+        if consumer is None:
+            return  # other partitions of the worker still read from it
+        closing = threading.Thread(target=consumer.close, name="close-consumer", daemon=True)
         closing.start()
         closing.join(0 if self._down_attempts else SHUTDOWN.time_left(10.0))
 

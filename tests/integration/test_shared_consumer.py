@@ -1,0 +1,148 @@
+"""The partitions of one worker share one consumer and still read exactly, on a real broker.
+
+Each test builds several partitions of two topics on this thread, as a Bytewax worker does,
+and reads them the way Bytewax polls them: round robin, one ``next_batch`` each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from schemas.kafka_record import SourceRecord
+from sources.kafka_input import KafkaInput
+from tests.conftest import SettingsFactory
+from tests.support import Produced, produce
+
+pytestmark = pytest.mark.integration
+
+
+def _parts(settings: Any, topics: list[str], partitions: range, **options: Any) -> list[Any]:
+    return [
+        KafkaInput(settings.kafka_client_config(), topic, tail=True, **options).build_part(
+            "input", f"{topic}#{p}", None)
+        for topic in topics for p in partitions
+    ]
+
+
+def _values(topic: str, partition: int, count: int, start: int = 0) -> list[Produced]:
+    return [Produced(topic, b"k", f"{topic}/{partition}/{i}".encode(), partition=partition)
+            for i in range(start, start + count)]
+
+
+def _read_round_robin(
+    parts: list[Any], want: int, seconds: float,
+) -> dict[tuple[str, int], list[Any]]:
+    """Poll every part in turn until ``want`` records came in all; records per partition."""
+    got: dict[tuple[str, int], list[Any]] = {(p.topic, p.partition): [] for p in parts}
+    deadline = time.monotonic() + seconds
+    while sum(map(len, got.values())) < want and time.monotonic() < deadline:
+        for part in parts:
+            got[part.topic, part.partition] += [
+                item for item in part.next_batch() if isinstance(item, SourceRecord)]
+        time.sleep(0.005)
+    return got
+
+
+def test_partitions_of_a_worker_share_one_consumer_and_each_reads_only_its_own_in_order(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings(tail=True)
+    topics = [settings.topic_favorite_added, settings.topic_favorite_removed]
+    parts = _parts(settings, topics, range(3), batch_size=7)
+    try:
+        assert len({id(p._consumer) for p in parts}) == 1, "one consumer for the worker"
+        produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 40)])
+        got = _read_round_robin(parts, 6 * 40, 30)
+        for (topic, partition), records in got.items():
+            assert [r.offset for r in records] == list(range(40)), (topic, partition)
+            assert {(r.topic, r.partition) for r in records} == {(topic, partition)}
+            assert [r.value for r in records] == [v.value for v in _values(topic, partition, 40)]
+        assert all(p.snapshot() == 40 for p in parts)
+    finally:
+        for part in parts:
+            part.close()
+
+
+def test_a_partition_that_leaves_does_not_stop_the_others_and_the_last_one_closes_the_consumer(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    parts = _parts(settings, [topic], range(2))
+    shared = parts[0]._shared
+    try:
+        produce(settings, [r for p in range(2) for r in _values(topic, p, 10)])
+        assert sum(map(len, _read_round_robin(parts, 20, 30).values())) == 20
+        parts[0].close()
+        produce(settings, [r for p in range(2) for r in _values(topic, p, 10, start=10)])
+        got = _read_round_robin(parts[1:], 10, 30)
+        assert [r.offset for r in got[topic, 1]] == list(range(10, 20))
+        # A partition built again after leaving (a later run in this process) reads on from
+        # its snapshot, from the same consumer while another partition still holds it.
+        again = KafkaInput(settings.kafka_client_config(), topic, tail=True).build_part(
+            "input", f"{topic}#0", 10)
+        assert again._shared is shared
+        assert [r.offset for r in _read_round_robin([again], 10, 30)[topic, 0]] == list(
+            range(10, 20))
+        again.close()
+    finally:
+        parts[1].close()
+    assert shared._members == {}
+    fresh = _parts(settings, [topic], range(1))
+    try:
+        assert fresh[0]._shared is not shared, "the last partition leaving forgot the consumer"
+    finally:
+        fresh[0].close()
+
+
+def test_one_partition_with_a_backlog_does_not_fill_the_buffers_without_bound(
+    make_settings: SettingsFactory,
+) -> None:
+    """Idle partitions' polls fill the others' buffers, but only up to a few polls' worth."""
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    batch = 20
+    parts = _parts(settings, [topic], range(6), batch_size=batch)
+    busy, idle = parts[0], parts[1:]
+    try:
+        produce(settings, _values(topic, 0, 2_000))
+        deadline = time.monotonic() + 30
+        high = 0
+        read: list[int] = []
+        while len(read) < 2_000 and time.monotonic() < deadline:
+            for part in idle:  # five empty buffers, five fills per round
+                assert part.next_batch() == []
+                high = max(high, busy._shared._buffered)
+            read += [r.offset for r in busy.next_batch() if isinstance(r, SourceRecord)]
+        assert read == list(range(2_000)), "skipped, reordered or read twice"
+        # Four polls' worth, plus the one fill that crossed it; unbounded, it reaches ~2,000.
+        assert high <= 5 * batch, high
+    finally:
+        for part in parts:
+            part.close()
+
+
+def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repeats(
+    make_settings: SettingsFactory,
+) -> None:
+    """The fault of librdkafka#5153 on one partition of two: both read on exactly."""
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    parts = _parts(settings, [topic], range(2), batch_size=5, stuck_after=2.0)
+    try:
+        produce(settings, [r for p in range(2) for r in _values(topic, p, 12)])
+        _read_round_robin(parts, 24, 30)
+        stuck = parts[0]._consumer
+        stuck.pause([TopicPartition(topic, 0)])  # fetches nothing more for partition 0
+        produce(settings, [r for p in range(2) for r in _values(topic, p, 12, start=12)])
+        got = _read_round_robin(parts, 24, 30)
+        assert parts[0]._consumer is not stuck and parts[1]._consumer is parts[0]._consumer
+        assert [r.offset for r in got[topic, 0]] == list(range(12, 24))
+        assert [r.offset for r in got[topic, 1]] == list(range(12, 24))
+    finally:
+        for part in parts:
+            part.close()
