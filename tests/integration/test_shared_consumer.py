@@ -7,6 +7,8 @@ and reads them the way Bytewax polls them: round robin, one ``next_batch`` each.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -26,6 +28,18 @@ def _parts(settings: Any, topics: list[str], partitions: range, **options: Any) 
             "input", f"{topic}#{p}", None)
         for topic in topics for p in partitions
     ]
+
+
+@contextmanager
+def _open_parts(settings: Any, topics: list[str], partitions: range,
+                **options: Any) -> Iterator[list[Any]]:
+    """:func:`_parts`, closed at the end."""
+    parts = _parts(settings, topics, partitions, **options)
+    try:
+        yield parts
+    finally:
+        for part in parts:
+            part.close()
 
 
 def _values(topic: str, partition: int, count: int, start: int = 0) -> list[Produced]:
@@ -52,8 +66,7 @@ def test_partitions_of_a_worker_share_one_consumer_and_each_reads_only_its_own_i
 ) -> None:
     settings = make_settings(tail=True)
     topics = [settings.topic_favorite_added, settings.topic_favorite_removed]
-    parts = _parts(settings, topics, range(3), batch_size=7)
-    try:
+    with _open_parts(settings, topics, range(3), batch_size=7) as parts:
         assert len({id(p._consumer) for p in parts}) == 1, "one consumer for the worker"
         produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 40)])
         got = _read_round_robin(parts, 6 * 40, 30)
@@ -62,9 +75,6 @@ def test_partitions_of_a_worker_share_one_consumer_and_each_reads_only_its_own_i
             assert {(r.topic, r.partition) for r in records} == {(topic, partition)}
             assert [r.value for r in records] == [v.value for v in _values(topic, partition, 40)]
         assert all(p.snapshot() == 40 for p in parts)
-    finally:
-        for part in parts:
-            part.close()
 
 
 def test_a_partition_that_leaves_does_not_stop_the_others_and_the_last_one_closes_the_consumer(
@@ -92,11 +102,8 @@ def test_a_partition_that_leaves_does_not_stop_the_others_and_the_last_one_close
     finally:
         parts[1].close()
     assert shared._members == {}
-    fresh = _parts(settings, [topic], range(1))
-    try:
+    with _open_parts(settings, [topic], range(1)) as fresh:
         assert fresh[0]._shared is not shared, "the last partition leaving forgot the consumer"
-    finally:
-        fresh[0].close()
 
 
 def test_one_partition_with_a_backlog_does_not_fill_the_buffers_without_bound(
@@ -106,9 +113,8 @@ def test_one_partition_with_a_backlog_does_not_fill_the_buffers_without_bound(
     settings = make_settings(tail=True)
     topic = settings.topic_favorite_added
     batch = 20
-    parts = _parts(settings, [topic], range(6), batch_size=batch)
-    busy, idle = parts[0], parts[1:]
-    try:
+    with _open_parts(settings, [topic], range(6), batch_size=batch) as parts:
+        busy, idle = parts[0], parts[1:]
         produce(settings, _values(topic, 0, 2_000))
         deadline = time.monotonic() + 30
         high = 0
@@ -121,9 +127,6 @@ def test_one_partition_with_a_backlog_does_not_fill_the_buffers_without_bound(
         assert read == list(range(2_000)), "skipped, reordered or read twice"
         # Four polls' worth, plus the one fill that crossed it; unbounded, it reaches ~2,000.
         assert high <= 5 * batch, high
-    finally:
-        for part in parts:
-            part.close()
 
 
 def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repeats(
@@ -132,8 +135,7 @@ def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repe
     """The fault of librdkafka#5153 on one partition of two: both read on exactly."""
     settings = make_settings(tail=True)
     topic = settings.topic_favorite_added
-    parts = _parts(settings, [topic], range(2), batch_size=5, stuck_after=2.0)
-    try:
+    with _open_parts(settings, [topic], range(2), batch_size=5, stuck_after=2.0) as parts:
         produce(settings, [r for p in range(2) for r in _values(topic, p, 12)])
         _read_round_robin(parts, 24, 30)
         stuck = parts[0]._consumer
@@ -143,6 +145,3 @@ def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repe
         assert parts[0]._consumer is not stuck and parts[1]._consumer is parts[0]._consumer
         assert [r.offset for r in got[topic, 0]] == list(range(12, 24))
         assert [r.offset for r in got[topic, 1]] == list(range(12, 24))
-    finally:
-        for part in parts:
-            part.close()
