@@ -191,10 +191,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         consumer_group: str,
         flow: str,
     ) -> None:
-        self.topic = self._topic = topic
+        self.topic = topic
         self.partition = partition
         self._key = (topic, partition)
-        self._partition = partition
         self._waiter = f"{topic}[{partition}]"  # what a broker outage pauses (health)
         self._commits = bool(consumer_group)
         self._committed: int | None = None
@@ -205,12 +204,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._count_retry = count_retry
         self._awake: datetime | None = None
         self._last_commit_warning = -60.0
-        self._down_attempts = 0  # failed reachability checks since every broker went down
-        self._probe_at = 0.0  # time.monotonic() of the next check while down
         self._stuck_after = stuck_after
         self._read_at = time.monotonic()  # when a record was last read (or the consumer made)
         self._stuck_check_at = 0.0  # time.monotonic() of the next stuck check, at the earliest
-        self._shared = shared_consumer(client_config, consumer_group, fetch_wait_ms)
+        self._shared = shared_consumer(client_config, consumer_group, fetch_wait_ms, backoff,
+                                       count_retry)
         self._next_offset = (
             resume_state
             if resume_state is not None
@@ -232,17 +230,17 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
 
     def _watermarks(self) -> tuple[int, int]:
         low, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self._topic, self._partition), timeout=10
+            TopicPartition(self.topic, self.partition), timeout=10
         )
         return int(low), int(high)
 
     def _initial_offset(self, start: StartPosition) -> int | None:
-        explicit = start.offsets.get((self._topic, self._partition))
+        explicit = start.offsets.get((self.topic, self.partition))
         if explicit is not None:
             return explicit
         if start.timestamp_ms is not None:
             found = self._consumer.offsets_for_times(
-                [TopicPartition(self._topic, self._partition, start.timestamp_ms)], timeout=10
+                [TopicPartition(self.topic, self.partition, start.timestamp_ms)], timeout=10
             )[0]
             if found.offset >= 0:
                 return int(found.offset)
@@ -257,7 +255,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         if until_ms is None:
             return end
         found = self._consumer.offsets_for_times(
-            [TopicPartition(self._topic, self._partition, until_ms)], timeout=10
+            [TopicPartition(self.topic, self.partition, until_ms)], timeout=10
         )[0]
         return min(end, int(found.offset)) if found.offset >= 0 else end
 
@@ -270,7 +268,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return False
         if self._next_offset is None:
             self._next_offset = _retrying(
-                lambda: self._watermarks()[0], self._topic, self._backoff, self._count_retry
+                lambda: self._watermarks()[0], self.topic, self._backoff, self._count_retry
             )
         return self._next_offset >= self._end_offset
 
@@ -284,7 +282,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         append = batch.append
         now = time.monotonic()
         end = self._end_offset
-        topic, partition = self._topic, self._partition
+        topic, partition = self.topic, self.partition
         next_offset = self._next_offset
         last = None  # the last record passed on (its CreateTime feeds the lag gauge)
         for msg in messages:  # hot: one pass per consumed record, locals only
@@ -316,12 +314,12 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             last_timestamp = last.timestamp()[1]
             if last_timestamp is not None:
                 self._progress.read(self._next_offset or 0, last_timestamp, time.time())
-        elif (self._stuck_after and now >= self._stuck_check_at and not self._down_attempts
-              and now - self._read_at >= self._stuck_after):
+        elif (self._stuck_after and now >= self._stuck_check_at
+              and not self._shared.down_attempts and now - self._read_at >= self._stuck_after):
             self._check_stuck(now)
-        BACKLOG.polled(self._topic, self._partition, full=self._behind(len(messages)))
-        if self._down_attempts:
-            self._check_kafka(fetched=any(isinstance(item, SourceRecord) for item in batch))
+        BACKLOG.polled(self.topic, self.partition, full=self._behind(len(messages)))
+        if self._shared.down_attempts:  # one check for the worker's partitions, when due
+            self._shared.check_reachable(fetched=last is not None)
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
 
@@ -338,44 +336,14 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return True
         return self._next_offset is not None and high > self._next_offset
 
-    def on_client_error(self, error: KafkaError) -> None:
-        """Every broker is unreachable (librdkafka reconnects by itself): report the pause."""
-        if error.code() == KafkaError._ALL_BROKERS_DOWN and not self._down_attempts:
-            self._kafka_down(error.name())
+    def kafka_paused(self, attempt: int, error: str) -> None:
+        """Every broker is unreachable (:class:`sources.shared_consumer.Member`): health."""
+        HEALTH.paused("kafka", attempt, error, waiter=self._waiter)
 
-    def _check_kafka(self, *, fetched: bool) -> None:
-        """While down: ask a broker for metadata when due with back-off, resume if it answers.
-
-        Records may still come from the local prefetch queue while every broker is down, so a
-        fetch only makes the check due at once; it does not prove Kafka is back.
-        """
-        if not fetched and time.monotonic() < self._probe_at:
-            return
-        try:
-            self._consumer.list_topics(self._topic, timeout=1.0)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            self._kafka_down(error.name() if isinstance(error, KafkaError) else type(exc).__name__)
-            return
-        attempts, self._down_attempts = self._down_attempts, 0
-        self._read_at = time.monotonic()  # reconnecting takes a moment: not a stuck consumer
+    def kafka_resumed(self) -> None:
+        """A broker answered again: reconnecting takes a moment, not a stuck consumer."""
+        self._read_at = time.monotonic()
         HEALTH.resumed(waiter=self._waiter)
-        log_event(
-            logger, "kafka-consumer-recovered", topic=self._topic, partition=self._partition,
-            attempts=attempts,
-        )
-
-    def _kafka_down(self, error: str) -> None:
-        delay = self._backoff.delay(self._down_attempts)
-        self._down_attempts += 1
-        self._count_retry()
-        self._probe_at = time.monotonic() + delay
-        HEALTH.paused("kafka", self._down_attempts, error, waiter=self._waiter)
-        log_event(
-            logger, "kafka-consumer-retry", logging.WARNING, topic=self._topic,
-            partition=self._partition, error=error, attempt=self._down_attempts,
-            delay_s=round(delay, 2),
-        )
 
     def _check_stuck(self, now: float) -> None:
         """Nothing read for ``stuck_after`` s: replace the consumer if records wait (module doc).
@@ -401,8 +369,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         threading.Thread(target=stuck.close, name="close-stuck-consumer", daemon=True).start()
         self._count_retry()
         log_event(
-            logger, "kafka-consumer-restarted", logging.WARNING, topic=self._topic,
-            partition=self._partition, next_offset=self._next_offset, position=position,
+            logger, "kafka-consumer-restarted", logging.WARNING, topic=self.topic,
+            partition=self.partition, next_offset=self._next_offset, position=position,
             high_watermark=high, idle_s=round(now - self._read_at, 1),
         )
         self._read_at = now
@@ -418,7 +386,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             self._committed = offset
             try:  # informational (lag tools): never blocks, never fails the snapshot
                 self._consumer.commit(
-                    offsets=[TopicPartition(self._topic, self._partition, offset)],
+                    offsets=[TopicPartition(self.topic, self.partition, offset)],
                     asynchronous=True,
                 )
             except KafkaException as exc:
@@ -431,11 +399,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             self._last_commit_warning = now
             name = error.name() if isinstance(error, KafkaError) else str(error)
             log_event(logger, "consumer-group-commit-failed", logging.WARNING,
-                      topic=self._topic, partition=self._partition, error=name)
+                      topic=self.topic, partition=self.partition, error=name)
 
     @override
     def close(self) -> None:
-        BACKLOG.closed(self._topic, self._partition)
+        BACKLOG.closed(self.topic, self.partition)
         INPUT_PROGRESS.forget(self._progress)
         HEALTH.resumed(waiter=self._waiter)  # a closed partition waits for nothing
         # librdkafka's close waits for the group's informational commits: with the broker down,
@@ -446,7 +414,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             return  # other partitions of the worker still read from it
         closing = threading.Thread(target=consumer.close, name="close-consumer", daemon=True)
         closing.start()
-        closing.join(0 if self._down_attempts else SHUTDOWN.time_left(10.0))
+        closing.join(0 if self._shared.down_attempts else SHUTDOWN.time_left(10.0))
 
 
 T = TypeVar("T")

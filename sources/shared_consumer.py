@@ -18,8 +18,13 @@ Guarantees:
 - bounded memory: librdkafka's prefetch is bounded per consumer (``queued.max.messages.kbytes``),
   and a partition fills the buffers only when its own is empty and fewer than four polls'
   worth of records wait in all of them;
-- client errors (every broker down) reach every member; a failed informational commit reaches
-  the partitions it was for.
+- one reachability check per consumer, not per partition: when every broker is down (the
+  client's ``_ALL_BROKERS_DOWN``) the consumer asks a broker for metadata with back-off, at
+  most one call of up to a second per step (or at once after a fetch), and tells every member
+  to pause or resume; one ``kafka-consumer-retry`` line per step names the waiting partitions,
+  one ``kafka-consumer-recovered`` line ends the outage. Checked per partition, a worker with
+  12 partitions spent up to 12 s of its thread per step in these calls and logged 12 lines;
+- a failed informational commit reaches the partitions it was for.
 
 Thread use: a worker's partitions are polled on its own thread, so a member only ever calls in
 from one thread; the lock makes a shared consumer safe anyway if Bytewax ever builds a
@@ -29,13 +34,18 @@ partition on another thread than the one that polls it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from runtime.logs import LIBRDKAFKA_LOGGER
+from runtime.backoff import Backoff
+from runtime.logs import LIBRDKAFKA_LOGGER, log_event
+
+logger = logging.getLogger(__name__)
 
 FETCH_MIN_BYTES = 65_536
 """The broker answers a fetch once this much waits (or after ``fetch_wait_ms``)."""
@@ -56,8 +66,11 @@ class Member(Protocol):
     def assign_offset(self) -> int:
         """Where the partition reads on: its next offset (or ``OFFSET_BEGINNING``)."""
 
-    def on_client_error(self, error: KafkaError) -> None:
-        """A client-level error of the consumer (e.g. every broker down)."""
+    def kafka_paused(self, attempt: int, error: str) -> None:
+        """Every broker is unreachable (check number ``attempt`` failed with ``error``)."""
+
+    def kafka_resumed(self) -> None:
+        """A broker answered again after :meth:`kafka_paused`."""
 
     def commit_failed(self, error: object) -> None:
         """The informational commit of this partition's offset failed."""
@@ -66,12 +79,18 @@ class Member(Protocol):
 class SharedConsumer:
     """The consumer of one worker thread, one client configuration and one consumer group."""
 
-    def __init__(self, config: Mapping[str, Any], group: str, fetch_wait_ms: int,
-                 forget: Callable[[SharedConsumer], None]) -> None:
+    def __init__(self, config: Mapping[str, Any], group: str, fetch_wait_ms: int,  # noqa: PLR0917
+                 forget: Callable[[SharedConsumer], None], backoff: Backoff,
+                 count_retry: Callable[[], None]) -> None:
         self._config = config
         self._group = group
         self._fetch_wait_ms = fetch_wait_ms
         self._forget = forget
+        self._backoff = backoff
+        self._count_retry = count_retry
+        self.down_attempts = 0
+        """Failed reachability checks since every broker went down (0: not known to be down)."""
+        self._probe_at = 0.0  # time.monotonic() of the next check while down
         self._lock = threading.RLock()
         self._members: dict[tuple[str, int], Member] = {}
         self._buffers: dict[tuple[str, int], list[Message]] = {}
@@ -166,9 +185,51 @@ class SharedConsumer:
             self._forget(self)
             return self.consumer
 
-    def _on_error(self, error: KafkaError) -> None:
+    def check_reachable(self, *, fetched: bool) -> None:
+        """While down: ask a broker for metadata when due (back-off), resume every member then.
+
+        Called by a member's poll while :attr:`down_attempts` is set. Records may still come
+        from the local prefetch queue while every broker is down, so a fetch only makes the
+        check due at once; it does not prove Kafka is back.
+        """
+        with self._lock:
+            if not self.down_attempts or not self._members:
+                return
+            if not fetched and time.monotonic() < self._probe_at:
+                return
+            topic = next(iter(self._members))[0]
+            try:
+                self.consumer.list_topics(topic, timeout=1.0)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                self._kafka_down(error.name() if isinstance(error, KafkaError)
+                                 else type(exc).__name__)
+                return
+            attempts, self.down_attempts = self.down_attempts, 0
+            for member in list(self._members.values()):
+                member.kafka_resumed()
+            log_event(logger, "kafka-consumer-recovered", partitions=self._waiters(),
+                      attempts=attempts)
+
+    def _kafka_down(self, error: str) -> None:
+        delay = self._backoff.delay(self.down_attempts)
+        self.down_attempts += 1
+        self._count_retry()
+        self._probe_at = time.monotonic() + delay
         for member in list(self._members.values()):
-            member.on_client_error(error)
+            member.kafka_paused(self.down_attempts, error)
+        log_event(logger, "kafka-consumer-retry", logging.WARNING, partitions=self._waiters(),
+                  error=error, attempt=self.down_attempts, delay_s=round(delay, 2))
+
+    def _waiters(self) -> list[str]:
+        return [f"{topic}[{partition}]" for topic, partition in sorted(self._members)]
+
+    def _on_error(self, error: KafkaError) -> None:
+        """Client errors of librdkafka: every broker down starts the reachability checks."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and not self.down_attempts:
+            with self._lock:
+                if not self.down_attempts:
+                    self._kafka_down(error.name())
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if error is None:
@@ -183,10 +244,12 @@ _REGISTRY: dict[tuple[Any, ...], SharedConsumer] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def shared_consumer(config: Mapping[str, Any], group: str, fetch_wait_ms: int) -> SharedConsumer:
+def shared_consumer(config: Mapping[str, Any], group: str, fetch_wait_ms: int,
+                    backoff: Backoff, count_retry: Callable[[], None]) -> SharedConsumer:
     """The calling thread's consumer for ``config`` and ``group`` (made on first use).
 
-    It is forgotten when its last partition leaves, so a later run in the same process (tests,
+    ``backoff`` and ``count_retry`` (the reachability checks') are the first caller's. It is
+    forgotten when its last partition leaves, so a later run in the same process (tests,
     ``run_main``) gets a fresh one.
     """
     key = (threading.get_ident(), group, fetch_wait_ms,
@@ -200,7 +263,8 @@ def shared_consumer(config: Mapping[str, Any], group: str, fetch_wait_ms: int) -
     with _REGISTRY_LOCK:
         shared = _REGISTRY.get(key)
         if shared is None:
-            shared = _REGISTRY[key] = SharedConsumer(config, group, fetch_wait_ms, forget)
+            shared = _REGISTRY[key] = SharedConsumer(
+                config, group, fetch_wait_ms, forget, backoff, count_retry)
         return shared
 
 

@@ -6,6 +6,7 @@ and reads them the way Bytewax polls them: round robin, one ``next_batch`` each.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
+from runtime.backoff import Backoff
+from runtime.health import HEALTH
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
 from tests.conftest import SettingsFactory
@@ -145,3 +148,50 @@ def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repe
         assert parts[0]._consumer is not stuck and parts[1]._consumer is parts[0]._consumer
         assert [r.offset for r in got[topic, 0]] == list(range(12, 24))
         assert [r.offset for r in got[topic, 1]] == list(range(12, 24))
+
+
+def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_partition_pauses(
+    make_settings: SettingsFactory, kafka_broker: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every broker down: one metadata check per back-off step for all of a worker's partitions.
+
+    Each retry line names every waiting partition; every partition is a paused health waiter
+    until one ``kafka-consumer-recovered``; afterwards each reads on exactly where it was.
+    """
+    if kafka_broker is None:
+        pytest.skip("needs the suite's own broker to stop and start")
+    caplog.set_level(logging.INFO, "sources.shared_consumer")
+    settings = make_settings(tail=True)
+    topics = [settings.topic_favorite_added, settings.topic_favorite_removed]
+    backoff = Backoff(initial=0.5, maximum=1.0)
+    with _open_parts(settings, topics, range(3), batch_size=50, backoff=backoff) as parts:
+        produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5)])
+        assert sum(map(len, _read_round_robin(parts, 30, 30).values())) == 30
+        waiters = {f"{p.topic}[{p.partition}]" for p in parts}
+        kafka_broker.stop()
+        try:
+            deadline = time.monotonic() + 60
+            while len(_events(caplog, "kafka-consumer-retry")) < 4:
+                assert time.monotonic() < deadline, "no reachability checks while down"
+                for part in parts:
+                    assert part.next_batch() == []
+                time.sleep(0.05)
+            waiting = dict(HEALTH.snapshot().waiting)
+            assert waiters <= set(waiting) and {waiting[w] for w in waiters} == {"kafka"}
+        finally:
+            kafka_broker.start()
+        retries = _events(caplog, "kafka-consumer-retry")
+        assert [r.attempt for r in retries] == list(range(1, len(retries) + 1)), (
+            "one line per step, not one per partition")
+        assert all(set(r.partitions) == waiters for r in retries)
+        produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5, 5)])
+        got = _read_round_robin(parts, 30, 60)
+        for (topic, partition), records in got.items():
+            assert [r.offset for r in records] == list(range(5, 10)), (topic, partition)
+        recovered = _events(caplog, "kafka-consumer-recovered")
+        assert len(recovered) == 1 and set(recovered[0].partitions) == waiters
+        assert not waiters & set(dict(HEALTH.snapshot().waiting))
+
+
+def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[Any]:
+    return [r for r in caplog.records if r.getMessage() == event]
