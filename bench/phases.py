@@ -147,6 +147,8 @@ def job_backlog(
            for r in ("duplicate", "invalid-owner", "no-session")},
         # rows a window read back instead of the fast path (the last scrape: up to 2 s early)
         "outbox_read_back": metric_sum(last, "user_activity_outbox_read_back_total"),
+        # committed favorites transactions (one write-duration observation each)
+        "sink_batches": metric_sum(last, "user_activity_favorites_write_duration_ms_count"),
         "exit_code": code,
         "startup_s": _since(t_http, job.started),
         "first_output_s": _since(first, job.started),
