@@ -9,9 +9,10 @@ the reason in the body. ``/metrics`` serves the Prometheus registry. Bodies are 
 the state.
 
 A pause belongs to the loop that waits (a *waiter*: one sink partition, one input partition,
-one DLQ publisher, the outbox publisher), not to the dependency: twelve input partitions wait
-for Kafka separately, and the first to reconnect does not make the process ready while the
-others still wait. ``/readyz`` names the dependency waited for longest and lists every waiter.
+one DLQ publisher, the outbox publisher), not to the dependency: the sink partitions wait for
+PostgreSQL separately, and the first to reconnect does not make the process ready while the
+others still wait (a worker's input partitions share one consumer and resume together).
+``/readyz`` names the dependency waited for longest and lists every waiter.
 """
 
 from __future__ import annotations

@@ -405,11 +405,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
     def close(self) -> None:
         BACKLOG.closed(self.topic, self.partition)
         INPUT_PROGRESS.forget(self._progress)
-        HEALTH.resumed(waiter=self._waiter)  # a closed partition waits for nothing
         # librdkafka's close waits for the group's informational commits: with the broker down,
         # for ever. Closed aside; waited for (within a stop's grace, :mod:`runtime.shutdown`)
         # unless every broker is known to be down.
         consumer = self._shared.leave(self)
+        HEALTH.resumed(waiter=self._waiter)  # left: no outage reaches it any more
         if consumer is None:
             return  # other partitions of the worker still read from it
         closing = threading.Thread(target=consumer.close, name="close-consumer", daemon=True)

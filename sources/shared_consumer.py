@@ -90,7 +90,10 @@ class SharedConsumer:
         self._count_retry = count_retry
         self.down_attempts = 0
         """Failed reachability checks since every broker went down (0: not known to be down)."""
+        self._last_error = ""  # of the last failed check (what a joining member is paused for)
         self._probe_at = 0.0  # time.monotonic() of the next check while down
+        self._checked_at = 0.0  # time.monotonic() of the last check
+        self._generation = 0  # of the consumer in use: a replaced one's errors are ignored
         self._lock = threading.RLock()
         self._members: dict[tuple[str, int], Member] = {}
         self._buffers: dict[tuple[str, int], list[Message]] = {}
@@ -98,10 +101,12 @@ class SharedConsumer:
         self.consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
+        self._generation += 1
+        generation = self._generation
         return Consumer({
             **self._config,
             "logger": LIBRDKAFKA_LOGGER,
-            "error_cb": self._on_error,
+            "error_cb": lambda error: self._on_error(error, generation),
             # Offsets live in Bytewax snapshots; the group only receives informational
             # commits of snapshotted offsets (no subscription, no group membership).
             "group.id": self._group or "user-activity-stream-unused",
@@ -123,6 +128,8 @@ class SharedConsumer:
             self._buffers[key] = []
             self.consumer.incremental_assign(
                 [TopicPartition(member.topic, member.partition, member.assign_offset())])
+            if self.down_attempts:  # joins an outage: waits with the others
+                member.kafka_paused(self.down_attempts, self._last_error)
 
     def take(self, key: tuple[str, int], limit: int) -> list[Message]:
         """Up to ``limit`` records (and consumer errors) of the partition ``key``; never waits."""
@@ -189,14 +196,16 @@ class SharedConsumer:
         """While down: ask a broker for metadata when due (back-off), resume every member then.
 
         Called by a member's poll while :attr:`down_attempts` is set. Records may still come
-        from the local prefetch queue while every broker is down, so a fetch only makes the
-        check due at once; it does not prove Kafka is back.
+        from the local prefetch queue while every broker is down, so a fetch makes the check
+        due at once (at most once a second); it does not prove Kafka is back.
         """
         with self._lock:
             if not self.down_attempts or not self._members:
                 return
-            if not fetched and time.monotonic() < self._probe_at:
+            now = time.monotonic()
+            if now < self._probe_at and not (fetched and now - self._checked_at >= 1.0):
                 return
+            self._checked_at = now
             topic = next(iter(self._members))[0]
             try:
                 self.consumer.list_topics(topic, timeout=1.0)
@@ -212,10 +221,13 @@ class SharedConsumer:
                       attempts=attempts)
 
     def _kafka_down(self, error: str) -> None:
+        if not self._members:
+            return  # nobody waits (a consumer closing after its last partition left)
         delay = self._backoff.delay(self.down_attempts)
         self.down_attempts += 1
         self._count_retry()
         self._probe_at = time.monotonic() + delay
+        self._last_error = error
         for member in list(self._members.values()):
             member.kafka_paused(self.down_attempts, error)
         log_event(logger, "kafka-consumer-retry", logging.WARNING, partitions=self._waiters(),
@@ -224,11 +236,15 @@ class SharedConsumer:
     def _waiters(self) -> list[str]:
         return [f"{topic}[{partition}]" for topic, partition in sorted(self._members)]
 
-    def _on_error(self, error: KafkaError) -> None:
-        """Client errors of librdkafka: every broker down starts the reachability checks."""
+    def _on_error(self, error: KafkaError, generation: int) -> None:
+        """Client errors of librdkafka: every broker down starts the reachability checks.
+
+        Only the consumer in use counts: a replaced one, closing on another thread, may still
+        report that every broker is down.
+        """
         if error.code() == KafkaError._ALL_BROKERS_DOWN and not self.down_attempts:
             with self._lock:
-                if not self.down_attempts:
+                if not self.down_attempts and generation == self._generation:
                     self._kafka_down(error.name())
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:

@@ -153,10 +153,11 @@ def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repe
 def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_partition_pauses(
     make_settings: SettingsFactory, kafka_broker: Any, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Every broker down: one metadata check per back-off step for all of a worker's partitions.
+    """Every broker down: one metadata call per back-off step for all of a worker's partitions.
 
     Each retry line names every waiting partition; every partition is a paused health waiter
-    until one ``kafka-consumer-recovered``; afterwards each reads on exactly where it was.
+    (one that joins during the outage at once) until one ``kafka-consumer-recovered``;
+    afterwards each reads on exactly where it was.
     """
     if kafka_broker is None:
         pytest.skip("needs the suite's own broker to stop and start")
@@ -165,32 +166,59 @@ def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_parti
     topics = [settings.topic_favorite_added, settings.topic_favorite_removed]
     backoff = Backoff(initial=0.5, maximum=1.0)
     with _open_parts(settings, topics, range(3), batch_size=50, backoff=backoff) as parts:
+        shared = parts[0]._shared
+        counting = shared.consumer = _CountingConsumer(shared.consumer)
         produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5)])
         assert sum(map(len, _read_round_robin(parts, 30, 30).values())) == 30
         waiters = {f"{p.topic}[{p.partition}]" for p in parts}
         kafka_broker.stop()
         try:
             deadline = time.monotonic() + 60
-            while len(_events(caplog, "kafka-consumer-retry")) < 4:
+            while len(_events(caplog, "kafka-consumer-retry")) < 3:
                 assert time.monotonic() < deadline, "no reachability checks while down"
                 for part in parts:
                     assert part.next_batch() == []
                 time.sleep(0.05)
+            late = KafkaInput(settings.kafka_client_config(), topics[0], tail=True,
+                              backoff=backoff).build_part("input", f"{topics[0]}#3", None)
+            parts.append(late)
             waiting = dict(HEALTH.snapshot().waiting)
-            assert waiters <= set(waiting) and {waiting[w] for w in waiters} == {"kafka"}
+            assert waiters | {f"{topics[0]}[3]"} <= set(waiting), "every partition waits"
+            assert {waiting[w] for w in waiters} == {"kafka"}
         finally:
             kafka_broker.start()
+        produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5, 5)]
+                + _values(topics[0], 3, 5, 5))
+        got = _read_round_robin(parts, 35, 60)
+        for (topic, partition), records in got.items():
+            expected = range(5, 10) if partition < 3 else range(5)
+            assert [r.offset for r in records] == list(expected), (topic, partition)
         retries = _events(caplog, "kafka-consumer-retry")
         assert [r.attempt for r in retries] == list(range(1, len(retries) + 1)), (
             "one line per step, not one per partition")
-        assert all(set(r.partitions) == waiters for r in retries)
-        produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5, 5)])
-        got = _read_round_robin(parts, 30, 60)
-        for (topic, partition), records in got.items():
-            assert [r.offset for r in records] == list(range(5, 10)), (topic, partition)
+        assert all(set(r.partitions) >= waiters for r in retries)
+        # the first line comes from the client's error; each later one and the recovery from
+        # one metadata call
+        assert counting.metadata_calls == len(retries)
         recovered = _events(caplog, "kafka-consumer-recovered")
-        assert len(recovered) == 1 and set(recovered[0].partitions) == waiters
-        assert not waiters & set(dict(HEALTH.snapshot().waiting))
+        assert len(recovered) == 1
+        assert set(recovered[0].partitions) == waiters | {f"{topics[0]}[3]"}
+        assert not (waiters | {f"{topics[0]}[3]"}) & set(dict(HEALTH.snapshot().waiting))
+
+
+class _CountingConsumer:
+    """A consumer that counts its metadata calls (the reachability checks)."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+        self.metadata_calls = 0
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        self.metadata_calls += 1
+        return self._consumer.list_topics(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
 
 
 def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[Any]:
