@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from bench.measure import proc_cpu_seconds
 from bench.wal import lsn_text, wal_by_relation, wal_composition, wal_lsn
@@ -99,45 +98,15 @@ WAL_SAMPLE_EVENTS = 10_000
 """Recorded events whose WAL :func:`wal_by_relation` breaks down."""
 
 
-_OLD_SCHEMA = """
-CREATE SCHEMA bench_old_outbox;
-CREATE TABLE bench_old_outbox.outbox (
-    id uuid PRIMARY KEY, topic text NOT NULL, key bytea NULL, value bytea NOT NULL,
-    headers jsonb NOT NULL DEFAULT '{}'::jsonb, created_at timestamptz NOT NULL DEFAULT now(),
-    published_at timestamptz NULL, attempts integer NOT NULL DEFAULT 0, last_error text NULL,
-    parked_at timestamptz NULL);
-CREATE INDEX ON bench_old_outbox.outbox (created_at, id)
-    WHERE published_at IS NULL AND parked_at IS NULL;
-CREATE INDEX ON bench_old_outbox.outbox (published_at) WHERE published_at IS NOT NULL;
-CREATE INDEX ON bench_old_outbox.outbox (parked_at) WHERE parked_at IS NOT NULL;
-"""
-# The publisher of migrations 0001-0005 (before issue 16): claim, mark published, then purge.
-_OLD_CLAIM = """
-SELECT id, topic, key, value, headers FROM bench_old_outbox.outbox
- WHERE published_at IS NULL AND parked_at IS NULL ORDER BY created_at, id LIMIT %s
-   FOR UPDATE SKIP LOCKED
-"""
-_OLD_MARK = ("UPDATE bench_old_outbox.outbox SET published_at = now()"
-             " WHERE id = ANY(%s) AND published_at IS NULL")
-_OLD_PURGE = """
-DELETE FROM bench_old_outbox.outbox WHERE id IN (
-    SELECT id FROM bench_old_outbox.outbox WHERE published_at IS NOT NULL
-     ORDER BY published_at LIMIT 5000)
-"""
+def outbox_publish_cost(db_url: str, batch: int = 1000) -> dict[str, Any]:
+    """The outbox publisher's PostgreSQL cost per published row, without Kafka.
 
-
-def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) -> dict[str, Any]:
-    """The outbox publisher's PostgreSQL cost per published row, old vs new, without Kafka.
-
-    On the rows the ceiling phase left in the outbox (up to ``limit``), in one process:
-    - ``new``: the job's own :class:`sinks.outbox.OutboxPublisher` (lease, windows read back
-      in pages of ``batch``, one watermark update per page), its broker replaced by one that
-      acknowledges every record at once;
-    - ``old``: the publisher before issue 16 on a copy of the rows in the old table layout
-      (claim ``FOR UPDATE SKIP LOCKED``, ``UPDATE ... SET published_at``, then the purge
-      ``DELETE``), its statements kept here for the comparison.
-    Reports per row: the PostgreSQL backend's CPU (µs, from ``/proc/<pid>/stat``), the wall
-    time (µs) and the WAL bytes.
+    On the rows the ceiling phase left in the outbox, in one process: the job's own
+    :class:`sinks.outbox.OutboxPublisher` (lease, windows read back in pages of ``batch``, one
+    watermark update per page), its broker replaced by one that acknowledges every record at
+    once. Reports per row: the PostgreSQL backend's CPU (µs, from ``/proc/<pid>/stat``), the
+    wall time (µs) and the WAL bytes. (The publisher before issue 16, which marked each row
+    published, was measured beside it up to commit 87a3c51: docs/performance.md.)
     """
     from runtime.settings import Settings
     from sinks.outbox import OutboxPublisher
@@ -146,31 +115,7 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
         def _produce(self, records: Any) -> list[Any]:
             return [None] * len(records)
 
-    result: dict[str, Any] = {}
     with psycopg.connect(db_url, autocommit=True, options=SESSION_OPTIONS) as conn:
-        conn.execute(_OLD_SCHEMA)
-        # the same rows, whole (a thin row rendered as the publisher renders it)
-        keys = conn.execute("SELECT txid, id FROM user_activity.outbox LIMIT %s",
-                            (limit,)).fetchall()
-        whole = OutboxPublisher._whole_rows(conn, keys)
-        with conn.cursor().copy("COPY bench_old_outbox.outbox"
-                                " (id, topic, key, value, headers, created_at) FROM STDIN") as copy:
-            for row in whole:
-                copy.write_row((row[1], row[2], row[3], row[4], Jsonb(row[5]), row[6]))
-        cost = _meter(conn, conn.info.backend_pid)
-        rows = 0
-        while True:
-            with conn.transaction():
-                claimed = conn.execute(_OLD_CLAIM, (batch,)).fetchall()
-                if not claimed:
-                    break
-                conn.execute(_OLD_MARK, ([r[0] for r in claimed],))
-            rows += len(claimed)
-        while conn.execute(_OLD_PURGE).rowcount:
-            pass
-        result["old"] = cost(rows)
-        conn.execute("DROP SCHEMA bench_old_outbox CASCADE")
-
         settings = Settings(database_url=db_url, outbox_batch_size=batch)
         publisher = _AcknowledgingPublisher(settings, "bench-outbox")
         try:
@@ -179,10 +124,9 @@ def outbox_publish_cost(db_url: str, batch: int = 1000, limit: int = 100_000) ->
             rows = 0
             while (count := publisher.publish_committed()) > 0:
                 rows += count
-            result["new"] = cost(rows)
+            return cost(rows)
         finally:
             publisher._release()
-    return result
 
 
 def _meter(conn: psycopg.Connection[Any], pid: int) -> Callable[[int], dict[str, Any]]:
