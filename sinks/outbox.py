@@ -48,8 +48,9 @@ How a row's publication is known (migration 0006, PgQ-style):
   only). A failure of the service (broker down, timeouts, authorization) is retried, never
   parked.
 - Supervised: the publish loop runs under :class:`runtime.supervisor.SupervisedThread`, and a
-  separate watchdog thread measures the age of the oldest committed, unpublished row in
-  PostgreSQL every few seconds (``user_activity_outbox_oldest_unpublished_seconds``): older than
+  separate watchdog thread (:mod:`sinks.outbox_watchdog`) measures the age of the oldest
+  committed, unpublished row in PostgreSQL every few seconds
+  (``user_activity_outbox_oldest_unpublished_seconds``): older than
   ``outbox_stall_seconds`` -> ``/readyz`` 503 with the reason, whatever state the publish loop
   is in, and whichever process holds the lease (or none).
 """
@@ -75,14 +76,11 @@ from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.logs import log_event
 from runtime.metrics import (
-    OUTBOX_OLDEST_UNPUBLISHED_SECONDS,
     OUTBOX_PARKED,
     OUTBOX_PUBLISH_FAILURES,
     OUTBOX_PUBLISHED,
     OUTBOX_READ_BACK,
-    OUTBOX_STALL_THRESHOLD_SECONDS,
 )
-from runtime.periodic import Periodic
 from runtime.settings import Settings
 from runtime.shutdown import SHUTDOWN
 from runtime.supervisor import SupervisedThread
@@ -97,6 +95,7 @@ from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
 from sinks.kafka_producer import KafkaProducer, OutgoingRecord
+from sinks.outbox_watchdog import OutboxWatchdog
 from sinks.retention import PeriodicMaintenance
 
 logger = logging.getLogger(__name__)
@@ -173,21 +172,6 @@ _REPARK = """
 UPDATE user_activity.outbox_parked
    SET attempts = attempts + 1, last_error = %s, parked_at = now(), requeued_at = NULL
  WHERE id = %s AND requeued_at IS NOT NULL
-"""
-# Pending: committed after the watermark (the first such transaction's rows stand for the
-# oldest; txids follow transaction start closely), or requeued. Index probes only.
-_OLDEST_UNPUBLISHED = """
-SELECT extract(epoch FROM now() - min(created_at))::float8 FROM (
-    SELECT o.created_at FROM user_activity.outbox o
-     WHERE o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(delivered)
-                                 FROM user_activity.outbox_watermark))
-    UNION ALL
-    (SELECT o.created_at FROM user_activity.outbox o
-      WHERE o.txid >= (SELECT pg_snapshot_xmax(delivered) FROM user_activity.outbox_watermark)
-      ORDER BY o.txid LIMIT 1)
-    UNION ALL
-    SELECT requeued_at FROM user_activity.outbox_parked WHERE requeued_at IS NOT NULL
-) pending
 """
 # Rows visible in a snapshot of the caller's that the watermark has not passed yet.
 _PENDING_IN = """
@@ -775,74 +759,6 @@ def _log_parked(row_id: UUID, topic: str, err: KafkaError) -> None:
     OUTBOX_PARKED.labels(topic=topic).inc()
     log_event(logger, "outbox-row-parked", logging.ERROR, id=str(row_id), topic=topic,
               error=err.name(), detail=err.str())
-
-
-class OutboxWatchdog(Periodic):
-    """Measures the oldest committed, unpublished row; reports a stall to health.
-
-    Runs in its own thread on its own connection and reads PostgreSQL only (the watermark and
-    the rows after it), so a crashed, stuck or starved publish loop, or a lease held by another
-    process whose publisher is gone, is seen all the same. A failed measurement (the database
-    down) keeps the last value: the sinks report that outage themselves.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self._threshold = settings.outbox_stall_seconds
-        super().__init__(min(5.0, max(0.2, self._threshold / 3)), "outbox-watchdog")
-        self._db = Database(settings, "user-activity-outbox-watchdog")
-        OUTBOX_STALL_THRESHOLD_SECONDS.set(self._threshold)
-
-    def tick(self) -> bool:
-        """One measurement."""
-        try:
-            row = self._db.connection().execute(_OLDEST_UNPUBLISHED).fetchone()
-        except psycopg.Error:
-            self._db.reset()
-            return True
-        age = float(row[0]) if row is not None and row[0] is not None else 0.0
-        OUTBOX_OLDEST_UNPUBLISHED_SECONDS.set(max(0.0, age))
-        if age > self._threshold:
-            HEALTH.stalled(
-                "outbox", f"oldest unpublished outbox row is {age:.0f}s old "
-                          f"(> {self._threshold:g}s)")
-        else:
-            HEALTH.unstalled("outbox")
-        return True
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop measuring; the stall it reported is withdrawn."""
-        super().stop(timeout)
-        self._db.close()
-        HEALTH.unstalled("outbox")
-
-
-def requeue_parked(conn: Connection, ids: Sequence[UUID] | None) -> int:
-    """Give parked rows back to the publisher (all of them when ``ids`` is None); how many.
-
-    The rows keep their ``attempts`` and ``last_error``; the lease holder sends them within its
-    poll interval. Idempotent: a row not parked (already requeued or published) is left alone.
-    """
-    where = "requeued_at IS NULL AND published_at IS NULL"
-    if ids is None:
-        cursor = conn.execute(
-            f"UPDATE user_activity.outbox_parked SET requeued_at = now() WHERE {where}"
-        )
-    else:
-        cursor = conn.execute(
-            f"UPDATE user_activity.outbox_parked SET requeued_at = now() WHERE {where}"
-            " AND id = ANY(%s)", (list(ids),),
-        )
-    return cursor.rowcount
-
-
-def parked_rows(conn: Connection, limit: int = 100) -> list[tuple[Any, ...]]:
-    """``(id, topic, attempts, last_error, parked_at, value size)`` of parked rows, oldest first."""
-    return conn.execute(
-        "SELECT id, topic, attempts, last_error, parked_at, octet_length(value)"
-        "  FROM user_activity.outbox_parked"
-        " WHERE requeued_at IS NULL AND published_at IS NULL"
-        " ORDER BY parked_at LIMIT %s", (limit,),
-    ).fetchall()
 
 
 _shared_lock = threading.Lock()

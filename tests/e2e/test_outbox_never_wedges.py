@@ -28,7 +28,9 @@ from devenv.harness.jobs import ROOT
 from runtime.health import HEALTH
 from runtime.metrics import BACKGROUND_RESTARTS, OUTBOX_PARKED
 from schemas.outbox import OutboxRow
-from sinks.outbox import LeaseLostError, OutboxPublisher, OutboxWatchdog, parked_rows
+from sinks.outbox import LeaseLostError, OutboxPublisher
+from sinks.outbox_parked import parked_rows
+from sinks.outbox_watchdog import OutboxWatchdog
 from tests.conftest import SettingsFactory
 from tests.support import consume_all
 

@@ -1,0 +1,72 @@
+"""The outbox watchdog: the age of the oldest committed, unpublished row, reported to health.
+
+Whatever state the publish loop is in, and whichever process holds the lease (or none): it
+reads PostgreSQL only, on its own connection and thread (:class:`OutboxWatchdog`). Older than
+``outbox_stall_seconds`` -> ``/readyz`` 503 with the reason
+(``user_activity_outbox_oldest_unpublished_seconds`` is the age).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from runtime.health import HEALTH
+from runtime.metrics import OUTBOX_OLDEST_UNPUBLISHED_SECONDS, OUTBOX_STALL_THRESHOLD_SECONDS
+from runtime.periodic import Periodic
+from runtime.settings import Settings
+from sinks.db import Database
+
+# Pending: committed after the watermark (the first such transaction's rows stand for the
+# oldest; txids follow transaction start closely), or requeued. Index probes only.
+_OLDEST_UNPUBLISHED = """
+SELECT extract(epoch FROM now() - min(created_at))::float8 FROM (
+    SELECT o.created_at FROM user_activity.outbox o
+     WHERE o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(delivered)
+                                 FROM user_activity.outbox_watermark))
+    UNION ALL
+    (SELECT o.created_at FROM user_activity.outbox o
+      WHERE o.txid >= (SELECT pg_snapshot_xmax(delivered) FROM user_activity.outbox_watermark)
+      ORDER BY o.txid LIMIT 1)
+    UNION ALL
+    SELECT requeued_at FROM user_activity.outbox_parked WHERE requeued_at IS NOT NULL
+) pending
+"""
+
+
+class OutboxWatchdog(Periodic):
+    """Measures the oldest committed, unpublished row; reports a stall to health.
+
+    Runs in its own thread on its own connection and reads PostgreSQL only (the watermark and
+    the rows after it), so a crashed, stuck or starved publish loop, or a lease held by another
+    process whose publisher is gone, is seen all the same. A failed measurement (the database
+    down) keeps the last value: the sinks report that outage themselves.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._threshold = settings.outbox_stall_seconds
+        super().__init__(min(5.0, max(0.2, self._threshold / 3)), "outbox-watchdog")
+        self._db = Database(settings, "user-activity-outbox-watchdog")
+        OUTBOX_STALL_THRESHOLD_SECONDS.set(self._threshold)
+
+    def tick(self) -> bool:
+        """One measurement."""
+        try:
+            row = self._db.connection().execute(_OLDEST_UNPUBLISHED).fetchone()
+        except psycopg.Error:
+            self._db.reset()
+            return True
+        age = float(row[0]) if row is not None and row[0] is not None else 0.0
+        OUTBOX_OLDEST_UNPUBLISHED_SECONDS.set(max(0.0, age))
+        if age > self._threshold:
+            HEALTH.stalled(
+                "outbox", f"oldest unpublished outbox row is {age:.0f}s old "
+                          f"(> {self._threshold:g}s)")
+        else:
+            HEALTH.unstalled("outbox")
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop measuring; the stall it reported is withdrawn."""
+        super().stop(timeout)
+        self._db.close()
+        HEALTH.unstalled("outbox")
