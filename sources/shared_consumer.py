@@ -20,15 +20,18 @@ Guarantees:
   worth of records wait in all of them;
 - one reachability check per consumer, not per partition: when every broker is down (the
   client's ``_ALL_BROKERS_DOWN``) the consumer asks a broker for metadata with back-off, at
-  most one call of up to a second per step (or at once after a fetch), and tells every member
-  to pause or resume; one ``kafka-consumer-retry`` line per step names the waiting partitions,
-  one ``kafka-consumer-recovered`` line ends the outage. Checked per partition, a worker with
-  12 partitions spent up to 12 s of its thread per step in these calls and logged 12 lines;
+  most one call of up to a second per step (after a fetch at once, but at most once a second),
+  and tells every member to pause or resume (one that joins during the outage at once); one
+  ``kafka-consumer-retry`` line per step names the waiting partitions, one
+  ``kafka-consumer-recovered`` line ends the outage. Checked per partition, a worker with 12
+  partitions spent up to 12 s of its thread per step in these calls and logged 12 lines;
 - a failed informational commit reaches the partitions it was for.
 
 Thread use: a worker's partitions are polled on its own thread, so a member only ever calls in
 from one thread; the lock makes a shared consumer safe anyway if Bytewax ever builds a
-partition on another thread than the one that polls it.
+partition on another thread than the one that polls it. librdkafka calls ``error_cb`` from the
+thread that polls or closes a consumer: a replaced consumer, closed on a thread of its own, may
+still report every broker down, and is ignored (each consumer's callback knows its generation).
 """
 
 from __future__ import annotations
