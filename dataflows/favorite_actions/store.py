@@ -22,17 +22,13 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+import uuid_utils.compat as uuid_compat
 from psycopg.abc import Buffer
 from psycopg.adapt import Transformer
 from psycopg.pq import Format
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from dataflows.favorite_actions.records import (
-    ActionRowBuilder,
-    RecordedAction,
-    SessionSnapshot,
-    uuid7,
-)
+from dataflows.favorite_actions.records import ActionRowBuilder, RecordedAction, SessionSnapshot
 from dataflows.favorite_actions.sql import query
 from schemas.action_tracked import utc_offset_seconds
 from schemas.favorites import ActionType
@@ -92,7 +88,7 @@ class FavoritesStore:
     def __init__(
         self,
         action_tracked_topic: str,
-        new_id: Callable[[], UUID] = uuid7,
+        new_id: Callable[[], UUID] = uuid_compat.uuid7,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._topic = action_tracked_topic

@@ -6,7 +6,7 @@ import json
 import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
-from uuid import UUID, SafeUUID
+from uuid import UUID, SafeUUID, uuid4
 
 import orjson
 import pytest
@@ -20,8 +20,8 @@ from dataflows.favorite_actions.records import (
     RecordedAction,
     SessionSnapshot,
     build_recorded_action,
-    uuid7,
 )
+from dataflows.favorite_actions.store import FavoritesStore
 from devenv.harness.sessions import LINKED_LONG_AGO
 from schemas.favorites import ActionTrackedEnvelope, ActionType
 from schemas.kafka_record import SourceRecord
@@ -394,8 +394,8 @@ def test_several_actions_built_at_one_moment_share_created_at_and_nothing_else()
     builder = ActionRowBuilder(ACTION_TRACKED_TOPIC, NOW)
     message = favorite_message()
 
-    first = builder.build(message, LINKED_SESSION, uuid7(), uuid7())
-    second = builder.build(message, GUEST_SESSION, uuid7(), uuid7())
+    first = builder.build(message, LINKED_SESSION, uuid4(), uuid4())
+    second = builder.build(message, GUEST_SESSION, uuid4(), uuid4())
 
     assert orjson.loads(first.outbox.value)["CreatedAt"] == "2027-01-01T00:00:00+00:00"
     assert orjson.loads(second.outbox.value)["CreatedAt"] == "2027-01-01T00:00:00+00:00"
@@ -425,7 +425,8 @@ def test_event_row_fields_are_in_the_order_record_actions_sql_reads_them() -> No
 
 
 def test_new_ids_are_distinct_time_ordered_uuid7s_that_behave_like_any_uuid() -> None:
-    ids = [uuid7() for _ in range(1000)]
+    new_id = FavoritesStore(ACTION_TRACKED_TOPIC)._new_id  # the ids the store gives its rows
+    ids = [new_id() for _ in range(1000)]
 
     assert len(set(ids)) == 1000
     assert ids == sorted(ids)
