@@ -7,9 +7,11 @@ and commits; its answer names each message's session, from which the recorded ro
 publisher. The sink sends that statement without waiting (``send_batch``) and collects its
 answer later (``finish_batch``), so no query is waited for before a batch is sent.
 Idempotent: a message already recorded (mark or source_message_id present) changes nothing, so
-redelivery, replay and two racing processes are harmless. Parameters are sent as binary arrays,
-encoded here column by column (the bytes psycopg's list dumper would send, without its per-element
-Python calls).
+redelivery, replay and two racing processes are harmless. Most batches hold only new messages, so
+the statement is first sent without its ``ON CONFLICT`` clauses (cheaper for PostgreSQL); if it
+conflicts it wrote nothing, and the batch is sent again with them (:class:`ConflictGuess`).
+Parameters are sent as binary arrays, encoded here column by column (the bytes psycopg's list
+dumper would send, without its per-element Python calls).
 On any exception the transaction is rolled back and nothing of the batch is written.
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+import psycopg
 import uuid_utils.compat as uuid_compat
 from psycopg.abc import Buffer
 from psycopg.adapt import Transformer
@@ -95,6 +98,7 @@ class FavoritesStore:
         self._topic_element = frame(action_tracked_topic.encode())
         self._new_id = new_id
         self._clock = clock
+        self._guess = ConflictGuess()
 
     def record_batch(
         self, conn: Connection, messages: Sequence[FavoriteMessage]
@@ -104,8 +108,18 @@ class FavoritesStore:
         if not batch:
             return outcome
         pending, params = self.statement(batch, outcome)
-        with conn.transaction():
-            rows = self._execute(conn, query("record_actions"), params)
+        fresh = self._guess.fresh()
+        try:
+            with conn.transaction():
+                rows = self._execute(conn, _statement(fresh), params)
+        except psycopg.errors.UniqueViolation:
+            if not fresh:
+                raise
+            self._guess.conflicted()
+            with conn.transaction():  # nothing of the batch was written: the whole batch again
+                rows = self._execute(conn, _statement(False), params)
+        else:
+            self._guess.passed(fresh)
         return self.settle(pending, rows)
 
     def send_batch(self, conn: Connection, messages: Sequence[FavoriteMessage]) -> SentBatch:
@@ -120,8 +134,9 @@ class FavoritesStore:
         if not batch:
             return SentBatch(outcome, None)
         pending, params = self.statement(batch, outcome)
-        deferred_statement.send(conn, _RECORD_ACTIONS, params)
-        return SentBatch(outcome, pending)
+        fresh = self._guess.fresh()
+        deferred_statement.send(conn, _POSITIONAL[fresh], params)
+        return SentBatch(outcome, pending, params if fresh else None)
 
     def finish_batch(self, conn: Connection, sent: SentBatch) -> BatchOutcome:
         """Wait for the statement :meth:`send_batch` sent; the batch is committed when this returns.
@@ -131,7 +146,15 @@ class FavoritesStore:
         """
         if sent.pending is None:
             return sent.outcome
-        result = deferred_statement.finish(conn)
+        try:
+            result = deferred_statement.finish(conn)
+        except psycopg.errors.UniqueViolation:
+            if sent.fresh_params is None:
+                raise
+            self._guess.conflicted()  # nothing was written; the connection is idle again
+            return self.settle(sent.pending, self._execute(conn, _statement(False),
+                                                           sent.fresh_params))
+        self._guess.passed(sent.fresh_params is not None)
         transformer = Transformer.from_context(conn)
         transformer.set_pgresult(result, format=Format.BINARY)
         return self.settle(sent.pending, transformer.load_rows(0, result.ntuples, tuple))
@@ -314,7 +337,70 @@ class FavoritesStore:
 
 
 _new_snapshot = tuple.__new__
-_RECORD_ACTIONS = deferred_statement.Positional.of(query("record_actions"))
+_CONFLICT_CLAUSES = (
+    "    ON CONFLICT (key, processed_on) DO NOTHING\n",
+    "    ON CONFLICT (source_message_id) WHERE source_message_id IS NOT NULL DO NOTHING\n",
+)
+
+
+def without_conflict_clauses(statement: str) -> str:
+    """``record_actions`` without its two ``ON CONFLICT DO NOTHING`` clauses (each exactly once).
+
+    The statement for batches of new messages: the same writes and answer, without the
+    speculative insertion (a pre-check probe of each unique index and a confirmation record per
+    row); it fails with a unique violation, writing nothing, when any message was recorded
+    before. Raises ``ValueError`` when the text no longer holds each clause once.
+    """
+    for clause in _CONFLICT_CLAUSES:
+        if statement.count(clause) != 1:
+            raise ValueError(f"record_actions must hold {clause.strip()!r} once")
+        statement = statement.replace(clause, "")
+    return statement
+
+
+_STATEMENTS = (query("record_actions"), without_conflict_clauses(query("record_actions")))
+_POSITIONAL = tuple(deferred_statement.Positional.of(text) for text in _STATEMENTS)
+
+
+def _statement(fresh: bool) -> str:
+    return _STATEMENTS[fresh]
+
+
+class ConflictGuess:
+    """Whether the next batch is sent as new messages only (no ``ON CONFLICT``; pure).
+
+    Fresh by default: a batch that then conflicts (a redelivery, a replay, a racing process)
+    is written again whole with ``ON CONFLICT`` (nothing of the first attempt was written),
+    and the next ``wait`` batches go with ``ON CONFLICT`` at once; ``wait`` doubles with each
+    conflict in a row (1, 2, 4 ... :data:`MAX_WAIT`) and is back to 1 after a fresh batch
+    passed. So a replay of recorded messages costs one failed statement per ``MAX_WAIT``
+    batches, and a backlog of new messages saves the speculative insertion on every batch.
+    """
+
+    MAX_WAIT = 1024
+
+    __slots__ = ("_left", "_wait")
+
+    def __init__(self) -> None:
+        self._wait = 1
+        self._left = 0
+
+    def fresh(self) -> bool:
+        """True: send the next batch without ``ON CONFLICT``."""
+        if self._left:
+            self._left -= 1
+            return False
+        return True
+
+    def conflicted(self) -> None:
+        """A fresh batch conflicted: the next ones go with ``ON CONFLICT`` for a while."""
+        self._left = self._wait
+        self._wait = min(self._wait * 2, self.MAX_WAIT)
+
+    def passed(self, fresh: bool) -> None:
+        """A batch was committed as sent (``fresh``: without ``ON CONFLICT``)."""
+        if fresh:
+            self._wait = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +427,8 @@ class SentBatch:
     """Duplicates within the batch; the rest once :meth:`FavoritesStore.finish_batch` returned."""
     pending: PendingBatch | None
     """What was sent (None: nothing to send)."""
+    fresh_params: dict[str, Any] | None = None
+    """The parameters, when sent without ``ON CONFLICT`` (to send again with it on a conflict)."""
 
 
 def _unique(messages: Sequence[FavoriteMessage]) -> tuple[BatchOutcome, list[FavoriteMessage]]:

@@ -113,6 +113,45 @@ def test_send_then_finish_records_like_record_batch(
     assert _recorded(database_url, messages) == 5
 
 
+@pytest.mark.parametrize("deferred", [True, False], ids=["send-finish", "record_batch"])
+def test_a_batch_sent_as_new_that_holds_a_recorded_message_is_written_again_whole(
+    db: psycopg.Connection[Any], database_url: str, deferred: bool
+) -> None:
+    messages = _messages(db, 6)
+    store = FavoritesStore("t.deferred.action-tracked")
+
+    def write(conn: psycopg.Connection[Any], batch: list[FavoriteMessage]) -> Any:
+        if deferred:
+            return store.finish_batch(conn, store.send_batch(conn, batch))
+        return store.record_batch(conn, batch)
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        first = write(conn, messages[:2])  # new messages only: no ON CONFLICT, it passes
+        # one recorded before (mark and source_message_id): sent as new, it conflicts, and
+        # the batch goes again with ON CONFLICT; the next one goes with it at once
+        mixed = write(conn, [messages[1], *messages[2:4]])
+        third = write(conn, [messages[3], messages[4]])
+        fourth = write(conn, [messages[5]])  # sent as new again (ConflictGuess)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+    assert [a.message for a in first.recorded] == messages[:2]
+    assert [a.message for a in mixed.recorded] == messages[2:4]
+    assert mixed.duplicates == [messages[1]]
+    assert [a.message for a in third.recorded] == [messages[4]]
+    assert third.duplicates == [messages[3]]
+    assert [a.message for a in fourth.recorded] == [messages[5]]
+    assert _recorded(database_url, messages) == 6
+    counts = db.execute(
+        """SELECT (SELECT count(*) FROM user_activity.consumer_idempotency_marks
+                    WHERE key = ANY(%(keys)s)),
+                  (SELECT count(*) FROM user_activity.outbox o
+                     JOIN user_activity.action_events e ON e.id = o.action_event_id
+                    WHERE e.source_message_id = ANY(%(ids)s))""",
+        {"keys": [m.idempotency_key for m in messages], "ids": [m.message_id for m in messages]},
+    ).fetchone()
+    assert counts == (6, 6)  # one mark and one outbox row each: the failed attempts left none
+
+
 @pytest.mark.usefixtures("reading_backlog")
 def test_a_large_batch_commits_by_the_snapshot_barrier(
     db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event
