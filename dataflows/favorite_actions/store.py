@@ -17,6 +17,7 @@ On any exception the transaction is rolled back and nothing of the batch is writ
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timezone
@@ -33,6 +34,7 @@ from psycopg.pq import Format
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.records import ActionRowBuilder, RecordedAction, SessionSnapshot
 from dataflows.favorite_actions.sql import query
+from runtime.logs import log_event
 from schemas.action_tracked import utc_offset_seconds
 from schemas.favorites import ActionType
 from schemas.outbox import propagated_headers
@@ -53,6 +55,8 @@ from sinks.binary_codec import (
     uuid_element,
 )
 from sinks.db import Connection
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,10 +116,10 @@ class FavoritesStore:
         try:
             with conn.transaction():
                 rows = self._execute(conn, _statement(fresh), params)
-        except psycopg.errors.UniqueViolation:
+        except psycopg.errors.UniqueViolation as exc:
             if not fresh:
                 raise
-            self._guess.conflicted()
+            self._conflicted(exc, len(batch))
             with conn.transaction():  # nothing of the batch was written: the whole batch again
                 rows = self._execute(conn, _statement(False), params)
         else:
@@ -148,16 +152,23 @@ class FavoritesStore:
             return sent.outcome
         try:
             result = deferred_statement.finish(conn)
-        except psycopg.errors.UniqueViolation:
+        except psycopg.errors.UniqueViolation as exc:
             if sent.fresh_params is None:
                 raise
-            self._guess.conflicted()  # nothing was written; the connection is idle again
+            self._conflicted(exc, len(sent.pending.messages))  # nothing was written
             return self.settle(sent.pending, self._execute(conn, _statement(False),
                                                            sent.fresh_params))
         self._guess.passed(sent.fresh_params is not None)
         transformer = Transformer.from_context(conn)
         transformer.set_pgresult(result, format=Format.BINARY)
         return self.settle(sent.pending, transformer.load_rows(0, result.ntuples, tuple))
+
+    def _conflicted(self, exc: psycopg.errors.UniqueViolation, messages: int) -> None:
+        """A batch sent as new held a recorded message: say so; it goes again with ON CONFLICT."""
+        self._guess.conflicted()
+        log_event(logger, "write-conflict-retried", logging.INFO, messages=messages,
+                  constraint=exc.diag.constraint_name,
+                  next_batches_with_on_conflict=self._guess.left)
 
     def statement(
         self, messages: Sequence[FavoriteMessage], outcome: BatchOutcome,
@@ -380,6 +391,11 @@ class ConflictGuess:
     MAX_WAIT = 1024
 
     __slots__ = ("_left", "_wait")
+
+    @property
+    def left(self) -> int:
+        """How many of the next batches go with ``ON CONFLICT`` at once."""
+        return self._left
 
     def __init__(self) -> None:
         self._wait = 1
