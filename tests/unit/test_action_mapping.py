@@ -425,8 +425,8 @@ def test_event_row_fields_are_in_the_order_record_actions_sql_reads_them() -> No
 
 
 def test_new_ids_are_distinct_time_ordered_uuid7s_that_behave_like_any_uuid() -> None:
-    new_id = FavoritesStore(ACTION_TRACKED_TOPIC)._new_id  # the ids the store gives its rows
-    ids = [new_id() for _ in range(1000)]
+    make_id = FavoritesStore(ACTION_TRACKED_TOPIC)._new_id  # the ids the store gives its rows
+    ids = [make_id() for _ in range(1000)]
 
     assert len(set(ids)) == 1000
     assert ids == sorted(ids)
