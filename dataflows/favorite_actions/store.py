@@ -115,13 +115,13 @@ class FavoritesStore:
         fresh = self._guess.fresh()
         try:
             with conn.transaction():
-                rows = self._execute(conn, _statement(fresh), params)
+                rows = self._execute(conn, _STATEMENTS[fresh], params)
         except psycopg.errors.UniqueViolation as exc:
             if not fresh:
                 raise
             self._conflicted(exc, len(batch))
             with conn.transaction():  # nothing of the batch was written: the whole batch again
-                rows = self._execute(conn, _statement(False), params)
+                rows = self._execute(conn, _STATEMENTS[False], params)
         else:
             self._guess.passed(fresh)
         return self.settle(pending, rows)
@@ -156,7 +156,7 @@ class FavoritesStore:
             if sent.fresh_params is None:
                 raise
             self._conflicted(exc, len(sent.pending.messages))  # nothing was written
-            return self.settle(sent.pending, self._execute(conn, _statement(False),
+            return self.settle(sent.pending, self._execute(conn, _STATEMENTS[False],
                                                            sent.fresh_params))
         self._guess.passed(sent.fresh_params is not None)
         transformer = Transformer.from_context(conn)
@@ -370,11 +370,8 @@ def without_conflict_clauses(statement: str) -> str:
 
 
 _STATEMENTS = (query("record_actions"), without_conflict_clauses(query("record_actions")))
+"""``record_actions`` with its ON CONFLICT clauses [0] and without them [1], by ``fresh``."""
 _POSITIONAL = tuple(deferred_statement.Positional.of(text) for text in _STATEMENTS)
-
-
-def _statement(fresh: bool) -> str:
-    return _STATEMENTS[fresh]
 
 
 class ConflictGuess:
@@ -392,14 +389,14 @@ class ConflictGuess:
 
     __slots__ = ("_left", "_wait")
 
+    def __init__(self) -> None:
+        self._wait = 1
+        self._left = 0
+
     @property
     def left(self) -> int:
         """How many of the next batches go with ``ON CONFLICT`` at once."""
         return self._left
-
-    def __init__(self) -> None:
-        self._wait = 1
-        self._left = 0
 
     def fresh(self) -> bool:
         """True: send the next batch without ``ON CONFLICT``."""
