@@ -10,6 +10,9 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   per-partition offsets, used only when there is no snapshot to resume from;
 - bounded mode (``tail=False``): each partition stops at the end offset seen when it was built,
   so a backfill is a bounded run even while producers keep writing;
+- transactions upstream: offsets never delivered (commit and abort markers, aborted records)
+  are passed once the consumer's position is past them, so a partition ending on a marker is
+  caught up (lag 0) and a bounded run ending on one ends;
 - no busy loop: an empty poll schedules the next one ``idle_poll`` later;
 - the snapshot is the offset of the next record to read, taken by Bytewax at epoch end, i.e.
   only once the sinks have returned for the records before it;
@@ -308,6 +311,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             ))
             next_offset = offset + 1
             last = msg
+        if not messages:
+            next_offset = self._passed(next_offset, end)
         self._next_offset = next_offset
         if last is not None:
             self._read_at = now
@@ -322,6 +327,26 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             self._shared.check_reachable(fetched=last is not None)
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
+
+    def _passed(self, next_offset: int | None, end: int | None) -> int | None:
+        """The next offset, moved past offsets no consumer is given, once nothing waits.
+
+        A producer with transactions writes a marker after each transaction, and an aborted
+        transaction's records are never delivered (``read_committed``): without this, the
+        partition would look one record behind forever after a transaction (its lag gauge
+        climbing while the topic is quiet, the lag alert firing, the backlog signal on) and a
+        bounded run whose end sits behind a marker would never end. With this partition's
+        buffer empty, the consumer's position (local, no broker call) is past every record it
+        was given; what lies between is never delivered, so the snapshot may start there.
+        Capped at a bounded run's end.
+        """
+        position = self._shared.drained_position(self._key)
+        if position is None or (next_offset is not None and position <= next_offset):
+            return next_offset
+        if end is not None:
+            position = min(position, end)
+        self._progress.next_offset = position
+        return position
 
     def _behind(self, polled: int) -> bool:
         """Whether more records are waiting (the backlog signal, :mod:`runtime.backlog`).

@@ -150,6 +150,21 @@ class SharedConsumer:
             self._buffered -= len(taken)
             return taken
 
+    def drained_position(self, key: tuple[str, int]) -> int | None:
+        """The consumer's position in partition ``key`` once none of its records wait here.
+
+        librdkafka's position is the offset after the last record it handed out, and it also
+        passes what is never handed out (transaction markers, aborted transactions' records).
+        With the partition's buffer empty, every record before it was taken. None while
+        records of ``key`` wait in the buffer, or before the consumer has a position (a local
+        call: no broker is asked).
+        """
+        with self._lock:
+            if self._buffers.get(key):
+                return None
+            offset = self.consumer.position([TopicPartition(*key)])[0].offset
+            return offset if offset >= 0 else None
+
     def _fill(self, caller: tuple[str, int], limit: int) -> None:
         """One poll of the shared queue into the partitions' buffers."""
         buffers = self._buffers

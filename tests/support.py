@@ -53,6 +53,51 @@ def produce(settings: Settings, records: Iterable[Produced]) -> int:
     return count
 
 
+def produce_in_transactions(
+    settings: Settings, transactions: Sequence[tuple[Sequence[Produced], bool]]
+) -> None:
+    """Produce each ``(records, commit)`` in a transaction of its own, committed or aborted.
+
+    Returns once every touched partition's markers are written: a transaction's end returns
+    before its markers reach the partitions, and until then a ``read_committed`` consumer
+    (ours) sees the partitions end where the transaction began.
+    """
+    config = settings.kafka_client_config()
+    producer = Producer({**config, "transactional.id": f"test-tx-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    touched: set[tuple[str, int]] = set()
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        touched.add((msg.topic(), msg.partition()))
+
+    for records, commit in transactions:
+        producer.begin_transaction()
+        for record in records:
+            kwargs: dict[str, Any] = {} if record.partition is None else {
+                "partition": record.partition}
+            producer.produce(record.topic, record.value, record.key,
+                             headers=list(record.headers), on_delivery=delivered, **kwargs)
+        assert producer.flush(30) == 0
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    views = [Consumer({**config, "group.id": "test-watermarks", "isolation.level": level})
+             for level in ("read_committed", "read_uncommitted")]
+    try:
+        deadline = time.monotonic() + 30
+        for topic, partition in sorted(touched):
+            handle = TopicPartition(topic, partition)
+            while (views[0].get_watermark_offsets(handle, timeout=10)[1]
+                   != views[1].get_watermark_offsets(handle, timeout=10)[1]):
+                assert time.monotonic() < deadline, f"markers of {topic}[{partition}] not written"
+                time.sleep(0.05)
+    finally:
+        for view in views:
+            view.close()
+
+
 def envelope_record(topic: str, envelope: dict[str, Any], **kwargs: Any) -> Produced:
     key = str(envelope["AggregateId"]).encode()
     return Produced(topic, key, orjson.dumps(envelope), **kwargs)

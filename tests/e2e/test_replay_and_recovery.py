@@ -23,7 +23,14 @@ from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from sources.kafka_input import StartPosition
 from tests.conftest import SettingsFactory
-from tests.support import Produced, action_rows, consume_all, envelope_record, produce
+from tests.support import (
+    Produced,
+    action_rows,
+    consume_all,
+    envelope_record,
+    produce,
+    produce_in_transactions,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -230,3 +237,33 @@ def test_until_closes_the_replay_window_at_that_time(
     assert result["recorded"] == 5
     assert len(action_rows(db, _ids(early))) == 5
     assert action_rows(db, _ids(late)) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_replay_of_topics_written_in_transactions_ends_and_records_only_the_committed(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """A replay of input written in transactions ends, and records only what was committed.
+
+    A .NET producer with a TransactionalId leaves a marker after each transaction, never
+    delivered to a consumer; here every partition written ends on one (the last transaction
+    aborted), and the replay still ends at the end offsets it saw at start.
+    """
+    settings = make_settings()
+    owner = new_id()
+    insert_session(db, anonymous_id=owner)
+    committed = [favorite_envelope(anonymous_id=owner) for _ in range(12)]
+    aborted = [favorite_envelope(anonymous_id=owner) for _ in range(6)]
+    produce_in_transactions(settings, [
+        ([envelope_record(topic, e) for e in envelopes
+          for topic in (settings.topic_favorite_added, settings.topic_favorite_removed)], commit)
+        for envelopes, commit in ((committed, True), (aborted, False))
+    ])
+
+    result = replay(settings, StartPosition(timestamp_ms=0), out=io.StringIO())
+
+    # each committed message twice (once per topic): recorded once, the other a duplicate
+    assert result == {"recorded": 12, "duplicate": 12, "invalid-owner": 0, "no-session": 0,
+                      "dead-lettered": 0}
+    assert len(action_rows(db, _ids(committed))) == 12
+    assert action_rows(db, _ids(aborted)) == []

@@ -1,0 +1,87 @@
+"""Offsets no consumer is given (transaction markers, aborted records), on a real broker.
+
+Producers with transactions (exactly-once producers, e.g. .NET's with a ``TransactionalId``)
+leave a commit or abort marker after each transaction, and an aborted transaction's records are
+never delivered (``read_committed``). A partition that ends on them is caught up: a bounded run
+(``user-activity replay``) ends at the end offset it saw, and a tailed one shows no backlog.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from runtime.backlog import BACKLOG
+from runtime.input_progress import INPUT_PROGRESS
+from schemas.kafka_record import SourceRecord
+from sources.kafka_input import KafkaInput
+from tests.conftest import SettingsFactory
+from tests.support import Produced, produce_in_transactions
+
+pytestmark = pytest.mark.integration
+
+
+def _write_transactions(settings: Any, topic: str, *, aborted_last: bool) -> int:
+    """Five committed records on partition 0, then (``aborted_last``) three aborted ones.
+
+    Offsets 0-4 the records, 5 the commit marker; then 6-8 the aborted records, 9 the abort
+    marker. Returns the end offset (6 or 10). Nothing is written after them.
+    """
+    committed = [Produced(topic, str(i).encode(), b"{}", partition=0) for i in range(5)]
+    aborted = [Produced(topic, f"aborted-{i}".encode(), b"{}", partition=0) for i in range(3)]
+    produce_in_transactions(settings, [(committed, True)] + ([(aborted, False)] if aborted_last
+                                                             else []))
+    return 10 if aborted_last else 6
+
+
+@pytest.mark.parametrize("last", ["committed", "aborted"])
+def test_a_bounded_partition_whose_last_offsets_are_never_delivered_ends_at_its_end(
+    make_settings: SettingsFactory, last: str,
+) -> None:
+    settings = make_settings(tail=False)
+    topic = settings.topic_favorite_added
+    end = _write_transactions(settings, topic, aborted_last=last == "aborted")
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=False).build_part(
+        "input", f"{topic}#0", None)
+    records: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        with pytest.raises(StopIteration):
+            while True:
+                assert time.monotonic() < deadline, f"the partition never ended: {records}"
+                records += [item.offset for item in part.next_batch()
+                            if isinstance(item, SourceRecord)]
+        assert records == [0, 1, 2, 3, 4]
+        assert part.snapshot() == end  # a resumed run starts at the end, not before it
+    finally:
+        part.close()
+
+
+@pytest.mark.parametrize("last", ["committed", "aborted"])
+def test_a_tailed_partition_ending_on_a_marker_is_caught_up(
+    make_settings: SettingsFactory, last: str,
+) -> None:
+    """No record behind, no lag, no backlog signal (which would defer the sink's commits)."""
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    end = _write_transactions(settings, topic, aborted_last=last == "aborted")
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=0).build_part("input", f"{topic}#0", None)
+    records: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while part.snapshot() != end:
+            assert time.monotonic() < deadline, f"never caught up: {records}, {part.snapshot()}"
+            records += [item.offset for item in part.next_batch()
+                        if isinstance(item, SourceRecord)]
+            time.sleep(0.02)
+        part.next_batch()  # one more poll, with the high watermark known
+        progress = {(p.topic, p.partition): p for p in INPUT_PROGRESS.partitions()}[(topic, 0)]
+        assert records == [0, 1, 2, 3, 4]
+        assert (progress.high_watermark, progress.next_offset) == (end, end)
+        assert (progress.behind(), progress.lag(time.time())) == (0, 0.0)
+        assert not BACKLOG.reading()
+    finally:
+        part.close()
