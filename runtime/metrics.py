@@ -87,6 +87,13 @@ CONSUMER_ERRORS = Counter(
     "Errors reported by the Kafka consumers (routed to the log, never silently dropped).",
     ["topic", "code"],
 )
+INPUT_RECORDS_EXPIRED = Counter(
+    "user_activity_input_records_expired",
+    "Input records deleted by the topic's retention (or DeleteRecords) before this job read"
+    " them: the partition's log start had passed its next offset, so the consumer went on from"
+    " the log start. Lost to the stream; replay cannot bring them back.",
+    ["topic", "partition"],
+)
 OUTBOX_PARKED = Counter(
     "user_activity_outbox_parked",
     "Outbox rows parked: the broker refused the record itself (too large, invalid), so it is kept"

@@ -60,6 +60,7 @@ from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
+from runtime.metrics import INPUT_RECORDS_EXPIRED
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.partition_watch import watch_partitions
@@ -304,6 +305,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 # a compacted record just before the end would otherwise never be "read").
                 next_offset = max(next_offset or 0, end)
                 continue
+            if next_offset is not None and offset > next_offset:
+                self._gap(next_offset, offset)  # a marker, compaction, or retention: which?
             raw_headers = msg.headers()
             append(SourceRecord(
                 topic, partition, offset, msg.key(), msg.value(),
@@ -327,6 +330,27 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             self._shared.check_reachable(fetched=last is not None)
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
+
+    def _gap(self, expected: int, got: int) -> None:
+        """Records from ``expected`` to ``got`` were not delivered: say so if they expired.
+
+        Gaps are normal after a transaction's marker and on compacted topics. When the
+        partition's log start (librdkafka's cached low watermark: no broker call) is past
+        ``expected``, the records before it were deleted (retention, DeleteRecords) before
+        this job read them, e.g. after it was stopped or paused longer than the topic keeps
+        records, and the consumer went on from the log start (``auto.offset.reset``). They
+        are lost to the stream: counted and logged at ERROR, never silently skipped.
+        """
+        low = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)[0]
+        if low <= expected:
+            return
+        lost_to = min(got, low)
+        INPUT_RECORDS_EXPIRED.labels(self.topic, str(self.partition)).inc(lost_to - expected)
+        log_event(
+            logger, "input-records-expired", logging.ERROR, topic=self.topic,
+            partition=self.partition, from_offset=expected, to_offset=lost_to,
+            records=lost_to - expected, log_start_offset=low,
+        )
 
     def _passed(self, next_offset: int | None, end: int | None) -> int | None:
         """The next offset, moved past offsets no consumer is given, once nothing waits.

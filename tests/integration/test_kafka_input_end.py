@@ -8,17 +8,21 @@ never delivered (``read_committed``). A partition that ends on them is caught up
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import REGISTRY
 
 from runtime.backlog import BACKLOG
 from runtime.input_progress import INPUT_PROGRESS
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
 from tests.conftest import SettingsFactory
-from tests.support import Produced, produce_in_transactions
+from tests.support import Produced, produce, produce_in_transactions
 
 pytestmark = pytest.mark.integration
 
@@ -85,3 +89,41 @@ def test_a_tailed_partition_ending_on_a_marker_is_caught_up(
         assert not BACKLOG.reading()
     finally:
         part.close()
+
+
+def _expired(topic: str) -> float:
+    value = REGISTRY.get_sample_value("user_activity_input_records_expired_total",
+                                      {"topic": topic, "partition": "0"})
+    return value or 0.0
+
+
+def test_records_deleted_before_they_were_read_are_counted_and_logged_as_expired(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job resumed past the topic's retention: its snapshot (5) is before the log start (12).
+
+    The consumer goes on from the log start (nothing else can be read); the 7 records lost are
+    counted and logged at ERROR, not skipped silently.
+    """
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, str(i).encode(), b"{}", partition=0) for i in range(20)])
+    admin = AdminClient(settings.kafka_client_config())
+    [future] = admin.delete_records([TopicPartition(topic, 0, 12)]).values()
+    assert future.result(30).low_watermark == 12
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=0).build_part("input", f"{topic}#0", 5)
+    records: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(records) < 8:
+            assert time.monotonic() < deadline, f"not read: {records}"
+            records += [item.offset for item in part.next_batch()
+                        if isinstance(item, SourceRecord)]
+            time.sleep(0.02)
+    finally:
+        part.close()
+    assert records == list(range(12, 20))
+    assert _expired(topic) == 7
+    [line] = [r for r in caplog.records if r.getMessage().startswith("input-records-expired")]
+    assert line.levelno == logging.ERROR

@@ -69,6 +69,7 @@ EXPECTED_ALERTS = {
     "UserActivityOutboxStalled",
     "UserActivityOutboxRowsParked",
     "UserActivityInputStalled",
+    "UserActivityInputRecordsExpired",
     "UserActivityBackgroundLoopRestarting",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
@@ -109,7 +110,8 @@ def test_outbox_stalled_compares_the_oldest_unpublished_row_with_the_threshold_a
 @pytest.mark.parametrize(
     ("name", "counter"),
     [("UserActivityOutboxRowsParked", "user_activity_outbox_parked_total"),
-     ("UserActivityBackgroundLoopRestarting", "user_activity_background_restarts_total")],
+     ("UserActivityBackgroundLoopRestarting", "user_activity_background_restarts_total"),
+     ("UserActivityInputRecordsExpired", "user_activity_input_records_expired_total")],
 )
 def test_counter_alerts_fire_on_any_increase_also_of_a_series_first_seen_at_one(
     name: str, counter: str
