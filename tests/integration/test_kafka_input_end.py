@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,24 +41,41 @@ def _write_transactions(settings: Any, topic: str, *, aborted_last: bool) -> int
     return 10 if aborted_last else 6
 
 
+def _after_transactions(
+    make_settings: SettingsFactory, last: str, *, tail: bool
+) -> tuple[Any, int, str]:
+    """Partition 0 of a topic written by :func:`_write_transactions`: (part, end, topic)."""
+    settings = make_settings(tail=tail)
+    topic = settings.topic_favorite_added
+    end = _write_transactions(settings, topic, aborted_last=last == "aborted")
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=tail, flow="favorites",
+                      stuck_after=0).build_part("input", f"{topic}#0", None)
+    return part, end, topic
+
+
+def _read(part: Any, done: Callable[[list[int]], bool], what: str) -> tuple[list[int], bool]:
+    """Poll ``part`` until ``done(offsets read)`` or its end; the offsets, and whether it ended."""
+    records: list[int] = []
+    deadline = time.monotonic() + 30
+    while not done(records):
+        assert time.monotonic() < deadline, f"{what}: read {records}, at {part.snapshot()}"
+        try:
+            batch = part.next_batch()
+        except StopIteration:
+            return records, True
+        records += [item.offset for item in batch if isinstance(item, SourceRecord)]
+        time.sleep(0.02)
+    return records, False
+
+
 @pytest.mark.parametrize("last", ["committed", "aborted"])
 def test_a_bounded_partition_whose_last_offsets_are_never_delivered_ends_at_its_end(
     make_settings: SettingsFactory, last: str,
 ) -> None:
-    settings = make_settings(tail=False)
-    topic = settings.topic_favorite_added
-    end = _write_transactions(settings, topic, aborted_last=last == "aborted")
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=False).build_part(
-        "input", f"{topic}#0", None)
-    records: list[int] = []
+    part, end, _ = _after_transactions(make_settings, last, tail=False)
     try:
-        deadline = time.monotonic() + 30
-        with pytest.raises(StopIteration):
-            while True:
-                assert time.monotonic() < deadline, f"the partition never ended: {records}"
-                records += [item.offset for item in part.next_batch()
-                            if isinstance(item, SourceRecord)]
-        assert records == [0, 1, 2, 3, 4]
+        records, ended = _read(part, lambda _: False, "the partition never ended")
+        assert (records, ended) == ([0, 1, 2, 3, 4], True)
         assert part.snapshot() == end  # a resumed run starts at the end, not before it
     finally:
         part.close()
@@ -67,20 +85,10 @@ def test_a_bounded_partition_whose_last_offsets_are_never_delivered_ends_at_its_
 def test_a_tailed_partition_ending_on_a_marker_is_caught_up(
     make_settings: SettingsFactory, last: str,
 ) -> None:
-    """No record behind, no lag, no backlog signal (which would defer the sink's commits)."""
-    settings = make_settings(tail=True)
-    topic = settings.topic_favorite_added
-    end = _write_transactions(settings, topic, aborted_last=last == "aborted")
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
-                      stuck_after=0).build_part("input", f"{topic}#0", None)
-    records: list[int] = []
+    """No record behind, no lag, no backlog signal."""
+    part, end, topic = _after_transactions(make_settings, last, tail=True)
     try:
-        deadline = time.monotonic() + 30
-        while part.snapshot() != end:
-            assert time.monotonic() < deadline, f"never caught up: {records}, {part.snapshot()}"
-            records += [item.offset for item in part.next_batch()
-                        if isinstance(item, SourceRecord)]
-            time.sleep(0.02)
+        records, _ = _read(part, lambda _: part.snapshot() == end, "never caught up")
         part.next_batch()  # one more poll, with the high watermark known
         progress = {(p.topic, p.partition): p for p in INPUT_PROGRESS.partitions()}[(topic, 0)]
         assert records == [0, 1, 2, 3, 4]
@@ -113,14 +121,8 @@ def test_records_deleted_before_they_were_read_are_counted_and_logged_as_expired
     assert future.result(30).low_watermark == 12
     part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
                       stuck_after=0).build_part("input", f"{topic}#0", 5)
-    records: list[int] = []
     try:
-        deadline = time.monotonic() + 30
-        while len(records) < 8:
-            assert time.monotonic() < deadline, f"not read: {records}"
-            records += [item.offset for item in part.next_batch()
-                        if isinstance(item, SourceRecord)]
-            time.sleep(0.02)
+        records, _ = _read(part, lambda read: len(read) >= 8, "not read")
     finally:
         part.close()
     assert records == list(range(12, 20))
