@@ -47,6 +47,10 @@ INFRASTRUCTURE_SQLSTATES = frozenset({
     # The environment, not the message: every message would fail alike, and a retry succeeds once
     # an operator fixes it, so these pause the stream instead of dead-lettering good messages.
     "25006",  # read_only_sql_transaction: connected to a standby after a failover
+    # The server ended the session on a timeout an operator set (like statement_timeout, 57014):
+    # idle_in_transaction_session_timeout, and transaction_timeout (PostgreSQL 17), which also
+    # counts a single autocommit statement, e.g. a batch slowed by a storage stall.
+    "25P03", "25P04",
     "28000", "28P01",  # invalid authorization / password: credentials rotated
     "3D000",  # invalid_catalog_name: the database does not exist (yet)
     "42501",  # insufficient_privilege: grants missing

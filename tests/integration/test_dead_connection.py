@@ -6,7 +6,8 @@ timeout is the server's and cannot fire either). Without keepalives and a TCP us
 client would wait about two hours; with ``db_dead_connection_seconds`` it fails in about that
 long with an infrastructure error (retried by the caller) and the next connection works. The
 same silence seen from the server (the job's node lost): its session ends as fast. Needs
-root and iptables (``scripts/bootstrap.sh`` installs it as root); skipped otherwise.
+root and iptables (``scripts/bootstrap.sh`` installs it as root); skipped otherwise. A session
+the server itself ends on a timeout an operator set is an infrastructure error too.
 """
 
 from __future__ import annotations
@@ -127,3 +128,29 @@ def test_the_server_ends_the_session_of_a_job_that_vanished_and_frees_the_outbox
         assert other.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,)).fetchone() == (
             True,)
     vanishing.reset()
+
+
+def test_a_session_the_server_ends_on_a_transaction_timeout_is_retried_on_a_new_connection(
+    make_settings: SettingsFactory,
+) -> None:
+    """The server ending a session on a timeout is retried, not blamed on the batch.
+
+    ``idle_in_transaction_session_timeout`` (25P03), in the sinks' ``conn.transaction()``
+    pattern: what psycopg raises is an infrastructure error (retried, never dead-lettered; it
+    was classified as neither, so a batch was isolated and its good messages dead-lettered),
+    and the step's next connection works. PostgreSQL 17's ``transaction_timeout`` (25P04) ends
+    the session the same way (``tests/unit/test_error_classification.py``).
+    """
+    db = Database(make_settings(), "test-session-timeout")
+    conn = db.connection()
+    first_pid = conn.info.backend_pid
+    conn.execute("SET idle_in_transaction_session_timeout = '200ms'")
+    with pytest.raises(psycopg.Error) as raised, conn.transaction():
+        conn.execute("SELECT 1")
+        time.sleep(1.0)  # idle in the transaction: the server ends the session
+        conn.execute("SELECT 1")
+    assert is_infrastructure_error(raised.value), type(raised.value)
+    again = db.connection()
+    assert again.info.backend_pid != first_pid
+    assert again.execute("SELECT 1").fetchone() == (1,)
+    db.close()

@@ -39,6 +39,8 @@ INFRASTRUCTURE_ERRORS: list[type[psycopg.Error]] = [
     psycopg.errors.SqlclientUnableToEstablishSqlconnection,  # 08001
     psycopg.errors.IoError,  # 58030
     psycopg.errors.ReadOnlySqlTransaction,  # 25006, a standby after failover
+    psycopg.errors.IdleInTransactionSessionTimeout,  # 25P03, the server ended the session
+    psycopg.errors.TransactionTimeout,  # 25P04 (PostgreSQL 17), the server ended the session
     psycopg.errors.InvalidPassword,  # 28P01, rotated credentials
     psycopg.errors.InvalidCatalogName,  # 3D000
     psycopg.errors.InsufficientPrivilege,  # 42501
