@@ -38,9 +38,13 @@ from __future__ import annotations
 import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
-INFRASTRUCTURE_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
+INFRASTRUCTURE_SQLSTATE_CLASSES = frozenset({"08", "42", "53", "57", "58"})
 """Connection exception, insufficient resources, operator intervention (admin shutdown,
-statement timeout, cannot connect now), system error (I/O)."""
+statement timeout, cannot connect now), system error (I/O); and class 42 (syntax error or
+access rule violation: undefined table, column or function, grants): our statements are fixed
+SQL files with bound parameters, so a class 42 error is found before any value is read. It
+says the schema and the code do not match (migrations not applied yet, a rollout or rollback
+half done), and every message would fail alike."""
 
 INFRASTRUCTURE_SQLSTATES = frozenset({
     "40001", "40P01", "55P03",  # serialization failure, deadlock detected, lock not available
@@ -53,8 +57,6 @@ INFRASTRUCTURE_SQLSTATES = frozenset({
     "25P03", "25P04",
     "28000", "28P01",  # invalid authorization / password: credentials rotated
     "3D000",  # invalid_catalog_name: the database does not exist (yet)
-    "42501",  # insufficient_privilege: grants missing
-    "42P01",  # undefined_table: migrations not applied yet
 })
 """SQLSTATEs outside those classes that are infrastructure too."""
 

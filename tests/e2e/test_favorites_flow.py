@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from bytewax.testing import cluster_main, run_main
+from prometheus_client import REGISTRY
 
 from dataflows.favorite_actions import build_flow
 from dataflows.session_linking import build_flow as build_session_linking_flow
@@ -213,3 +216,47 @@ def test_two_workers_record_every_message_exactly_once(
     assert len(action_rows(db, [uuid.UUID(e["MessageId"]) for e in envelopes])) == 200
     tracked = _tracked(settings, 200)
     assert len({t.message_id for t in tracked}) == 200
+
+
+def _retries() -> float:
+    return REGISTRY.get_sample_value("user_activity_favorites_retries_total") or 0.0
+
+
+def test_a_schema_the_code_does_not_match_pauses_the_stream_and_dead_letters_nothing(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A rollout or rollback half done: a column the statement writes is missing (42703).
+
+    A class 42 error comes from the fixed SQL, not from a message, so every message would fail
+    alike: the stream pauses and retries (it used to isolate and dead-letter every message),
+    and once the schema matches again it records them all.
+    """
+    settings = make_settings()
+    owner = new_id()
+    insert_session(db, anonymous_id=owner)
+    envelopes = [favorite_envelope(anonymous_id=owner) for _ in range(5)]
+    produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in envelopes])
+    rename = "ALTER TABLE user_activity.outbox RENAME COLUMN {} TO {}"
+    db.execute(rename.format("correlation_id", "correlation_id_elsewhere"))
+    before = _retries()
+    restored = threading.Event()
+
+    def restore_after_three_retries() -> None:
+        deadline = time.monotonic() + 60
+        while _retries() < before + 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(rename.format("correlation_id_elsewhere", "correlation_id"))
+        restored.set()
+
+    restorer = threading.Thread(target=restore_after_three_retries, daemon=True)
+    restorer.start()
+    try:
+        run_main(build_flow(settings))
+    finally:
+        restorer.join(90)
+    assert restored.is_set()
+    assert _retries() >= before + 3
+    assert len(action_rows(db, [uuid.UUID(e["MessageId"]) for e in envelopes])) == 5
+    assert len(_tracked(settings, 5)) == 5
+    assert consume_all(settings, settings.topic_favorites_dlq, settle=0.5) == []

@@ -45,6 +45,10 @@ INFRASTRUCTURE_ERRORS: list[type[psycopg.Error]] = [
     psycopg.errors.InvalidCatalogName,  # 3D000
     psycopg.errors.InsufficientPrivilege,  # 42501
     psycopg.errors.UndefinedTable,  # 42P01, migrations not applied
+    psycopg.errors.UndefinedColumn,  # 42703, the schema and the code do not match
+    psycopg.errors.UndefinedFunction,  # 42883
+    psycopg.errors.SyntaxError,  # 42601
+    psycopg.errors.DatatypeMismatch,  # 42804
 ]
 
 DATA_ERRORS: list[type[psycopg.Error]] = [
@@ -59,9 +63,9 @@ DATA_ERRORS: list[type[psycopg.Error]] = [
 ]
 
 NEITHER_ERRORS: list[type[psycopg.Error]] = [
-    psycopg.errors.UndefinedColumn,  # 42703
-    psycopg.errors.SyntaxError,  # 42601
     psycopg.errors.InFailedSqlTransaction,  # 25P02
+    psycopg.errors.RaiseException,  # P0001, a trigger's own error
+    psycopg.errors.InternalError_,  # XX000
 ]
 
 
