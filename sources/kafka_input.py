@@ -27,7 +27,7 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   and never resume, with no error (confluentinc/librdkafka#5153; seen here once in a CI run of
   the broker-restart chaos test: one partition of twelve read nothing more). A partition that
   read nothing for ``stuck_after`` seconds asks the broker for its high watermark; if records
-  wait past both its next offset and its consumer's fetch position, the worker's consumer is
+  wait past its next offset (moved past control records on empty polls), the worker's consumer is
   replaced by a new one, each partition at its own next offset (nothing skipped, nothing read
   twice), logged (``kafka-consumer-restarted``) and counted as a retry.
 """
@@ -399,19 +399,18 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
 
         One watermark query (at most 1 s, on the worker thread) per ``stuck_after`` while the
         partition reads nothing; an unanswered query is left to the next check. Caught up
-        (the high watermark at the next offset or the fetch position, which passes control
-        records) is the normal idle case and changes nothing. A transaction left open upstream
-        for longer than ``stuck_after`` looks stuck too: its consumer is replaced, harmlessly.
+        (the high watermark at the next offset, which empty polls move past control records:
+        :meth:`_passed`) is the normal idle case and changes nothing. A transaction left open
+        upstream for longer than ``stuck_after`` looks stuck too: its consumer is replaced,
+        harmlessly.
         """
         self._stuck_check_at = now + self._stuck_after
-        handle = self._partition_handle
         try:
-            low, high = self._consumer.get_watermark_offsets(handle, timeout=1.0, cached=False)
-            position = self._consumer.position([handle])[0].offset
+            low, high = self._consumer.get_watermark_offsets(
+                self._partition_handle, timeout=1.0, cached=False)
         except KafkaException:
             return
-        reached = max(low if self._next_offset is None else self._next_offset, position)
-        if high <= reached:
+        if high <= (low if self._next_offset is None else self._next_offset):
             return
         stuck = self._shared.replace()  # every partition of the worker reads on at its offset
         # Closed aside: a consumer in that state must not hold the worker up.
@@ -419,8 +418,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._count_retry()
         log_event(
             logger, "kafka-consumer-restarted", logging.WARNING, topic=self.topic,
-            partition=self.partition, next_offset=self._next_offset, position=position,
-            high_watermark=high, idle_s=round(now - self._read_at, 1),
+            partition=self.partition, next_offset=self._next_offset, high_watermark=high,
+            idle_s=round(now - self._read_at, 1),
         )
         self._read_at = now
 

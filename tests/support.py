@@ -28,16 +28,22 @@ class Produced:
     partition: int | None = None
 
 
+def _arguments(record: Produced) -> dict[str, Any]:
+    """``Producer.produce`` keyword arguments for ``record`` (all but its topic)."""
+    kwargs: dict[str, Any] = {"key": record.key, "value": record.value,
+                              "headers": list(record.headers)}
+    if record.partition is not None:
+        kwargs["partition"] = record.partition
+    return kwargs
+
+
 def produce(settings: Settings, records: Iterable[Produced]) -> int:
     """Produce ``records`` and fail unless every one is acknowledged."""
     producer = Producer({**settings.kafka_client_config(), "acks": "all", "linger.ms": 5})
     errors: list[Any] = []
     count = 0
     for record in records:
-        kwargs: dict[str, Any] = {"key": record.key, "value": record.value,
-                                  "headers": list(record.headers)}
-        if record.partition is not None:
-            kwargs["partition"] = record.partition
+        kwargs = _arguments(record)
         while True:
             try:
                 producer.produce(
@@ -74,10 +80,7 @@ def produce_in_transactions(
     for records, commit in transactions:
         producer.begin_transaction()
         for record in records:
-            kwargs: dict[str, Any] = {} if record.partition is None else {
-                "partition": record.partition}
-            producer.produce(record.topic, record.value, record.key,
-                             headers=list(record.headers), on_delivery=delivered, **kwargs)
+            producer.produce(record.topic, on_delivery=delivered, **_arguments(record))
         assert producer.flush(30) == 0
         if commit:
             producer.commit_transaction(30)
