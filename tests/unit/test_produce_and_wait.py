@@ -88,6 +88,11 @@ class FakeProducer:
         return self._left
 
 
+_WAIT = 0.3
+"""The wait given to calls whose fake producer never settles everything: the time-out path
+without the production default's 35 s (the fakes' flush returns at once, so that is a spin)."""
+
+
 def _records(n: int) -> list[OutgoingRecord]:
     return [
         OutgoingRecord("t", f"k{i}".encode(), f'{{"MessageId":"{uuid.uuid4()}"}}'.encode())
@@ -151,7 +156,7 @@ def test_empty_key_and_value_reported_back_as_none_still_match() -> None:
 
 
 def test_anything_left_in_flight_fails_every_record() -> None:
-    errors = produce_and_wait(FakeProducer(left_in_flight=1), _records(3))  # type: ignore[arg-type]
+    errors = produce_and_wait(FakeProducer(left_in_flight=1), _records(3), _WAIT)  # type: ignore[arg-type]
     assert all(e is not None and e.code() == KafkaError._TIMED_OUT for e in errors)
 
 
@@ -280,7 +285,7 @@ def test_a_kafka_exception_without_an_error_becomes_a_service_failure_of_that_re
 def test_exact_reports_on_a_timeout_fail_only_the_records_still_in_flight() -> None:
     producer = ReportingProducer(stuck={2})
 
-    errors = produce_and_wait(producer, _records(4), exact_reports=True)  # type: ignore[arg-type]
+    errors = produce_and_wait(producer, _records(4), _WAIT, exact_reports=True)  # type: ignore[arg-type]
 
     assert errors[:2] == [None, None] and errors[3] is None
     assert errors[2] is not None and errors[2].code() == KafkaError._TIMED_OUT
@@ -368,7 +373,7 @@ def test_with_exact_reports_records_acknowledged_before_a_fatal_error_count_as_d
     factory = Factory(make)
     producer = KafkaProducer(_settings(), "test", exact_reports=True, factory=factory)
 
-    errors = producer.produce_and_wait(_records(3))
+    errors = producer.produce_and_wait(_records(3), _WAIT)
 
     assert errors[:2] == [None, None]
     assert errors[2] is not None and errors[2].code() == KafkaError._FATAL
