@@ -13,6 +13,9 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
 - transactions upstream: offsets never delivered (commit and abort markers, aborted records)
   are passed once the consumer's position is past them, so a partition ending on a marker is
   caught up (lag 0) and a bounded run ending on one ends;
+- offsets that move on their own are said: records deleted by retention before they were read
+  are counted and logged (``input-records-expired``), and a partition whose offsets went back
+  (the topic created again, a resume offset past its end) is logged (``input-offset-reset``);
 - no busy loop: an empty poll schedules the next one ``idle_poll`` later;
 - the snapshot is the offset of the next record to read, taken by Bytewax at epoch end, i.e.
   only once the sinks have returned for the records before it;
@@ -305,8 +308,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 # a compacted record just before the end would otherwise never be "read").
                 next_offset = max(next_offset or 0, end)
                 continue
-            if next_offset is not None and offset > next_offset:
-                self._gap(next_offset, offset)  # a marker, compaction, or retention: which?
+            if next_offset is not None and offset != next_offset:
+                if offset > next_offset:
+                    self._gap(next_offset, offset)  # a marker, compaction, or retention?
+                else:
+                    self._went_back(next_offset, offset)
             raw_headers = msg.headers()
             append(SourceRecord(
                 topic, partition, offset, msg.key(), msg.value(),
@@ -350,6 +356,23 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             logger, "input-records-expired", logging.ERROR, topic=self.topic,
             partition=self.partition, from_offset=expected, to_offset=lost_to,
             records=lost_to - expected, log_start_offset=low,
+        )
+
+    def _went_back(self, expected: int, got: int) -> None:
+        """A record before the next offset arrived: the partition's offsets were reset.
+
+        The offset to resume from (a snapshot's, or a replay's start) was past the
+        partition's end, so the broker answered "offset out of range" and the consumer went on
+        from the log start (``auto.offset.reset``): the topic was deleted and created again, an
+        unclean leader election lost records, or the recovery store belongs to another cluster.
+        Reading from the log start loses nothing that is there, and what this job already
+        recorded is de-duplicated by its MessageId; but records written to a topic created
+        again *past* the old offset before the job resumed were skipped, and nothing can tell
+        which, so it is logged at ERROR (once per reset: the next offset follows the record).
+        """
+        log_event(
+            logger, "input-offset-reset", logging.ERROR, topic=self.topic,
+            partition=self.partition, expected_offset=expected, got_offset=got,
         )
 
     def _passed(self, next_offset: int | None, end: int | None) -> int | None:

@@ -129,3 +129,27 @@ def test_records_deleted_before_they_were_read_are_counted_and_logged_as_expired
     assert _expired(topic) == 7
     [line] = [r for r in caplog.records if r.getMessage().startswith("input-records-expired")]
     assert line.levelno == logging.ERROR
+
+
+def test_a_resume_offset_past_the_partitions_end_reads_from_the_log_start_and_says_so(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A snapshot (100) of a topic since deleted and created again with 5 records.
+
+    The broker answers "offset out of range" and the consumer goes on from the log start: all
+    5 records are read (none skipped), and the reset is logged once at ERROR, not silently.
+    """
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, str(i).encode(), b"{}", partition=0) for i in range(5)])
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=0).build_part("input", f"{topic}#0", 100)
+    try:
+        records, _ = _read(part, lambda read: len(read) >= 5, "not read")
+        assert part.snapshot() == 5
+    finally:
+        part.close()
+    assert records == [0, 1, 2, 3, 4]
+    [line] = [r for r in caplog.records if r.getMessage().startswith("input-offset-reset")]
+    assert line.levelno == logging.ERROR
+    assert (line.expected_offset, line.got_offset) == (100, 0)  # type: ignore[attr-defined]
