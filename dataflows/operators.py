@@ -80,6 +80,7 @@ def kafka_inputs(
                 batch_size=settings.source_batch_size,
                 stuck_after=settings.source_stuck_seconds,
                 fetch_wait_ms=settings.source_fetch_wait_ms,
+                receive_max_bytes=settings.source_receive_max_bytes,
                 partition_check=settings.source_partition_check_seconds,
                 backoff=backoff,
                 count_retry=retries.inc,

@@ -94,6 +94,14 @@ INPUT_RECORDS_EXPIRED = Counter(
     " the log start. Lost to the stream; replay cannot bring them back.",
     ["topic", "partition"],
 )
+INPUT_RECORDS_UNDECODABLE = Counter(
+    "user_activity_input_records_undecodable",
+    "Input records skipped because their record batch could not be decompressed (larger than"
+    " USER_ACTIVITY_SOURCE_RECEIVE_MAX_BYTES once decompressed, or corrupt): the partition went"
+    " on after the batch. Still in the topic until its retention: a replay of those offsets"
+    " with a larger limit reads them.",
+    ["topic", "partition"],
+)
 OUTBOX_PARKED = Counter(
     "user_activity_outbox_parked",
     "Outbox rows parked: the broker refused the record itself (too large, invalid), so it is kept"

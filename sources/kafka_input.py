@@ -63,11 +63,12 @@ from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
-from runtime.metrics import INPUT_RECORDS_EXPIRED
+from runtime.metrics import INPUT_RECORDS_EXPIRED, INPUT_RECORDS_UNDECODABLE
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.partition_watch import watch_partitions
-from sources.shared_consumer import shared_consumer
+from sources.shared_consumer import shared_consumer, size_limits
+from sources.undecodable import UNDECODABLE_CODES, BatchProbe, ProbeFailedError, find_batch_end
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         idle_poll: timedelta = timedelta(milliseconds=20),
         stuck_after: float = 30.0,
         fetch_wait_ms: int = 10,
+        receive_max_bytes: int = 100_000_000,
         partition_check: float = 0.0,
         backoff: Backoff | None = None,
         count_retry: Callable[[], None] = lambda: None,
@@ -123,7 +125,9 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         ``stuck_after``: seconds without a record before the broker is asked whether the
         partition's consumer stopped fetching (module doc; ``0``: never); ``fetch_wait_ms``:
         how long the broker may hold a fetch of the worker's shared consumer to gather 64 KiB
-        (:mod:`sources.shared_consumer`), the most the input adds to a record's latency.
+        (:mod:`sources.shared_consumer`), the most the input adds to a record's latency;
+        ``receive_max_bytes``: the largest record batch, decompressed, its consumers read
+        (larger ones are skipped, counted and logged: :mod:`sources.undecodable`).
         """
         self._config = dict(client_config)
         self._consumer_group = consumer_group
@@ -135,6 +139,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         self._idle_poll = idle_poll
         self._stuck_after = stuck_after
         self._fetch_wait_ms = fetch_wait_ms
+        self._receive_max_bytes = receive_max_bytes
         self._partition_check = partition_check
         self._backoff = backoff or Backoff()
         self._count_retry = count_retry
@@ -162,7 +167,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
     ) -> _KafkaPartition:
         topic, _, index = for_part.rpartition("#")
         return _KafkaPartition(
-            self._config,
+            {**self._config, **size_limits(self._receive_max_bytes)},
             topic,
             int(index),
             self._start,
@@ -214,6 +219,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._stuck_after = stuck_after
         self._read_at = time.monotonic()  # when a record was last read (or the consumer made)
         self._stuck_check_at = 0.0  # time.monotonic() of the next stuck check, at the earliest
+        self._undecodable_retry_at = 0.0  # time.monotonic() of the next undecodable-batch probe
+        self._undecodable_attempts = 0  # failed probes in a row (their back-off)
+        self._consumer_config = client_config  # also the undecodable-batch probe's
         self._shared = shared_consumer(client_config, consumer_group, fetch_wait_ms, backoff,
                                        count_retry)
         self._next_offset = (
@@ -295,7 +303,13 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         for msg in messages:  # hot: one pass per consumed record, locals only
             error = msg.error()
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
+                code = error.code()
+                if code in UNDECODABLE_CODES and (
+                    skipped_to := self._skip_undecodable(msg.offset(), next_offset, error.str())
+                ) is not None:
+                    next_offset = skipped_to
+                    break  # the rest of this poll is that batch's errors again
+                if code != KafkaError._PARTITION_EOF:
                     append(
                         ConsumerError(topic, partition, error.name(), error.str(), error.fatal())
                     )
@@ -374,6 +388,55 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             logger, "input-offset-reset", logging.ERROR, topic=self.topic,
             partition=self.partition, expected_offset=expected, got_offset=got,
         )
+
+    def _skip_undecodable(self, base: int | None, next_offset: int | None,
+                          reason: str) -> int | None:
+        """Skip the batch at ``base`` that cannot be decompressed; the offset read on from.
+
+        librdkafka would fetch it again forever (:mod:`sources.undecodable`): its end is found
+        by probing the broker, the records from the next offset to it are counted
+        (``user_activity_input_records_undecodable_total``) and logged at ERROR
+        (``input-records-undecodable``), and the partition reads on after it. They stay in the
+        topic (until its retention): a replay of those offsets with a larger
+        ``USER_ACTIVITY_SOURCE_RECEIVE_MAX_BYTES`` reads them. None when the broker could not
+        be asked now (then the error goes on as a consumer error, and the next one, after a
+        back-off, tries again).
+        """
+        now = time.monotonic()
+        if now < self._undecodable_retry_at:
+            return None
+        if base is None or base < 0:  # no offset on the error: the batch at the next offset
+            base = next_offset
+        if base is None:
+            return None
+        probe = BatchProbe(self._consumer_config, self.topic, self.partition, base)
+        try:
+            high = self._consumer.get_watermark_offsets(
+                self._partition_handle, timeout=5.0, cached=False)[1]
+            end = find_batch_end(base, max(int(high), base + 1), probe.inside)
+        except (KafkaException, ProbeFailedError) as exc:
+            self._undecodable_retry_at = now + self._backoff.delay(self._undecodable_attempts)
+            self._undecodable_attempts += 1
+            self._count_retry()
+            log_event(logger, "input-batch-probe-failed", logging.WARNING, topic=self.topic,
+                      partition=self.partition, offset=base, error=str(exc))
+            return None
+        finally:
+            probe.close()
+        self._undecodable_attempts = 0
+        first = base if next_offset is None else max(base, next_offset)
+        INPUT_RECORDS_UNDECODABLE.labels(self.topic, str(self.partition)).inc(end - first)
+        log_event(
+            logger, "input-records-undecodable", logging.ERROR, topic=self.topic,
+            partition=self.partition, from_offset=first, to_offset=end, records=end - first,
+            batch_offset=base, reason=reason,
+        )
+        if self._end_offset is not None:
+            end = min(end, self._end_offset)
+        self._next_offset = end
+        self._progress.next_offset = end
+        self._shared.move(self)
+        return end
 
     def _passed(self, next_offset: int | None, end: int | None) -> int | None:
         """The next offset, moved past offsets no consumer is given, once nothing waits.

@@ -60,6 +60,16 @@ _FILL_CAP_POLLS = 4
 """No fill while this many polls' worth of records already wait in the buffers."""
 
 
+def size_limits(receive_max_bytes: int) -> dict[str, int]:
+    """The size settings (librdkafka's) of an input consumer that reads batches up to this size.
+
+    ``receive.message.max.bytes`` bounds a fetch response and a decompressed batch (memory);
+    ``fetch.max.bytes`` must stay 512 below it, and keeps its default (50 MiB) when that fits.
+    """
+    return {"receive.message.max.bytes": receive_max_bytes,
+            "fetch.max.bytes": min(52_428_800, receive_max_bytes - 512)}
+
+
 class Member(Protocol):
     """What a shared consumer needs of one of its partitions."""
 
@@ -149,6 +159,21 @@ class SharedConsumer:
                 taken, buffers[key] = buf[:limit], buf[limit:]
             self._buffered -= len(taken)
             return taken
+
+    def move(self, member: Member) -> None:
+        """Fetch ``member``'s partition again from its next offset, dropping what waits for it.
+
+        For a partition that must skip what the consumer would fetch next (an undecodable
+        batch: :mod:`sources.undecodable`): what waits for it (that batch's errors again) is
+        dropped; other partitions are not touched.
+        """
+        key = (member.topic, member.partition)
+        with self._lock:
+            self._buffered -= len(self._buffers.get(key, []))
+            self._buffers[key] = []
+            self.consumer.incremental_unassign([TopicPartition(*key)])
+            self.consumer.incremental_assign(
+                [TopicPartition(member.topic, member.partition, member.assign_offset())])
 
     def drained_position(self, key: tuple[str, int]) -> int | None:
         """The consumer's position in partition ``key`` once none of its records wait here.
@@ -302,4 +327,4 @@ def shared_consumer(config: Mapping[str, Any], group: str, fetch_wait_ms: int,
         return shared
 
 
-__all__ = ["FETCH_MIN_BYTES", "Member", "SharedConsumer", "shared_consumer"]
+__all__ = ["FETCH_MIN_BYTES", "Member", "SharedConsumer", "shared_consumer", "size_limits"]

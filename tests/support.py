@@ -37,9 +37,13 @@ def _arguments(record: Produced) -> dict[str, Any]:
     return kwargs
 
 
-def produce(settings: Settings, records: Iterable[Produced]) -> int:
-    """Produce ``records`` and fail unless every one is acknowledged."""
-    producer = Producer({**settings.kafka_client_config(), "acks": "all", "linger.ms": 5})
+def produce(settings: Settings, records: Iterable[Produced], **overrides: Any) -> int:
+    """Produce ``records`` and fail unless every one is acknowledged.
+
+    ``overrides``: producer settings, with ``_`` for ``.`` (``compression_type="zstd"``).
+    """
+    producer = Producer({**settings.kafka_client_config(), "acks": "all", "linger.ms": 5,
+                         **{key.replace("_", "."): value for key, value in overrides.items()}})
     errors: list[Any] = []
     count = 0
     for record in records:

@@ -70,6 +70,7 @@ EXPECTED_ALERTS = {
     "UserActivityOutboxRowsParked",
     "UserActivityInputStalled",
     "UserActivityInputRecordsExpired",
+    "UserActivityInputRecordsUndecodable",
     "UserActivityBackgroundLoopRestarting",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
