@@ -102,6 +102,13 @@ INPUT_RECORDS_UNDECODABLE = Counter(
     " with a larger limit reads them.",
     ["topic", "partition"],
 )
+INPUT_TOPIC_UNAVAILABLE = Gauge(
+    "user_activity_input_topic_unavailable",
+    "1 while the broker answers the job's periodic metadata request for this input topic with an"
+    " error (the topic deleted, or not authorized): its consumers then read nothing, and report"
+    " nothing either. 0 once it answers again.",
+    ["topic"],
+)
 OUTBOX_PARKED = Counter(
     "user_activity_outbox_parked",
     "Outbox rows parked: the broker refused the record itself (too large, invalid), so it is kept"

@@ -66,7 +66,7 @@ from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.metrics import INPUT_RECORDS_EXPIRED, INPUT_RECORDS_UNDECODABLE
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
-from sources.partition_watch import watch_partitions
+from sources.partition_watch import NO_AUTO_CREATE, watch_partitions
 from sources.shared_consumer import shared_consumer, size_limits
 from sources.undecodable import UNDECODABLE_CODES, BatchProbe, ProbeFailedError, find_batch_end
 
@@ -147,7 +147,8 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
     @override
     def list_parts(self) -> list[str]:
         """The topic's partitions; waits (back-off, forever) while Kafka is unreachable."""
-        config: dict[str, Any] = {**self._config, "logger": LIBRDKAFKA_LOGGER}
+        config: dict[str, Any] = {**self._config, "logger": LIBRDKAFKA_LOGGER,
+                                  **NO_AUTO_CREATE}
         admin = AdminClient(config)
 
         def partitions() -> list[str]:
@@ -380,9 +381,11 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         from the log start (``auto.offset.reset``): the topic was deleted and created again, an
         unclean leader election lost records, or the recovery store belongs to another cluster.
         Reading from the log start loses nothing that is there, and what this job already
-        recorded is de-duplicated by its MessageId; but records written to a topic created
-        again *past* the old offset before the job resumed were skipped, and nothing can tell
-        which, so it is logged at ERROR (once per reset: the next offset follows the record).
+        recorded is de-duplicated by its MessageId; it is logged at ERROR all the same (once
+        per reset: the next offset follows the record), because the snapshot no longer names
+        this log. (A topic created again that had already passed the old offset is not seen
+        here: the consumer resumes inside it, and the records before that offset are skipped
+        with no signal; the runbook says so.)
         """
         log_event(
             logger, "input-offset-reset", logging.ERROR, topic=self.topic,

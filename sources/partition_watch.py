@@ -12,7 +12,13 @@ supervisor starts the job again; the new partitions, which have no snapshot, the
 ``USER_ACTIVITY_STARTING_OFFSET`` (``earliest``, the default: their first record).
 
 A broker that does not answer is skipped until the next check: the input partitions report the
-outage themselves.
+outage themselves. A broker that answers with an error for a topic (``UNKNOWN_TOPIC_OR_PART``:
+deleted; ``TOPIC_AUTHORIZATION_FAILED``: its ACLs changed) is said, because nothing else says
+it: the consumers of a deleted topic read nothing and report no error (seen on this broker: none
+in 30 s after the delete), and the high watermark they know stays frozen, so no lag gauge moves.
+The watch sets ``user_activity_input_topic_unavailable{topic}`` to 1 and logs
+``input-topic-unavailable`` at ERROR (once, until it is available again:
+``input-topic-available``, and the gauge back at 0).
 """
 
 from __future__ import annotations
@@ -26,10 +32,17 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from runtime.logs import log_event
+from runtime.metrics import INPUT_TOPIC_UNAVAILABLE
 from runtime.periodic import Periodic
 from runtime.shutdown import SHUTDOWN
 
 logger = logging.getLogger(__name__)
+
+NO_AUTO_CREATE = {"allow.auto.create.topics": False}
+"""For an admin client that asks for a topic's metadata: a producer-type handle's default (true)
+lets a broker with ``auto.create.topics.enable`` create the topic it asks about, so the watch
+would create a deleted input topic again with the broker's default partitions (seen on this
+broker), and a job started before ``create-topics`` would create its own inputs."""
 
 
 class PartitionWatch(Periodic):
@@ -40,6 +53,7 @@ class PartitionWatch(Periodic):
         self._admin = admin
         self._lock = threading.Lock()
         self._listed: dict[str, int] = {}
+        self._unavailable: set[str] = set()
 
     def listed(self, topic: str, count: int) -> None:
         """Record that the dataflow reads ``count`` partitions of ``topic``."""
@@ -56,7 +70,10 @@ class PartitionWatch(Periodic):
             except KafkaException:
                 return True
             if metadata is None or metadata.error is not None:
+                self._topic_unavailable(topic, metadata.error.name() if metadata and
+                                        metadata.error else "UNKNOWN_TOPIC_OR_PART")
                 continue
+            self._topic_available(topic)
             now = len(metadata.partitions)
             if now > count:
                 log_event(logger, "kafka-partitions-added", logging.WARNING, topic=topic,
@@ -65,6 +82,20 @@ class PartitionWatch(Periodic):
                 SHUTDOWN.restart(f"{topic} has {now} partitions, {count} are read")
                 return False
         return True
+
+
+    def _topic_unavailable(self, topic: str, error: str) -> None:
+        INPUT_TOPIC_UNAVAILABLE.labels(topic).set(1)
+        if topic not in self._unavailable:
+            self._unavailable.add(topic)
+            log_event(logger, "input-topic-unavailable", logging.ERROR, topic=topic, error=error,
+                      consequence="its partitions read nothing until the topic is back")
+
+    def _topic_available(self, topic: str) -> None:
+        INPUT_TOPIC_UNAVAILABLE.labels(topic).set(0)
+        if topic in self._unavailable:
+            self._unavailable.discard(topic)
+            log_event(logger, "input-topic-available", topic=topic)
 
 
 _watch: PartitionWatch | None = None
@@ -83,5 +114,6 @@ def watch_partitions(
         return
     with _watch_lock:
         if _watch is None:
-            _watch = PartitionWatch(AdminClient(dict(client_config)), interval).start()
+            _watch = PartitionWatch(AdminClient({**client_config, **NO_AUTO_CREATE}),
+                                    interval).start()
         _watch.listed(topic, count)

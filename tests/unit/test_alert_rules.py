@@ -71,6 +71,8 @@ EXPECTED_ALERTS = {
     "UserActivityInputStalled",
     "UserActivityInputRecordsExpired",
     "UserActivityInputRecordsUndecodable",
+    "UserActivityInputConsumerErrors",
+    "UserActivityInputTopicUnavailable",
     "UserActivityBackgroundLoopRestarting",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
