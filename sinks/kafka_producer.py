@@ -101,7 +101,11 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
 
     It is an :class:`ObservedProducer`: its ``error_cb`` logs client errors and marks the
     producer dead on a fatal one (:func:`fatal_error_of`); an ``error_cb`` in ``overrides`` is
-    called too.
+    called too. It never creates a topic (``allow.auto.create.topics`` off; a producer's default
+    is on): a deleted output topic pauses the publisher (``UNKNOWN_TOPIC_OR_PART``, a service
+    error: retried, alerted as a stalled outbox) until ``create-topics`` makes it again with
+    its partitions and limits, instead of a broker with ``auto.create.topics.enable`` making it
+    with its defaults.
     """
     client_id = f"{settings.kafka_client_id}-{client_suffix}"
     chained: Callable[[KafkaError], None] | None = overrides.pop("error_cb", None)
@@ -130,6 +134,7 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
+        "allow.auto.create.topics": False,
         "delivery.report.only.error": True,
         "socket.connection.setup.timeout.ms": 5_000,
         "logger": LIBRDKAFKA_LOGGER,

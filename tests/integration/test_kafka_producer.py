@@ -14,6 +14,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from runtime.settings import Settings
 from schemas.outbox import OutboxRow
+from sinks.errors import DeliveryFailedError, is_infrastructure_error
 from sinks.kafka_producer import (
     KafkaProducer,
     ObservedProducer,
@@ -147,3 +148,21 @@ def test_a_producer_in_the_fatal_state_is_replaced_before_the_next_call(
     assert producer.rebuilds == 1
     assert sorted(m.value() for m in _consume(kafka_bootstrap, topic, 2)) == [b"one", b"two"]
     producer.close()
+
+
+def test_a_missing_topic_is_a_service_error_and_is_never_created_by_the_producer(
+    kafka_bootstrap: str,
+) -> None:
+    """The suite's broker auto-creates topics (Kafka's default): the producer must not ask it to.
+
+    An output topic deleted by mistake is then a pause (retried, alerted as a stalled outbox),
+    not a topic made again with the broker's default partitions and limits.
+    """
+    missing = f"pw-deleted-{uuid.uuid4().hex[:8]}"
+    producer = build_producer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test",
+                              **{"message.timeout.ms": 3000})
+    [error] = produce_and_wait(producer, [OutgoingRecord(missing, b"k", b"v")], timeout=20.0)
+    assert error is not None
+    assert is_infrastructure_error(DeliveryFailedError(error))  # retried, never dead-lettered
+    topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert missing not in topics
