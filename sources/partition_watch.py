@@ -83,7 +83,6 @@ class PartitionWatch(Periodic):
                 return False
         return True
 
-
     def _topic_unavailable(self, topic: str, error: str) -> None:
         INPUT_TOPIC_UNAVAILABLE.labels(topic).set(1)
         if topic not in self._unavailable:
