@@ -2,8 +2,11 @@
 
 The database (idempotency mark + unique ``source_message_id``) decides; this window only spares
 it the obvious redeliveries. Ids expire ``ttl`` seconds (rounded up to a whole second) after
-they were first seen. Across a restart the window is what its last snapshot held: ids admitted
-after that snapshot are forgotten (their redeliveries reach the database, which decides).
+they were first seen, or earlier when the window holds ``max_ids``: then the oldest id is
+forgotten for each new one, so memory (and each snapshot) stays bounded whatever the input's
+volume (a backfill, a replay, a day busier than the TTL was sized for). Across a restart the
+window is what its last snapshot held: ids admitted after that snapshot are forgotten (their
+redeliveries reach the database, which decides).
 
 The window is packed, because the job holds about a million ids at once (24 h TTL): the ids
 sit back to back in one ``bytearray`` of fixed-width records and their expiries, in whole
@@ -54,7 +57,10 @@ class DedupWindow:
       once per ``ttl``. Expiries never go backwards: if the clock does, a new id gets the
       latest expiry already held (remembered a little longer, never shorter).
     - Forgotten: an id whose expiry has come (``now >= expiry``), at the next ``admit`` or
-      ``evict``; it is then admitted again, with a fresh expiry. Nothing else is forgotten.
+      ``evict``; it is then admitted again, with a fresh expiry. And the oldest ids beyond
+      ``max_ids`` (when given): admitting an id to a full window forgets the oldest one at once,
+      and a restored state larger than ``max_ids`` keeps its newest ``max_ids`` ids. Those are
+      counted in :attr:`forgotten_early`. Nothing else is forgotten.
     - Ids are compared as exact bytes. All ids of one window have one length (fixed by the first
       id or by the restored state); another length raises ``ValueError``. ``now + ttl`` must
       fit a uint32 of seconds (until 2106), else ``OverflowError``.
@@ -70,7 +76,8 @@ class DedupWindow:
     admit at any size, 5 to 16 bytes per id.
     """
 
-    __slots__ = ("_exp", "_ids", "_index", "_index_above", "_start", "_ttl", "_used", "_width")
+    __slots__ = ("_exp", "_ids", "_index", "_index_above", "_max_ids", "_start", "_ttl", "_used",
+                 "_width", "forgotten_early")
 
     def __init__(
         self,
@@ -78,13 +85,20 @@ class DedupWindow:
         state: DedupState | None = None,
         *,
         index_above: int = INDEX_ABOVE,
+        max_ids: int | None = None,
     ) -> None:
         """A window remembering ids for ``ttl`` seconds, restored from ``state`` if given.
 
-        ``state`` is a :meth:`snapshot` (copied).
+        ``state`` is a :meth:`snapshot` (copied). ``max_ids`` (at least 1): the most ids held;
+        None: as many as arrive within the TTL.
         """
+        if max_ids is not None and max_ids < 1:
+            raise ValueError(f"max_ids must be at least 1, not {max_ids}")
         self._ttl = ttl
         self._index_above = index_above
+        self._max_ids = max_ids
+        self.forgotten_early = 0
+        """How many ids were forgotten before their expiry because the window was full."""
         self._start = 0  # records [0, _start) are dead (evicted, not yet compacted away)
         self._index: array[int] | None = None  # slot -> record number + 1 (0 = empty)
         self._used = 0  # non-empty slots of _index (live and dead records)
@@ -94,7 +108,9 @@ class DedupWindow:
             self._exp: array[int] = array(_EXPIRY_TYPE)
         else:
             self._width, self._ids, self._exp = _from_snapshot(state)
-        if len(self) > index_above:
+            if max_ids is not None and len(self) > max_ids:  # the bound was lowered
+                self._forget_oldest(len(self) - max_ids)
+        if len(self) > index_above and self._index is None:
             self._build_index()
 
     def admit(self, dedup_id: bytes, now: float) -> bool:
@@ -137,6 +153,8 @@ class DedupWindow:
                 self._build_index()
         elif record + 1 - self._start > self._index_above:
             self._build_index()
+        if self._max_ids is not None and record + 1 - self._start > self._max_ids:
+            self._forget_oldest(1)
         return True
 
     def evict(self, now: float) -> None:
@@ -178,8 +196,16 @@ class DedupWindow:
 
     def _trim(self, now: float) -> None:
         """Drop the expired prefix; compact when more than half of the records are dead."""
+        self._drop_prefix(bisect_right(self._exp, now, self._start))  # expiries non-decreasing
+
+    def _forget_oldest(self, count: int) -> None:
+        """Forget the ``count`` oldest live ids before their expiry (the window is full)."""
+        self.forgotten_early += count
+        self._drop_prefix(self._start + count)
+
+    def _drop_prefix(self, start: int) -> None:
+        """Records before ``start`` are dead; compact when more than half of them are."""
         exp = self._exp
-        start = bisect_right(exp, now, self._start)  # expiries are non-decreasing
         self._start = start
         if start * 2 <= len(exp):
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -19,7 +20,7 @@ from prometheus_client import Counter
 from dataflows.dedup import DedupState, DedupWindow
 from runtime.backoff import Backoff
 from runtime.logs import log_event
-from runtime.metrics import CONSUMER_ERRORS
+from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
 from runtime.settings import Settings, StartingOffset
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.kafka_input import InputItem, KafkaInput, StartPosition
@@ -127,6 +128,53 @@ class Deduplicable(Protocol):
 M = TypeVar("M", bound=Deduplicable)
 
 
+@dataclass(frozen=True)
+class DedupBound:
+    """How much one flow's dedup windows hold: ``max_ids`` in all, ``keys`` windows sharing it.
+
+    Each window holds at most ``ceil(max_ids / keys)`` ids (the keys are shards that spread the
+    ids evenly); the oldest are forgotten first. ``flow`` labels the metrics.
+    """
+
+    flow: str
+    max_ids: int
+    keys: int
+
+    @property
+    def per_key(self) -> int:
+        """The most ids one key's window holds."""
+        return max(1, -(-self.max_ids // self.keys))
+
+
+_FULL_LOG_EVERY_SECONDS = 600.0
+
+
+class DedupMeter:
+    """A flow's dedup gauge and early-forget counter; says ``dedup-window-full`` every 10 min."""
+
+    def __init__(self, bound: DedupBound) -> None:
+        self.bound = bound
+        self.held = DEDUP_IDS.labels(flow=bound.flow)
+        self._forgotten = DEDUP_FORGOTTEN_EARLY.labels(flow=bound.flow)
+        self._since_log = 0
+        self._logged_at = -_FULL_LOG_EVERY_SECONDS
+
+    def forgot(self, count: int, oldest_expiry: float | None, ttl: float, now: float) -> None:
+        """A window forgot ``count`` ids early (it was full); its oldest id now expires then.
+
+        The log line's ``remembered_s`` is how far back that window reaches now (the TTL, as
+        the bound lets it be: an operator raises the bound when this is too short).
+        """
+        self._forgotten.inc(count)
+        self._since_log += count
+        if now - self._logged_at >= _FULL_LOG_EVERY_SECONDS:
+            log_event(logger, "dedup-window-full", logging.INFO, flow=self.bound.flow,
+                      max_ids=self.bound.max_ids, forgotten=self._since_log, ttl_s=ttl,
+                      remembered_s=None if oldest_expiry is None
+                      else round(now - (oldest_expiry - ttl), 1))
+            self._logged_at, self._since_log = now, 0
+
+
 class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     """Per-key dedup: passes a message on once per ``dedup_id`` within the TTL.
 
@@ -134,7 +182,10 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     reported to ``on_duplicate``, not passed on as ``None``. Expired ids are evicted by a timer;
     a key whose window empties is discarded. The snapshot is the key's packed window (two
     ``bytes``, ``len(dedup_id) + 4`` bytes per id), so snapshot cost follows the keys touched in
-    an epoch, not the total number of ids remembered.
+    an epoch, not the total number of ids remembered. With a ``meter`` (of its flow's
+    :class:`DedupBound`), the window holds at most ``bound.per_key`` ids, forgetting the oldest
+    first; the ids held are the ``user_activity_dedup_ids`` gauge, the early forgets the
+    ``user_activity_dedup_forgotten_early_total`` counter.
     """
 
     def __init__(
@@ -142,25 +193,49 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
         ttl: float,
         state: DedupState | None,
         on_duplicate: Callable[[M], None],
+        meter: DedupMeter | None = None,
     ) -> None:
-        self._window = DedupWindow(ttl, state)
+        self._ttl = ttl
+        self._window = DedupWindow(
+            ttl, state, max_ids=None if meter is None else meter.bound.per_key)
         self._on_duplicate = on_duplicate
+        self._meter = meter
+        self._held = 0
+        self._count(time.time())
 
     def on_batch(self, values: list[M]) -> tuple[list[M], bool]:
         """Admit fresh messages, drop and report duplicates."""
         now = time.time()
         fresh: list[M] = []
+        admit = self._window.admit
         for message in values:
-            if self._window.admit(message.dedup_id, now):
+            if admit(message.dedup_id, now):
                 fresh.append(message)
             else:
                 self._on_duplicate(message)
+        self._count(now)
         return fresh, StatefulBatchLogic.RETAIN
 
     def on_notify(self) -> tuple[list[M], bool]:
         """Evict expired ids; discard the key's state once it is empty."""
-        self._window.evict(time.time())
+        now = time.time()
+        self._window.evict(now)
+        self._count(now)
         return [], len(self._window) == 0
+
+    def _count(self, now: float) -> None:
+        """Move the flow's gauge by this window's change; report ids it forgot early."""
+        meter = self._meter
+        if meter is None:
+            return
+        window = self._window
+        held = len(window)
+        if held != self._held:
+            meter.held.inc(held - self._held)
+            self._held = held
+        if window.forgotten_early:
+            meter.forgot(window.forgotten_early, window.next_expiry(), self._ttl, now)
+            window.forgotten_early = 0
 
     def notify_at(self) -> datetime | None:
         """When the key's oldest id expires."""
@@ -177,10 +252,15 @@ def deduplicated(
     keyed: Stream[tuple[str, M]],
     ttl: float,
     on_duplicate: Callable[[M], None],
+    bound: DedupBound | None = None,
 ) -> Stream[tuple[str, M]]:
-    """``keyed`` without the messages seen within ``ttl`` for the same key."""
+    """``keyed`` without the messages seen within ``ttl`` for the same key.
+
+    ``bound``: each key's window holds at most ``bound.per_key`` ids (oldest forgotten first).
+    """
+    meter = None if bound is None else DedupMeter(bound)
     return op.stateful_batch(
-        step_id, keyed, lambda state: DedupLogic(ttl, state, on_duplicate)
+        step_id, keyed, lambda state: DedupLogic(ttl, state, on_duplicate, meter)
     )
 
 

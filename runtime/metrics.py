@@ -129,6 +129,19 @@ BACKGROUND_RESTARTS = Counter(
     "Restarts of a supervised background loop after an unexpected exception.",
     ["thread"],
 )
+DEDUP_IDS = Gauge(
+    "user_activity_dedup_ids",
+    "MessageIds held by this process's in-memory dedup windows (at most USER_ACTIVITY_DEDUP_MAX_IDS"
+    " over all the flow's processes).",
+    ["flow"],
+)
+DEDUP_FORGOTTEN_EARLY = Counter(
+    "user_activity_dedup_forgotten_early",
+    "MessageIds the in-memory dedup windows forgot before USER_ACTIVITY_DEDUP_TTL_SECONDS because"
+    " they were full (USER_ACTIVITY_DEDUP_MAX_IDS): their redeliveries are found duplicate by the"
+    " database instead. Memory stays bounded; nothing is lost or recorded twice.",
+    ["flow"],
+)
 PAUSED_SECONDS = Gauge(
     "user_activity_paused_seconds",
     "Seconds the stream has been paused waiting for a dependency (0 when running).",

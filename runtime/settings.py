@@ -121,6 +121,14 @@ class Settings(BaseSettings):
     # Favorites flow.
     dedup_ttl_seconds: float = Field(
         86_400.0, gt=0, description="How long the in-memory dedup window remembers a MessageId.")
+    dedup_max_ids: int = Field(
+        2_000_000, ge=1,
+        description="The most MessageIds a flow's in-memory dedup windows hold, over all its"
+                    " processes (about 24 bytes each, twice that while a snapshot is taken):"
+                    " beyond it the oldest are forgotten before the TTL (counted in"
+                    " `user_activity_dedup_forgotten_early_total`) and their redeliveries are"
+                    " found duplicate by the database instead. Bounds the job's memory and its"
+                    " snapshots whatever the input's volume (a replay, a backfill).")
     sink_batch_max: int = Field(2000, ge=1, description="Messages per transaction at most.")
     sink_partitions: int = Field(
         2, ge=1,

@@ -44,6 +44,7 @@ from dataflows.favorite_actions.dry_run import DryRunActionSink
 from dataflows.favorite_actions.sink import ActionHistorySink, message_fields
 from dataflows.favorite_actions.traces import trace_duplicate, trace_poison, trace_skipped
 from dataflows.operators import (
+    DedupBound,
     configured_start,
     deduplicated,
     kafka_inputs,
@@ -229,14 +230,14 @@ def build_flow(
         settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
         settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES,
     }
-    routed = op.flat_map_batch(
-        "decode_favorites", consumed, decoder(action_types, owner_shards(settings.sink_partitions))
-    )
+    shards = owner_shards(settings.sink_partitions)
+    routed = op.flat_map_batch("decode_favorites", consumed, decoder(action_types, shards))
     by_kind = op.branch("route_poison", routed, is_keyed)
     op.output("dead_letter_poison", by_kind.falses, outputs.dead_letters)  # type: ignore[misc]
     keyed: Stream[tuple[str, FavoriteMessage]] = by_kind.trues  # type: ignore[assignment]
     fresh = deduplicated(
-        "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate
+        "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
+        DedupBound("favorites", settings.dedup_max_ids, len(shards)),
     )
     op.output("record_action_history", fresh, outputs.history)
     return flow

@@ -260,3 +260,30 @@ def test_a_schema_the_code_does_not_match_pauses_the_stream_and_dead_letters_not
     assert len(action_rows(db, [uuid.UUID(e["MessageId"]) for e in envelopes])) == 5
     assert len(_tracked(settings, 5)) == 5
     assert consume_all(settings, settings.topic_favorites_dlq, settle=0.5) == []
+
+
+def test_a_dedup_window_bound_of_one_id_still_records_every_redelivered_message_once(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings(dedup_max_ids=1, source_batch_size=4)  # one id per shard's window
+    anonymous = new_id()
+    insert_session(db, anonymous_id=anonymous)
+    sent = [favorite_envelope(anonymous_id=anonymous) for _ in range(12)]
+    produce(settings, [envelope_record(settings.topic_favorite_added, e, partition=0)
+                       for e in sent])
+    produce(settings, [envelope_record(settings.topic_favorite_added, e, partition=1)
+                       for e in sent])  # each one redelivered
+    forgotten = ("user_activity_dedup_forgotten_early_total", {"flow": "favorites"})
+    duplicates = ("user_activity_favorites_skipped_total", {"reason": "duplicate"})
+    before = [REGISTRY.get_sample_value(*m) or 0.0 for m in (forgotten, duplicates)]
+
+    run_main(build_flow(settings))
+
+    ids = [uuid.UUID(e["MessageId"]) for e in sent]
+    assert len(action_rows(db, ids)) == 12
+    tracked = _tracked(settings, 12)
+    assert sorted(t.payload.favorite_id for t in tracked) == sorted(
+        uuid.UUID(e["Payload"]["FavoriteId"]) for e in sent)  # each once, none twice
+    after = [REGISTRY.get_sample_value(*m) or 0.0 for m in (forgotten, duplicates)]
+    assert after[0] - before[0] >= 11  # the window held one id: the others it forgot early
+    assert after[1] - before[1] == 12  # the redeliveries: by the window, the batch or the database

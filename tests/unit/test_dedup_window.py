@@ -6,6 +6,7 @@ import itertools
 import math
 import pickle
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,9 +21,10 @@ from bytewax.testing import TestingSink, TestingSource, run_main
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from prometheus_client import REGISTRY
 
 from dataflows.dedup import DedupState, DedupWindow
-from dataflows.operators import DedupLogic, deduplicated
+from dataflows.operators import DedupBound, DedupLogic, DedupMeter, deduplicated
 
 TTL = 60.0
 A = b"A" + bytes(16)
@@ -315,6 +317,54 @@ def test_a_large_restored_window_uses_its_index() -> None:
     assert large.admit(b"A" + (300).to_bytes(16, "big"), now=1.0) is True
 
 
+def test_a_full_window_forgets_its_oldest_id_for_each_new_one_and_counts_it() -> None:
+    window = DedupWindow(TTL, max_ids=2)
+
+    admitted = [window.admit(dedup_id, now=100.0) for dedup_id in (A, B, C)]
+    a_again = window.admit(A, now=101.0)  # forgotten early (not expired): admitted again
+    c_again = window.admit(C, now=101.0)
+
+    assert admitted == [True, True, True]
+    assert (a_again, c_again) == (True, False)
+    assert list(entries(window)) == [C, A]
+    assert window.forgotten_early == 2  # A, then B
+
+
+def test_a_bounded_window_of_a_huge_stream_keeps_its_memory_bounded() -> None:
+    window = DedupWindow(TTL, max_ids=1_000)
+
+    for i in range(200_000):
+        window.admit(b"A" + i.to_bytes(16, "big"), now=100.0)
+
+    assert len(window) == 1_000
+    assert window.forgotten_early == 199_000
+    ids, expiries = window.snapshot()
+    assert (len(ids), len(expiries)) == (17_000, 4_000)
+    # live records plus at most as many dead ones awaiting compaction, and the hash index
+    assert window.__sizeof__() + sum(map(sys.getsizeof, _buffers(window))) < 200_000
+
+
+def test_a_state_larger_than_a_lowered_bound_is_restored_with_its_newest_ids() -> None:
+    earlier = DedupWindow(TTL)
+    for dedup_id in (A, B, C):
+        earlier.admit(dedup_id, now=100.0)
+
+    window = DedupWindow(TTL, earlier.snapshot(), max_ids=2)
+
+    assert list(entries(window)) == [B, C]
+    assert window.forgotten_early == 1
+    assert window.admit(C, now=101.0) is False
+
+
+def test_a_bound_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_ids"):
+        DedupWindow(TTL, max_ids=0)
+
+
+def _buffers(window: DedupWindow) -> list[object]:
+    return [getattr(window, name) for name in ("_ids", "_exp", "_index")]
+
+
 @dataclass(frozen=True)
 class _Message:
     dedup_id: bytes
@@ -334,6 +384,38 @@ def test_dedup_logic_resumes_from_a_recovery_snapshot_and_snapshots_packed() -> 
     snapshot = pickle.loads(pickle.dumps(logic.snapshot()))
     assert list(decode(snapshot)) == [A, B]
     assert DedupLogic(TTL, snapshot, duplicates.append).on_batch([_Message(A)]) == ([], False)
+
+
+def test_bounded_dedup_logic_counts_the_ids_it_holds_and_those_it_forgot_early(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bound = DedupBound("unit-bounded", max_ids=4, keys=2)  # 2 ids per key's window
+    held = ("user_activity_dedup_ids", {"flow": "unit-bounded"})
+    forgotten = ("user_activity_dedup_forgotten_early_total", {"flow": "unit-bounded"})
+    earlier = DedupWindow(TTL)
+    earlier.admit(A, now=time.time())
+    logics: list[DedupLogic[_Message]] = []
+
+    def step(state: DedupState | None) -> DedupLogic[_Message]:
+        logics.append(DedupLogic(TTL, state, lambda _m: None, meter))
+        return logics[-1]
+
+    meter = DedupMeter(bound)
+    step(earlier.snapshot())  # restored: counted at once
+    step(None)
+    after_restore = REGISTRY.get_sample_value(*held)
+    with caplog.at_level("INFO", logger="dataflows.operators"):
+        logics[0].on_batch([_Message(B), _Message(C)])  # A forgotten early
+        logics[1].on_batch([_Message(A), _Message(B), _Message(C)])  # A forgotten early
+
+    assert bound.per_key == 2
+    assert after_restore == 1.0
+    assert REGISTRY.get_sample_value(*held) == 4.0
+    assert REGISTRY.get_sample_value(*forgotten) == 2.0
+    lines = [r for r in caplog.records if r.getMessage() == "dedup-window-full"]
+    assert len(lines) == 1  # once per ten minutes
+    logics[0].on_notify()
+    assert REGISTRY.get_sample_value(*held) == 4.0  # nothing expired yet
 
 
 def _dedup_flow(
@@ -368,15 +450,20 @@ IDS = [A, B, C, b"R" + bytes(15) + b"\x02", X, Y, STRADDLE]
 
 
 class DedupWindowMachine(RuleBasedStateMachine):
-    """The window against a plain model: id -> expiry, with a clock that never goes back."""
+    """The window against a plain model: id -> expiry, with a clock that never goes back.
+
+    The model's dict keeps insertion order, which is the window's expiry order; with
+    ``max_ids`` its oldest entry goes when it holds more.
+    """
 
     index_above = 1024
+    max_ids: int | None = None
 
     def __init__(self) -> None:
         super().__init__()
         self.ttl = 5.0
         self.now = 0.0
-        self.window = DedupWindow(self.ttl, index_above=self.index_above)
+        self.window = DedupWindow(self.ttl, index_above=self.index_above, max_ids=self.max_ids)
         self.model: dict[bytes, float] = {}
 
     @rule(step=st.floats(min_value=0.0, max_value=4.0, allow_nan=False))
@@ -389,6 +476,8 @@ class DedupWindowMachine(RuleBasedStateMachine):
         expected = dedup_id not in self.model
         if expected:
             self.model[dedup_id] = math.ceil(self.now + self.ttl)
+            if self.max_ids is not None and len(self.model) > self.max_ids:
+                del self.model[next(iter(self.model))]
 
         admitted = self.window.admit(dedup_id, self.now)
 
@@ -406,7 +495,8 @@ class DedupWindowMachine(RuleBasedStateMachine):
     @rule()
     def snapshot_and_restore(self) -> None:
         state = pickle.loads(pickle.dumps(self.window.snapshot()))
-        self.window = DedupWindow(self.ttl, state, index_above=self.index_above)
+        self.window = DedupWindow(self.ttl, state, index_above=self.index_above,
+                                  max_ids=self.max_ids)
 
     @invariant()
     def live_state_matches_the_model(self) -> None:
@@ -425,6 +515,10 @@ class DedupWindowMachine(RuleBasedStateMachine):
         expiries = list(entries(self.window).values())
         assert expiries == sorted(expiries)
 
+    @invariant()
+    def never_holds_more_than_its_bound(self) -> None:
+        assert self.max_ids is None or len(self.window) <= self.max_ids
+
 
 class IndexedDedupWindowMachine(DedupWindowMachine):
     """The same, with the hash index from the second id on (as a window above the threshold)."""
@@ -432,8 +526,23 @@ class IndexedDedupWindowMachine(DedupWindowMachine):
     index_above = 1
 
 
+class BoundedDedupWindowMachine(DedupWindowMachine):
+    """The same, holding at most 3 of the 7 ids: the oldest are forgotten first."""
+
+    max_ids = 3
+
+
+class BoundedIndexedDedupWindowMachine(DedupWindowMachine):
+    """Bounded and indexed: forgetting moves records that the hash index points at."""
+
+    index_above = 1
+    max_ids = 2
+
+
 TestDedupWindowAgainstModel = DedupWindowMachine.TestCase
 TestIndexedDedupWindowAgainstModel = IndexedDedupWindowMachine.TestCase
+TestBoundedDedupWindowAgainstModel = BoundedDedupWindowMachine.TestCase
+TestBoundedIndexedDedupWindowAgainstModel = BoundedIndexedDedupWindowMachine.TestCase
 
 
 @given(

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
+from prometheus_client import REGISTRY
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.flow import (
@@ -80,3 +81,29 @@ def test_the_real_flow_routes_every_record_to_its_one_outcome(
     assert sorted((letter.record.offset, letter.reason) for letter in letters) == [
         (202, DlqReason.INVALID_JSON), (203, DlqReason.TOMBSTONE),
     ]
+
+
+@pytest.mark.parametrize("run", [_run_1, _run_2], ids=["1-worker", "2-workers"])
+def test_a_full_dedup_window_forgets_its_oldest_ids_and_passes_their_redeliveries_on(
+    run: Callable[[Any], None],
+) -> None:
+    # 1 sink partition: 8 shards sharing 16 ids, so one owner's shard remembers 2 of them
+    settings = SETTINGS.model_copy(update={"sink_partitions": 1, "dedup_max_ids": 16})
+    owner = uuid.uuid4()
+    sent = [favorite_envelope(anonymous_id=owner) for _ in range(5)]
+    records = [_record(i, orjson.dumps(e)) for i, e in enumerate(sent)]
+    records += [_record(10, orjson.dumps(sent[0])),  # forgotten early: passed on (the DB decides)
+                _record(11, orjson.dumps(sent[4]))]  # still remembered: dropped here
+    history: list[tuple[str, FavoriteMessage]] = []
+    forgotten = ("user_activity_dedup_forgotten_early_total", {"flow": "favorites"})
+    before = REGISTRY.get_sample_value(*forgotten) or 0.0
+    flow = build_flow(
+        settings, source=TestingSource(records, batch_size=3),
+        sinks=FavoritesSinks(TestingSink(history), TestingSink([])),
+    )
+
+    run(flow)
+
+    ids = [str(m.message_id) for _, m in history]
+    assert ids == [e["MessageId"] for e in [*sent, sent[0]]]
+    assert REGISTRY.get_sample_value(*forgotten) == before + 4  # 5 + 1 admitted, 2 kept
