@@ -1,19 +1,22 @@
-"""Wiring of the session-linking flow: Kafka -> decode -> key by device -> dedup -> Postgres sink.
+"""Wiring of the session-linking flow: Kafka -> decode -> dedup -> key by device -> Postgres sink.
 
 ::
 
     user_signed_in_input ─ decode_sign_in ─┬─ dead_letter_poison (session-linking DLQ topic)
         (+ consumer errors → log)          ├─ log_invalid_sign_in
-                                           └─ key_by_device ─ dedup_by_message_id
-                                   ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
+                                           └─ key_by_device_shard ─ dedup_by_message_id
+                  ─ key_by_device ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
 
-Keying by AnonymousId sends every sign-in of one device to one worker, so one device's sessions
-are changed by one transaction at a time in this job (the row locks of the sink make it safe
-against any other writer too), in SignedInAt order: the reorder buffer holds a device's
-sign-ins until the allowed lateness has passed them (:mod:`dataflows.session_linking.reorder`),
-and a sign-in later than that is checked against the device's last applied one in the database
-(``late-conflict``). Exactly one effect per sign-in = at-least-once
-input (offsets in Bytewax snapshots) + the idempotency mark in the linking transaction.
+The dedup step is keyed by the device's shard (:data:`DEVICE_SHARDS`), so its state is 16
+bounded windows, not one per device seen within the TTL. Keying by AnonymousId after it sends
+every sign-in of one device to one worker, so one device's sessions are changed by one
+transaction at a time in this job (the row locks of the sink make it safe against any other
+writer too), in SignedInAt order: the reorder buffer holds a device's sign-ins until the
+allowed lateness has passed them (:mod:`dataflows.session_linking.reorder`), and a sign-in
+later than that is checked against the device's last applied one in the database
+(``late-conflict``); a device's state there is dropped once nothing is pending. Exactly one
+effect per sign-in = at-least-once input (offsets in Bytewax snapshots) + the idempotency mark
+in the linking transaction.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from bytewax.dataflow import Dataflow, Stream
 from bytewax.inputs import Source
 from bytewax.outputs import Sink
 
-from dataflows.operators import configured_start, deduplicated, kafka_records, warn_version_mismatch
+from dataflows.operators import (
+    DedupBound,
+    configured_start,
+    deduplicated,
+    kafka_records,
+    warn_version_mismatch,
+)
 from dataflows.session_linking.decode import (
     DecodedSignIn,
     InvalidSignIn,
@@ -79,6 +88,22 @@ def _decoder(max_skew: timedelta) -> Callable[[SourceRecord], DecodedSignIn]:
         return decoded
 
     return decode
+
+
+DEVICE_SHARDS = tuple(str(i) for i in range(16))
+"""The dedup step's keys: a device's shard, not the device, so the step keeps 16 windows
+(each holding a share of ``USER_ACTIVITY_DEDUP_MAX_IDS``) instead of one state per device seen
+within the TTL, which grew without bound with the devices signing in."""
+
+
+def device_shard(message: SignInMessage) -> str:
+    """The dedup key of ``message``: its AnonymousId modulo the shard count (stable everywhere)."""
+    return DEVICE_SHARDS[message.anonymous_id.int % len(DEVICE_SHARDS)]
+
+
+def _keyed_by_device(item: tuple[str, SignInMessage]) -> tuple[str, SignInMessage]:
+    """A deduplicated sign-in keyed by its device, for the reorder buffer and the sink."""
+    return (item[1].device_key, item[1])
 
 
 def _warn_version(message: SignInMessage) -> SignInMessage:
@@ -137,11 +162,15 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
     op.inspect("log_invalid_sign_in", rejected.falses, _log_invalid)  # type: ignore[arg-type]
 
     messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
-    keyed = op.key_on("key_by_device", messages, lambda m: m.device_key)
-    fresh = deduplicated("dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate)
+    sharded = op.key_on("key_by_device_shard", messages, device_shard)
+    fresh = deduplicated(
+        "dedup_by_message_id", sharded, settings.dedup_ttl_seconds, _log_duplicate,
+        DedupBound("session-linking", settings.dedup_max_ids, len(DEVICE_SHARDS)),
+    )
+    by_device = op.map("key_by_device", fresh, _keyed_by_device)
     lateness, bounded = settings.session_linking_lateness_seconds, not settings.tail
     in_order = op.stateful_batch(
-        "reorder_by_signed_in_at", fresh,
+        "reorder_by_signed_in_at", by_device,
         lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded),
     )
     op.output("link_sessions", in_order, outputs.links)
