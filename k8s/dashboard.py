@@ -143,6 +143,18 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                    "{{outcome}}"),),
         ),
         PanelSpec(
+            "Dedup windows", "short",
+            "MessageIds held in the in-memory dedup windows (at most USER_ACTIVITY_DEDUP_MAX_IDS"
+            " per flow), and those forgotten before the TTL because the windows were full, per"
+            " interval (their redeliveries go to the database, which decides).",
+            (
+                Query(f"sum by (flow) ({_s('user_activity_dedup_ids')})", "held {{flow}}"),
+                Query("sum by (flow) (increase("
+                      f"{_s('user_activity_dedup_forgotten_early_total')}[{RATE}]))",
+                      "forgotten early {{flow}}"),
+            ),
+        ),
+        PanelSpec(
             "Background loop restarts", "short",
             "Restarts of a supervised background loop after an unexpected exception."
             " UserActivityBackgroundLoopRestarting fires on any.",
