@@ -4,9 +4,9 @@ Per batch, one READ ONLY transaction reads the sign-ins' idempotency marks and t
 Active sessions; each sign-in is then decided in order by the same rule the real sink applies
 (:func:`~dataflows.session_linking.linking.decide`), on a copy of those sessions updated as the
 real transaction would update them (kept across batches), and tallied (``linked``,
-``already-linked``, ``relinked``, ``started``, ``duplicate``). Not modelled: the late-conflict
-rule (a sign-in older than the device's last applied one), which the real run decides in the
-database. Nothing is inserted, updated or published.
+``already-linked``, ``relinked``, ``started``, ``duplicate``). Not modelled: the rule for a
+sign-in at or before the device's last applied one (``superseded``, ``late-conflict``), which
+the real run decides in the database. Nothing is inserted, updated or published.
 """
 
 from __future__ import annotations

@@ -45,6 +45,10 @@ class LinkOutcome(StrEnum):
     LATE_CONFLICT = "late-conflict"
     """Later than the allowed lateness, and applying it would change who owns the device's
     session (LinkOnce forbids re-linking): not applied, recorded in ``sign_in_conflicts``."""
+    SUPERSEDED = "superseded"
+    """At or before the device's last applied sign-in, which was this user's too: that one
+    already stands for it (a replay after this sign-in's mark expired, or a late sign-in a later
+    one covers). No change, no event."""
 
 
 LOG_EVENTS: Mapping[LinkOutcome, str] = {
@@ -55,6 +59,7 @@ LOG_EVENTS: Mapping[LinkOutcome, str] = {
     LinkOutcome.DUPLICATE: "skipped-duplicate",
     LinkOutcome.INVALID: "invalid-sign-in",
     LinkOutcome.LATE_CONFLICT: "late-conflict",
+    LinkOutcome.SUPERSEDED: "skipped-superseded",
 }
 """The log line (event and ``outcome`` field) of each outcome."""
 
@@ -92,26 +97,54 @@ class ConflictReason(StrEnum):
     PREDATES_SESSION = "predates-session"
     """The device's Active session is a guest session that started after the sign-in: linking
     it would give the late user activity that happened after a later sign-in."""
+    WOULD_START = "would-start"
+    """The device has no Active session, and its last applied sign-in, later than this one, was
+    another user's: starting a session would make the late user the device's current one after
+    someone else signed in on it."""
 
 
-def late_conflict(
-    outcome: LinkOutcome, signed_in_at: datetime, device_last_signed_in_at: datetime | None,
+@dataclass(frozen=True, slots=True)
+class LastSignIn:
+    """The device's last applied sign-in: its SignedInAt and its user."""
+
+    signed_in_at: datetime
+    user_id: UUID | None
+
+
+def late_verdict(
+    outcome: LinkOutcome, user_id: UUID, signed_in_at: datetime, last: LastSignIn | None,
     active_started_at: datetime | None,
-) -> ConflictReason | None:
-    """Why a sign-in cannot be applied although :func:`decide` says ``outcome``, or None.
+) -> LinkOutcome | ConflictReason | None:
+    """What a sign-in of ``user_id`` does instead of ``outcome`` (:func:`decide`), or None.
 
-    Only a late sign-in (``signed_in_at`` before the SignedInAt of the device's last applied
-    sign-in: it arrived after the reorder buffer had let a later one through) can conflict, and
-    only when applying it would change who owns a session: ending another user's session and
-    starting one for this user (``RELINKED``), or linking a guest session that did not exist yet
-    when this user signed in (``LINKED`` of a session started after ``signed_in_at``). A late
-    sign-in that conflicts with nothing (the same user again, or a device without an Active
-    session) is applied by the normal rules.
+    None: apply ``outcome``. Judged here is a sign-in before the device's last applied one
+    (``last``), or at its very instant when that one was the same user's: it arrived after the
+    reorder buffer let a later one through, or it is a replay of an applied one whose
+    idempotency mark has expired (marks go with their daily partition, so the replay is not
+    recognised as a duplicate). Such a sign-in never starts a session and never changes who
+    owns one:
+
+    - the same user again on the Active session (``ALREADY_LINKED``): applied, it changes
+      nothing;
+    - the last applied sign-in was this user's too: :attr:`LinkOutcome.SUPERSEDED` (no change);
+    - another user's, later: a conflict when applying it would end that user's session
+      (``WOULD_RELINK``), link a guest session that started after this sign-in
+      (``PREDATES_SESSION``) or start a session on a device left without one (``WOULD_START``);
+      linking a guest session that existed at the sign-in is applied.
+
+    Another user's sign-in at the same instant as the last applied one is not late: the two are
+    in no defined order, and it is applied like one that came after.
     """
-    if device_last_signed_in_at is None or signed_in_at >= device_last_signed_in_at:
+    if last is None or outcome is LinkOutcome.ALREADY_LINKED:
+        return None
+    if user_id == last.user_id:
+        return LinkOutcome.SUPERSEDED if signed_in_at <= last.signed_in_at else None
+    if signed_in_at >= last.signed_in_at:
         return None
     if outcome is LinkOutcome.RELINKED:
         return ConflictReason.WOULD_RELINK
+    if outcome is LinkOutcome.STARTED:
+        return ConflictReason.WOULD_START
     if (outcome is LinkOutcome.LINKED and active_started_at is not None
             and active_started_at > signed_in_at):
         return ConflictReason.PREDATES_SESSION

@@ -13,7 +13,10 @@ Guarantees (SPEC §5, §7):
   (``user_id IS NULL``) session can be linked, and linking sets ``user_id``.
 - Idempotent: the mark ``user-activity-signed-in:{MessageId}`` is inserted first in the same
   transaction; an already marked sign-in (redelivery, replay of an old sign-in) changes nothing,
-  so replaying an old sign-in can never end a newer session.
+  so replaying an old sign-in can never end a newer session. Once its mark has expired (the
+  retention drops marks by day), a replayed sign-in is at or before the device's last applied
+  one: it is ``superseded`` (no change) or a late conflict, never applied again
+  (:func:`~dataflows.session_linking.linking.late_verdict`).
 - PostgreSQL unreachable, timeouts, serialization failures, deadlocks: retried forever with
   back-off; the worker blocks (back-pressure), nothing is skipped, nothing goes to the DLQ.
 - A data error or an unexpected exception: the batch is bisected; a sign-in failing alone
@@ -38,6 +41,8 @@ from dataflows.session_linking.decode import SignInMessage, sign_in_fields
 from dataflows.session_linking.linking import (
     LOG_EVENTS,
     ActiveSession,
+    ConflictReason,
+    LastSignIn,
     LinkOutcome,
     LinkResult,
     SessionChange,
@@ -45,7 +50,7 @@ from dataflows.session_linking.linking import (
     SessionTopics,
     build_session_event,
     decide,
-    late_conflict,
+    late_verdict,
 )
 from dataflows.session_linking.sql import query
 from dataflows.session_linking.traces import trace_batch
@@ -111,21 +116,24 @@ class SessionLinksStore:
         active = None if locked is None else ActiveSession(
             cast(UUID, locked[0]), cast("UUID | None", locked[1]), cast(datetime, locked[2]))
         last_row = conn.execute(query("link_session_device_last"), device).fetchone()
-        device_last = None if last_row is None else cast("datetime | None", last_row[0])
+        last = None if last_row is None else LastSignIn(
+            cast(datetime, last_row[0]), cast("UUID | None", last_row[1]))
         outcome = decide(active, message.user_id)
-        conflict = late_conflict(outcome, message.signed_in_at, device_last,
-                                 None if active is None else active.started_at)
-        if conflict is not None:
-            assert device_last is not None
+        verdict = late_verdict(outcome, message.user_id, message.signed_in_at, last,
+                               None if active is None else active.started_at)
+        if verdict is LinkOutcome.SUPERSEDED:
+            return LinkResult(message, verdict, None if active is None else active.session_id)
+        if isinstance(verdict, ConflictReason):
+            assert last is not None
             conn.execute(query("link_session_conflict"), {
                 "message_id": message.message_id, "anonymous_id": message.anonymous_id,
                 "session_id": None if active is None else active.session_id,
                 "session_user_id": None if active is None else active.user_id,
                 "sign_in_user_id": message.user_id, "signed_in_at": message.signed_in_at,
-                "device_last_signed_in_at": device_last, "reason": conflict.value,
+                "device_last_signed_in_at": last.signed_in_at, "reason": verdict.value,
             })
             return LinkResult(message, LinkOutcome.LATE_CONFLICT,
-                              None if active is None else active.session_id, conflict=conflict)
+                              None if active is None else active.session_id, conflict=verdict)
         signed_in_at = message.signed_in_at
         if outcome is LinkOutcome.ALREADY_LINKED:
             assert active is not None
@@ -239,5 +247,6 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                       SessionId=None if result.session_id is None else str(result.session_id),
                       EndedSessionId=None if ended is None else str(ended),
                       reason=None if result.conflict is None else result.conflict.value,
-                      SignedInAt=message.signed_in_at.isoformat() if late else None,
+                      SignedInAt=message.signed_in_at.isoformat()
+                      if late or result.outcome is LinkOutcome.SUPERSEDED else None,
                       **sign_in_fields(message.record, message.envelope))

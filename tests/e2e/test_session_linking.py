@@ -437,3 +437,29 @@ def test_a_transient_database_failure_is_retried_and_nothing_is_dead_lettered(
     assert session_row(db, session)["user_id"] == user
     assert len(consume_all(settings, settings.topic_session_linked, expect_at_least=1)) == 1
     assert consume_all(settings, settings.topic_session_linking_dlq, settle=0.5) == []
+
+
+def test_a_sign_in_replayed_after_its_mark_expired_starts_no_second_session(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous, user = new_id(), new_id()
+    guest = insert_session(db, anonymous_id=anonymous)
+    envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous)
+    produce(settings, [sign_in(settings, envelope)])
+    run(build_flow(settings))
+    # days later: the session service ended the session, and the retention dropped the mark
+    db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
+               " WHERE id = %s", (guest,))
+    db.execute("DELETE FROM user_activity.consumer_idempotency_marks WHERE key = %s",
+               (f"user-activity-signed-in:{envelope['MessageId']}",))
+    produce(settings, [sign_in(settings, envelope)])  # a backfill replays the old sign-in
+
+    run(build_flow(settings))
+
+    sessions = device_sessions(db, anonymous)
+    assert [(s["id"], s["status"], s["user_id"]) for s in sessions] == [(guest, "Ended", user)]
+    assert outbox_counts(db, settings) == {settings.topic_session_linked: 1}
+    events = session_events(settings, linked=1)
+    assert len(events[settings.topic_session_linked]) == 1
+    assert events[settings.topic_session_started] == []

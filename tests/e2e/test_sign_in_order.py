@@ -243,3 +243,33 @@ def test_a_sign_in_stamped_hours_ahead_does_not_make_the_next_user_of_the_device
     assert db.execute("SELECT count(*) FROM user_activity.sign_in_conflicts"
                       " WHERE anonymous_id = %s", (device,)).fetchone() == (0,)
     assert "sign-in-from-the-future" in caplog.text
+
+
+def test_a_late_sign_in_on_a_device_left_without_a_session_starts_none(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any],
+) -> None:
+    config = make_settings(session_linking_lateness_seconds=5)
+    device = new_id()
+    guest = insert_session(db, anonymous_id=device, last_activity_at=T0 - timedelta(minutes=5))
+    a, b = new_id(), new_id()
+    produce(config, [_signed_in(config, b, device, 100)])
+    run_main(build_flow(config))  # B links the guest session
+    db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
+               " WHERE id = %s", (guest,))  # the session service ends it
+    produce(config, [_signed_in(config, a, device, 50),  # A, before B: another user's is later
+                     _signed_in(config, b, device, 40)])  # B again, before its applied one
+
+    run_main(build_flow(config))
+
+    sessions = db.execute(
+        "SELECT id, user_id, status FROM user_activity.sessions WHERE anonymous_id = %s",
+        (device,)).fetchall()
+    assert sessions == [(guest, b, "Ended")]  # no session started for a superseded sign-in
+    conflicts = db.execute(
+        "SELECT session_id, sign_in_user_id, reason, device_last_signed_in_at"
+        "  FROM user_activity.sign_in_conflicts WHERE anonymous_id = %s", (device,)).fetchall()
+    assert conflicts == [(None, a, "would-start", T0 + timedelta(seconds=100))]
+    outcomes = db.execute(
+        "SELECT topic, count(*) FROM user_activity.outbox WHERE topic = ANY(%s) GROUP BY topic",
+        ([config.topic_session_linked, config.topic_session_started],)).fetchall()
+    assert outcomes == [(config.topic_session_linked, 1)]

@@ -378,6 +378,17 @@ def test_a_late_conflict_is_recorded_once_per_sign_in(conn: psycopg.Connection[A
         _conflict(conn, message_id=message_id)
 
 
+def test_a_would_start_conflict_names_no_session(conn: psycopg.Connection[Any]) -> None:
+    message_id = uuid.uuid4()
+
+    _conflict(conn, message_id=message_id, reason="would-start", session_id=None,
+              session_user_id=None)
+
+    row = conn.execute("SELECT reason FROM user_activity.sign_in_conflicts WHERE message_id = %s",
+                       (message_id,)).fetchone()
+    assert row == ("would-start",)
+
+
 @pytest.mark.parametrize("columns", [
     {"signed_in_at": datetime(2026, 1, 2, tzinfo=UTC),
      "device_last_signed_in_at": datetime(2026, 1, 1, tzinfo=UTC)},  # not late

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
-from dataflows.session_linking.linking import ConflictReason, LinkOutcome, late_conflict
+from dataflows.session_linking.linking import ConflictReason, LastSignIn, LinkOutcome, late_verdict
 from dataflows.session_linking.reorder import ReorderBuffer
 from devenv.harness.messages import sign_in_envelope
 from schemas.kafka_record import SourceRecord
@@ -108,20 +108,31 @@ LAST = T0 + timedelta(minutes=5)
 EARLIER = T0
 STARTED_AFTER = T0 + timedelta(minutes=1)
 STARTED_BEFORE = T0 - timedelta(minutes=1)
+ME, OTHER = uuid.UUID(int=1), uuid.UUID(int=2)
+BY_OTHER, BY_ME = LastSignIn(LAST, OTHER), LastSignIn(LAST, ME)
 
 
 @pytest.mark.parametrize(("outcome", "signed_in_at", "last", "started", "expected"), [
-    (LinkOutcome.RELINKED, EARLIER, LAST, STARTED_BEFORE, ConflictReason.WOULD_RELINK),
-    (LinkOutcome.LINKED, EARLIER, LAST, STARTED_AFTER, ConflictReason.PREDATES_SESSION),
-    (LinkOutcome.LINKED, EARLIER, LAST, STARTED_BEFORE, None),  # the guest session existed
-    (LinkOutcome.ALREADY_LINKED, EARLIER, LAST, STARTED_BEFORE, None),  # the same user
-    (LinkOutcome.STARTED, EARLIER, LAST, None, None),  # no Active session: nothing re-owned
-    (LinkOutcome.RELINKED, LAST + timedelta(seconds=1), LAST, STARTED_BEFORE, None),  # in order
+    (LinkOutcome.RELINKED, EARLIER, BY_OTHER, STARTED_BEFORE, ConflictReason.WOULD_RELINK),
+    (LinkOutcome.LINKED, EARLIER, BY_OTHER, STARTED_AFTER, ConflictReason.PREDATES_SESSION),
+    (LinkOutcome.LINKED, EARLIER, BY_OTHER, STARTED_BEFORE, None),  # the guest session existed
+    (LinkOutcome.STARTED, EARLIER, BY_OTHER, None, ConflictReason.WOULD_START),
+    (LinkOutcome.ALREADY_LINKED, EARLIER, BY_OTHER, STARTED_BEFORE, None),  # the same user
+    (LinkOutcome.STARTED, EARLIER, BY_ME, None, LinkOutcome.SUPERSEDED),  # my later one stands
+    (LinkOutcome.STARTED, LAST, BY_ME, None, LinkOutcome.SUPERSEDED),  # my own, mark expired
+    (LinkOutcome.LINKED, LAST, BY_ME, STARTED_AFTER, LinkOutcome.SUPERSEDED),
+    (LinkOutcome.RELINKED, LAST, BY_ME, STARTED_AFTER, LinkOutcome.SUPERSEDED),
+    (LinkOutcome.ALREADY_LINKED, LAST, BY_ME, STARTED_BEFORE, None),  # confirms: no change
+    (LinkOutcome.RELINKED, LAST, BY_OTHER, STARTED_BEFORE, None),  # no order: as if after
+    (LinkOutcome.RELINKED, LAST + timedelta(seconds=1), BY_OTHER, STARTED_BEFORE, None),
+    (LinkOutcome.STARTED, LAST + timedelta(seconds=1), BY_ME, None, None),  # in order
     (LinkOutcome.RELINKED, EARLIER, None, STARTED_BEFORE, None),  # the device's first sign-in
-], ids=["relink", "guest-session-after", "guest-session-before", "same-user", "no-session",
-        "not-late", "first"])
-def test_a_late_sign_in_conflicts_only_when_it_would_change_who_owns_a_session(
-    outcome: LinkOutcome, signed_in_at: datetime, last: datetime | None,
-    started: datetime | None, expected: ConflictReason | None,
+], ids=["relink", "guest-session-after", "guest-session-before", "start-after-another-user",
+        "same-user", "start-after-my-later-sign-in", "my-replay-no-session",
+        "my-replay-new-guest-session", "my-replay-another-users-session", "my-replay-confirms",
+        "same-instant-as-another-user", "not-late", "not-late-start", "first"])
+def test_a_sign_in_at_or_before_the_last_applied_one_never_starts_or_changes_whose_a_session_is(
+    outcome: LinkOutcome, signed_in_at: datetime, last: LastSignIn | None,
+    started: datetime | None, expected: ConflictReason | LinkOutcome | None,
 ) -> None:
-    assert late_conflict(outcome, signed_in_at, last, started) is expected
+    assert late_verdict(outcome, ME, signed_in_at, last, started) is expected
