@@ -359,8 +359,8 @@ def test_outbox_value_is_byte_for_byte_the_documented_rendering() -> None:
 @given(
     now=st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1),
                      timezones=st.just(UTC)),
-    occurred_at=st.datetimes(
-        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=offsets
+    occurred_at=st.datetimes(  # local times from 2000-01-02: after LINKED_LONG_AGO at any offset
+        min_value=datetime(2000, 1, 2), max_value=datetime(2100, 1, 1), timezones=offsets
     ),
     correlation_id=st.none() | st.text(st.characters(codec="utf-8"), max_size=256),
     session_user_id=st.none() | st.uuids(),
