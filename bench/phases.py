@@ -217,6 +217,7 @@ def compare_jobs(
         reference = {"ref": commit if ref else "this tree", "ref_env": ref_env or {}}
         rates: dict[str, list[float]] = {"head": [], "ref": []}
         cpu_us: dict[str, list[float]] = {"head": [], "ref": []}
+        first_output: dict[str, list[float]] = {"head": [], "ref": []}
         for round_no in range(rounds):
             order = [("head", None), ("ref", checkout)]
             for label, source in order if round_no % 2 == 0 else order[::-1]:
@@ -229,6 +230,8 @@ def compare_jobs(
                 if not run["ok"]:
                     return {**reference, "failure": f"{name}: {run.get('failure')}"}
                 rates[label].append(run["events_per_s"])
+                if run.get("first_output_s") is not None:  # spawn -> first action-tracked
+                    first_output[label].append(run["first_output_s"])
                 job_cpu = (run.get("resources") or {}).get("job_cpu_s")
                 if job_cpu:
                     cpu_us[label].append(round(1e6 * job_cpu / run["messages"], 1))
@@ -236,7 +239,8 @@ def compare_jobs(
         result = {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
                   "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
                   "ratio_ref_to_head": round(base / head, 3),
-                  "paired_head_to_ref": paired_ratios(rates["head"], rates["ref"])}
+                  "paired_head_to_ref": paired_ratios(rates["head"], rates["ref"]),
+                  "first_output_s": first_output}
         if cpu_us["head"] and cpu_us["ref"]:
             # the job's CPU per event: less disturbed by a busy machine than its throughput
             cpu_head, cpu_ref = statistics.median(cpu_us["head"]), statistics.median(cpu_us["ref"])

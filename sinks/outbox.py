@@ -309,8 +309,14 @@ class OutboxPublisher:
         self._last_failure_log = -_FAILURE_LOG_EVERY_SECONDS
 
     def start(self) -> None:
-        """Start the supervised publish loop and the stall watchdog (idempotent)."""
+        """Start the supervised publish loop and the stall watchdog (idempotent).
+
+        The producer is built here, before the first row is offered: librdkafka connects and
+        acquires the idempotent producer's id in the background while the flow starts, instead
+        of on the first publish (which then waited for it: about half a second after a start).
+        """
         if self._thread is None:
+            self._producer.producer  # noqa: B018 - built now: it connects in the background
             self._stop.clear()
             self._thread = SupervisedThread("outbox-publisher", self._run, self._backoff).start()
             self._watchdog = OutboxWatchdog(self._settings).start()
