@@ -32,6 +32,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 from prometheus_client import REGISTRY
 
+from dataflows.session_linking.linking import LinkOutcome
 from runtime.settings import Settings
 from sinks.dry_run import Tally
 from sources.kafka_input import StartPosition
@@ -39,10 +40,9 @@ from sources.kafka_input import StartPosition
 _SKIPPED = "user_activity_favorites_skipped_total"
 OUTCOMES = ("recorded", "duplicate", "invalid-owner", "no-session", "dead-lettered")
 """The favorites flow's outcomes (the summary table's rows)."""
-SESSION_OUTCOMES = (
-    "linked", "already-linked", "relinked", "started", "duplicate", "invalid", "dead-lettered",
-)
-"""The session-linking flow's outcomes."""
+SESSION_OUTCOMES = (*(outcome.value for outcome in LinkOutcome), "dead-lettered")
+"""The session-linking flow's outcomes: every :class:`LinkOutcome` (``late-conflict`` and
+``superseded`` included, so the rows add up to the sign-ins replayed), and dead letters."""
 
 
 def parse_offsets(specs: Sequence[str]) -> dict[tuple[str, int], int]:
