@@ -131,6 +131,10 @@ def _fmt(value: Any) -> str:
 def print_table(results: dict[str, Any]) -> None:
     """One table: every headline figure, then each target with its value and whether it is met."""
     rows: list[tuple[str, str, str, str]] = []
+    if warmup := results.get("warmup"):
+        rows.append(("warm-up run (not measured): events/s, CPU us/event job / pg / kafka",
+                     f"{_fmt(warmup.get('events_per_s'))}, {_fmt(warmup.get('cpu_us_per_event'))}",
+                     "", ""))
     for name, run in (results.get("job") or {}).items():
         label = f"job {name.replace('_', ' ')}"
         rows += [(f"{label}: events/s (wall s)", f"{_fmt(run.get('events_per_s'))} "

@@ -60,6 +60,8 @@ def test_bench_small_writes_every_section_with_positive_numbers(
     assert set(results["meta"]["postgres"]) == {"fsync", "synchronous_commit"}
 
     _positive(results, "prefill", "action_events_rows")
+    assert results["warmup"]["ok"], results["warmup"]  # the job once, before the measured runs
+    _positive(results, "warmup", "events_per_s")
     for workers in ("workers_1", "workers_2"):
         run = results["job"][workers]
         assert run["ok"], run
