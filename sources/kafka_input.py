@@ -305,7 +305,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             error = msg.error()
             if error is not None:
                 code = error.code()
-                if code in UNDECODABLE_CODES and (
+                if code in UNDECODABLE_CODES and msg.topic() == topic and (
+                    msg.partition() == partition) and (  # not a departed partition's error
                     skipped_to := self._skip_undecodable(msg.offset(), next_offset, error.str())
                 ) is not None:
                     next_offset = skipped_to
@@ -412,8 +413,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             base = next_offset
         if base is None:
             return None
-        probe = BatchProbe(self._consumer_config, self.topic, self.partition, base)
+        probe: BatchProbe | None = None
         try:
+            probe = BatchProbe(self._consumer_config, self.topic, self.partition, base)
             high = self._consumer.get_watermark_offsets(
                 self._partition_handle, timeout=5.0, cached=False)[1]
             end = find_batch_end(base, max(int(high), base + 1), probe.inside)
@@ -425,19 +427,23 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                       partition=self.partition, offset=base, error=str(exc))
             return None
         finally:
-            probe.close()
+            if probe is not None:
+                probe.close()
         self._undecodable_attempts = 0
+        if self._end_offset is not None:  # a bounded run: what is past its end is not its own
+            end = min(end, self._end_offset)
         first = base if next_offset is None else max(base, next_offset)
+        if end <= first:  # nothing of it left to skip (a bounded run's end, an old error)
+            return None
         INPUT_RECORDS_UNDECODABLE.labels(self.topic, str(self.partition)).inc(end - first)
         log_event(
             logger, "input-records-undecodable", logging.ERROR, topic=self.topic,
             partition=self.partition, from_offset=first, to_offset=end, records=end - first,
             batch_offset=base, reason=reason,
         )
-        if self._end_offset is not None:
-            end = min(end, self._end_offset)
         self._next_offset = end
         self._progress.next_offset = end
+        self._read_at = now  # progress: the stuck check must not take the skip for a stall
         self._shared.move(self)
         return end
 

@@ -11,7 +11,10 @@ end is the smallest offset whose fetch is not that error (:func:`find_batch_end`
 of the broker by :class:`BatchProbe` (a consumer of its own: the worker's shared consumer and
 its other partitions are not touched).
 
-Memory stays bounded: librdkafka refuses the batch before it allocates its decompressed size.
+Only zstd batches are held to ``receive.message.max.bytes`` once decompressed: librdkafka
+decompresses gzip, lz4 and snappy batches whatever their size (measured, librdkafka 2.16: a
+5 MB record of zeros in each codec against a 2 MB limit; only the zstd one was refused). A
+decompression bomb in those codecs is read whole, in memory (docs/architecture.md, "Input").
 """
 
 from __future__ import annotations
@@ -80,10 +83,11 @@ class BatchProbe:
     def inside(self, offset: int) -> bool:
         """True when a fetch from ``offset`` gets the batch at ``base`` (its error again).
 
-        False when a record at or after ``offset`` arrives, or the consumer's position passes
-        ``offset`` with nothing to deliver (control records, aborted ones). Raises
-        :class:`ProbeFailedError` when neither happens within the time-out (or a stop is
-        requested meanwhile).
+        False when a record at or after ``offset`` arrives, another undecodable batch does (the
+        next one: its error names its own base offset, so the probe is past this batch), or the
+        consumer's position passes ``offset`` with nothing to deliver (control records, aborted
+        ones). Raises :class:`ProbeFailedError` when none of these happens within the time-out
+        (or a stop is requested meanwhile).
         """
         consumer = self._consumer
         consumer.assign([TopicPartition(self._topic, self._partition, offset)])
@@ -93,8 +97,8 @@ class BatchProbe:
                 error = msg.error()
                 if error is None:
                     return False
-                if error.code() in UNDECODABLE_CODES and msg.offset() == self._base:
-                    return True
+                if error.code() in UNDECODABLE_CODES:
+                    return msg.offset() == self._base
             position = consumer.position([TopicPartition(self._topic, self._partition)])
             if position[0].offset > offset:
                 return False

@@ -114,3 +114,60 @@ def test_a_resumed_partition_whose_next_batch_is_undecodable_skips_it_and_reads_
     assert records == [1]
     [line] = _undecodable_lines(caplog)
     assert (line.from_offset, line.to_offset) == (0, 1)  # type: ignore[attr-defined]
+
+
+def test_two_undecodable_batches_in_a_row_are_each_skipped_and_the_rest_read(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Offsets: 0 readable; 1 and 2 two batches of one record each, 3 MB decompressed; 3 after.
+
+    The probe of the first batch, asking from offset 2, gets the second batch's error: that
+    error is past the first batch, not inside it.
+    """
+    settings = make_settings(tail=True, source_receive_max_bytes=LIMIT)
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, b"0", b"{}", partition=0)])
+    for _ in range(2):  # one produce call each: two batches
+        produce(settings, [Produced(topic, b"big", bytes(3_000_000), partition=0)], **BIG)
+    produce(settings, [Produced(topic, b"3", b"{}", partition=0)])
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=0, receive_max_bytes=LIMIT).build_part(
+        "input", f"{topic}#0", None)
+    before = _skipped(topic)
+    try:
+        records, errors = _read_all(part, 2)
+        assert part.snapshot() == 4
+    finally:
+        part.close()
+    assert records == [0, 3]
+    assert errors == []
+    assert _skipped(topic) - before == 2
+    lines = _undecodable_lines(caplog)
+    assert [(r.from_offset, r.to_offset) for r in lines] == [(1, 2), (2, 3)]  # type: ignore[attr-defined]
+
+
+def test_skipping_a_batch_after_a_quiet_spell_does_not_look_like_a_stuck_consumer(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The partition read nothing for longer than ``stuck_after``, then a bad batch comes.
+
+    Skipping it is progress: the consumer is not taken for stuck and replaced.
+    """
+    settings = make_settings(tail=True, source_receive_max_bytes=LIMIT)
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, b"big", bytes(3_000_000), partition=0)], **BIG)
+    produce(settings, [Produced(topic, b"k", b"{}", partition=0)])
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=2.0, receive_max_bytes=LIMIT).build_part(
+        "input", f"{topic}#0", 0)
+    time.sleep(3)  # the consumer fetches the batch's error meanwhile: the first poll has it
+    consumer = part._consumer
+    part._read_at -= 60  # a minute without a record,
+    part._stuck_check_at = 0  # and a stuck check due
+    try:
+        records, _ = _read_all(part, 1)
+    finally:
+        part.close()
+    assert records == [1]
+    assert part._consumer is consumer
+    assert [r for r in caplog.records if r.getMessage() == "kafka-consumer-restarted"] == []
