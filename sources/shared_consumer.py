@@ -63,11 +63,14 @@ _FILL_CAP_POLLS = 4
 def size_limits(receive_max_bytes: int) -> dict[str, int]:
     """The size settings (librdkafka's) of an input consumer that reads batches up to this size.
 
-    ``receive.message.max.bytes`` bounds a fetch response and a decompressed batch (memory);
-    ``fetch.max.bytes`` must stay 512 below it, and keeps its default (50 MiB) when that fits.
+    ``receive.message.max.bytes`` bounds a fetch response and a zstd batch once decompressed
+    (librdkafka checks no other codec's); ``fetch.max.bytes`` must stay 512 below it. Left
+    unset, librdkafka makes ``fetch.max.bytes`` the prefetch queue's size
+    (:data:`PREFETCH_KBYTES`, 8 MiB) rather than its 50 MiB default; set (as it must be, for a
+    limit below that), it is kept at that size too.
     """
     return {"receive.message.max.bytes": receive_max_bytes,
-            "fetch.max.bytes": min(52_428_800, receive_max_bytes - 512)}
+            "fetch.max.bytes": min(PREFETCH_KBYTES * 1024, receive_max_bytes - 512)}
 
 
 class Member(Protocol):
