@@ -106,11 +106,12 @@ class Settings(BaseSettings):
                     " fetching an assigned partition after a broker restart); `0`: never.")
     source_receive_max_bytes: int = Field(
         100_000_000, ge=2_000_000, le=2_147_483_647,
-        description="The largest record batch, once decompressed, that an input consumer"
-                    " reads (librdkafka `receive.message.max.bytes`; memory is bounded by it). A"
-                    " batch larger than this (a highly compressible huge record) cannot be read:"
-                    " it is skipped, counted and logged (`input-records-undecodable`). To read"
-                    " it, replay its offsets with a larger value.")
+        description="The largest zstd record batch, once decompressed, that an input consumer"
+                    " reads (librdkafka `receive.message.max.bytes`, which also bounds a fetch"
+                    " response; librdkafka holds no other codec's batches to it). A zstd batch"
+                    " larger than this (a highly compressible huge record) cannot be read: it is"
+                    " skipped, counted and logged (`input-records-undecodable`). To read it,"
+                    " replay its offsets with a larger value.")
     source_partition_check_seconds: float = Field(
         60.0, ge=0,
         description="How often the job asks the broker whether an input topic gained"
