@@ -46,9 +46,9 @@ class LinkOutcome(StrEnum):
     """Later than the allowed lateness, and applying it would change who owns the device's
     session (LinkOnce forbids re-linking): not applied, recorded in ``sign_in_conflicts``."""
     SUPERSEDED = "superseded"
-    """At or before the device's last applied sign-in, which was this user's too: that one
-    already stands for it (a replay after this sign-in's mark expired, or a late sign-in a later
-    one covers). No change, no event."""
+    """An old sign-in whose user has a sign-in at or after it applied on the device: that one
+    stands for it (a replay after this sign-in's mark expired, or an old sign-in a later one of
+    the same user covers). No change, no event."""
 
 
 LOG_EVENTS: Mapping[LinkOutcome, str] = {
@@ -105,49 +105,53 @@ class ConflictReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class LastSignIn:
-    """The device's last applied sign-in: its SignedInAt and its user."""
+    """The device's last applied sign-in, as a sign-in being decided sees it."""
 
     signed_in_at: datetime
     user_id: UUID | None
+    covers: bool = False
+    """A session of the device holds a sign-in of the deciding sign-in's user at or after it:
+    that sign-in (a replay of it) or a later one of the same user was already applied."""
 
 
 def late_verdict(
     outcome: LinkOutcome, user_id: UUID, signed_in_at: datetime, last: LastSignIn | None,
-    active_started_at: datetime | None,
+    active_started_at: datetime | None, *, stale: bool = True,
 ) -> LinkOutcome | ConflictReason | None:
     """What a sign-in of ``user_id`` does instead of ``outcome`` (:func:`decide`), or None.
 
-    None: apply ``outcome``. Judged here is a sign-in before the device's last applied one
-    (``last``), or at its very instant when that one was the same user's: it arrived after the
-    reorder buffer let a later one through, or it is a replay of an applied one whose
-    idempotency mark has expired (marks go with their daily partition, so the replay is not
-    recognised as a duplicate). Such a sign-in never starts a session and never changes who
-    owns one:
+    None: apply ``outcome``. ``last`` is the device's last applied sign-in; ``stale``: the
+    sign-in is older than any clock skew and lateness explain (``USER_ACTIVITY_SESSION_LINKING_*``),
+    so it is not a live one.
 
-    - the same user again on the Active session (``ALREADY_LINKED``): applied, it changes
-      nothing;
-    - the last applied sign-in was this user's too: :attr:`LinkOutcome.SUPERSEDED` (no change);
-    - another user's, later: a conflict when applying it would end that user's session
-      (``WOULD_RELINK``), link a guest session that started after this sign-in
-      (``PREDATES_SESSION``) or start a session on a device left without one (``WOULD_START``);
-      linking a guest session that existed at the sign-in is applied.
-
-    Another user's sign-in at the same instant as the last applied one is not late: the two are
-    in no defined order, and it is applied like one that came after.
+    - The same user again on the Active session (``ALREADY_LINKED``): applied, it changes
+      nothing.
+    - :attr:`LinkOutcome.SUPERSEDED` (no change): a stale sign-in whose user has a sign-in at or
+      after it applied on the device (``last.covers``). That is a replay of an applied one
+      whose idempotency mark has expired (marks go with their daily partition), or an old one a
+      later sign-in of the same user stands for; either would otherwise start a session again
+      on a device whose session ended meanwhile. A live one (a producer clock a few seconds
+      off, a sign-in again after a sign-out) is decided by the rules below.
+    - A sign-in before the device's last applied one (late: it arrived after the reorder
+      buffer let a later one through) is a conflict when applying it would end another user's
+      session (``WOULD_RELINK``), link a guest session that started after it
+      (``PREDATES_SESSION``), or start a session on a device whose last applied sign-in was
+      another user's (``WOULD_START``); otherwise it is applied. A sign-in at the instant of
+      the last applied one is not late: the two are in no defined order.
     """
     if last is None or outcome is LinkOutcome.ALREADY_LINKED:
         return None
-    if user_id == last.user_id:
-        return LinkOutcome.SUPERSEDED if signed_in_at <= last.signed_in_at else None
+    if last.covers and stale:
+        return LinkOutcome.SUPERSEDED
     if signed_in_at >= last.signed_in_at:
         return None
     if outcome is LinkOutcome.RELINKED:
         return ConflictReason.WOULD_RELINK
-    if outcome is LinkOutcome.STARTED:
-        return ConflictReason.WOULD_START
     if (outcome is LinkOutcome.LINKED and active_started_at is not None
             and active_started_at > signed_in_at):
         return ConflictReason.PREDATES_SESSION
+    if outcome is LinkOutcome.STARTED and user_id != last.user_id:
+        return ConflictReason.WOULD_START
     return None
 
 

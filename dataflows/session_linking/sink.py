@@ -14,8 +14,8 @@ Guarantees (SPEC §5, §7):
 - Idempotent: the mark ``user-activity-signed-in:{MessageId}`` is inserted first in the same
   transaction; an already marked sign-in (redelivery, replay of an old sign-in) changes nothing,
   so replaying an old sign-in can never end a newer session. Once its mark has expired (the
-  retention drops marks by day), a replayed sign-in is at or before the device's last applied
-  one: it is ``superseded`` (no change) or a late conflict, never applied again
+  retention drops marks by day), a replayed sign-in is found applied on its device's sessions
+  (its user, at or after its SignedInAt): ``superseded``, no change; or it is a late conflict
   (:func:`~dataflows.session_linking.linking.late_verdict`).
 - PostgreSQL unreachable, timeouts, serialization failures, deadlocks: retried forever with
   back-off; the worker blocks (back-pressure), nothing is skipped, nothing goes to the DLQ.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from uuid import UUID
 
@@ -78,10 +78,17 @@ class SessionLinksStore:
     """Applies sign-ins to ``user_activity.sessions`` in one transaction per batch."""
 
     def __init__(self, topics: SessionTopics, new_id: Callable[[], UUID] = uuid_compat.uuid7,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 live_within: timedelta = timedelta(seconds=70)) -> None:
+        """A store announcing changes on ``topics``.
+
+        ``live_within``: how old a sign-in can be and still be live (clock skew + lateness);
+        an older one is *stale* (:func:`~dataflows.session_linking.linking.late_verdict`).
+        """
         self._topics = topics
         self._new_id = new_id
         self._clock = clock
+        self._live_within = live_within
 
     def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
         """Apply ``messages`` in order in one transaction; return what each one did.
@@ -115,12 +122,15 @@ class SessionLinksStore:
         locked = conn.execute(query("link_session_lock_active"), device).fetchone()
         active = None if locked is None else ActiveSession(
             cast(UUID, locked[0]), cast("UUID | None", locked[1]), cast(datetime, locked[2]))
-        last_row = conn.execute(query("link_session_device_last"), device).fetchone()
+        signed_in_at = message.signed_in_at
+        last_row = conn.execute(query("link_session_device_last"), {
+            **device, "user_id": message.user_id, "signed_in_at": signed_in_at}).fetchone()
         last = None if last_row is None else LastSignIn(
-            cast(datetime, last_row[0]), cast("UUID | None", last_row[1]))
+            cast(datetime, last_row[0]), cast("UUID | None", last_row[1]), bool(last_row[2]))
         outcome = decide(active, message.user_id)
-        verdict = late_verdict(outcome, message.user_id, message.signed_in_at, last,
-                               None if active is None else active.started_at)
+        verdict = late_verdict(outcome, message.user_id, signed_in_at, last,
+                               None if active is None else active.started_at,
+                               stale=signed_in_at < now - self._live_within)
         if verdict is LinkOutcome.SUPERSEDED:
             return LinkResult(message, verdict, None if active is None else active.session_id)
         if isinstance(verdict, ConflictReason):
@@ -134,7 +144,6 @@ class SessionLinksStore:
             })
             return LinkResult(message, LinkOutcome.LATE_CONFLICT,
                               None if active is None else active.session_id, conflict=verdict)
-        signed_in_at = message.signed_in_at
         if outcome is LinkOutcome.ALREADY_LINKED:
             assert active is not None
             conn.execute(query("link_session_confirm"),
@@ -212,7 +221,9 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                          logger=logger)
         self._store = SessionLinksStore(SessionTopics(
             linked=settings.topic_session_linked, started=settings.topic_session_started,
-            ended=settings.topic_session_ended))
+            ended=settings.topic_session_ended), live_within=timedelta(
+                seconds=settings.session_linking_max_clock_skew_seconds
+                + settings.session_linking_lateness_seconds))
         self._written: dict[int, tuple[int, int]] = {}
         """Start and commit time (wall ns) of each result not yet reported, for its spans."""
 

@@ -463,3 +463,28 @@ def test_a_sign_in_replayed_after_its_mark_expired_starts_no_second_session(
     events = session_events(settings, linked=1)
     assert len(events[settings.topic_session_linked]) == 1
     assert events[settings.topic_session_started] == []
+
+
+def test_two_users_signed_in_at_one_instant_replayed_after_their_marks_expired_change_nothing(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    anonymous, first, second = new_id(), new_id(), new_id()
+    insert_session(db, anonymous_id=anonymous)
+    envelopes = [sign_in_envelope(user_id=u, anonymous_id=anonymous) for u in (first, second)]
+    produce(settings, [sign_in(settings, e) for e in envelopes])  # the same SignedInAt
+    run(build_flow(settings))  # one links the guest session, the other relinks
+    before = device_sessions(db, anonymous)
+    db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
+               " WHERE anonymous_id = %s AND status = 'Active'", (anonymous,))
+    db.execute("DELETE FROM user_activity.consumer_idempotency_marks WHERE key = ANY(%s)",
+               ([f"user-activity-signed-in:{e['MessageId']}" for e in envelopes],))
+    produce(settings, [sign_in(settings, e) for e in envelopes])  # replayed days later
+
+    run(build_flow(settings))
+
+    after = device_sessions(db, anonymous)
+    assert [(s["id"], s["status"]) for s in after] == [(s["id"], "Ended") for s in before]
+    assert outbox_counts(db, settings) == {
+        settings.topic_session_linked: 1, settings.topic_session_started: 1,
+        settings.topic_session_ended: 1}

@@ -273,3 +273,31 @@ def test_a_late_sign_in_on_a_device_left_without_a_session_starts_none(
         "SELECT topic, count(*) FROM user_activity.outbox WHERE topic = ANY(%s) GROUP BY topic",
         ([config.topic_session_linked, config.topic_session_started],)).fetchall()
     assert outcomes == [(config.topic_session_linked, 1)]
+
+
+def test_a_live_sign_in_stamped_before_its_users_last_one_still_starts_a_session(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any],
+) -> None:
+    # The first sign-in came from a producer whose clock is 30 s fast (within the skew bound, so
+    # taken at its word); the user signs out, then in again from a correct clock: a live sign-in
+    # that only looks older than the device's last one.
+    config = make_settings(session_linking_lateness_seconds=1)
+    device, user = new_id(), new_id()
+    guest = insert_session(db, anonymous_id=device,
+                           last_activity_at=datetime.now(UTC) - timedelta(minutes=5))
+    fast = datetime.now(UTC) + timedelta(seconds=30)
+    produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
+        user_id=user, anonymous_id=device, signed_in_at=fast.isoformat()))])
+    run_main(build_flow(config))  # links the guest session
+    db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
+               " WHERE id = %s", (guest,))  # signed out
+    produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
+        user_id=user, anonymous_id=device, signed_in_at=datetime.now(UTC).isoformat()))])
+
+    run_main(build_flow(config))
+
+    sessions = db.execute(
+        "SELECT id, user_id, status FROM user_activity.sessions WHERE anonymous_id = %s"
+        " ORDER BY started_at", (device,)).fetchall()
+    assert [(s[0] == guest, s[1], s[2]) for s in sessions] == [
+        (True, user, "Ended"), (False, user, "Active")]

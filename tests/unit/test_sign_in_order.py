@@ -109,30 +109,43 @@ EARLIER = T0
 STARTED_AFTER = T0 + timedelta(minutes=1)
 STARTED_BEFORE = T0 - timedelta(minutes=1)
 ME, OTHER = uuid.UUID(int=1), uuid.UUID(int=2)
-BY_OTHER, BY_ME = LastSignIn(LAST, OTHER), LastSignIn(LAST, ME)
+BY_OTHER = LastSignIn(LAST, OTHER)
+BY_ME = LastSignIn(LAST, ME, covers=True)  # my own sign-in, at or after the one decided
+TIED = LastSignIn(LAST, OTHER, covers=True)  # another user's at the same instant as mine
 
 
-@pytest.mark.parametrize(("outcome", "signed_in_at", "last", "started", "expected"), [
-    (LinkOutcome.RELINKED, EARLIER, BY_OTHER, STARTED_BEFORE, ConflictReason.WOULD_RELINK),
-    (LinkOutcome.LINKED, EARLIER, BY_OTHER, STARTED_AFTER, ConflictReason.PREDATES_SESSION),
-    (LinkOutcome.LINKED, EARLIER, BY_OTHER, STARTED_BEFORE, None),  # the guest session existed
-    (LinkOutcome.STARTED, EARLIER, BY_OTHER, None, ConflictReason.WOULD_START),
-    (LinkOutcome.ALREADY_LINKED, EARLIER, BY_OTHER, STARTED_BEFORE, None),  # the same user
-    (LinkOutcome.STARTED, EARLIER, BY_ME, None, LinkOutcome.SUPERSEDED),  # my later one stands
-    (LinkOutcome.STARTED, LAST, BY_ME, None, LinkOutcome.SUPERSEDED),  # my own, mark expired
-    (LinkOutcome.LINKED, LAST, BY_ME, STARTED_AFTER, LinkOutcome.SUPERSEDED),
-    (LinkOutcome.RELINKED, LAST, BY_ME, STARTED_AFTER, LinkOutcome.SUPERSEDED),
-    (LinkOutcome.ALREADY_LINKED, LAST, BY_ME, STARTED_BEFORE, None),  # confirms: no change
-    (LinkOutcome.RELINKED, LAST, BY_OTHER, STARTED_BEFORE, None),  # no order: as if after
-    (LinkOutcome.RELINKED, LAST + timedelta(seconds=1), BY_OTHER, STARTED_BEFORE, None),
-    (LinkOutcome.STARTED, LAST + timedelta(seconds=1), BY_ME, None, None),  # in order
-    (LinkOutcome.RELINKED, EARLIER, None, STARTED_BEFORE, None),  # the device's first sign-in
+Case = tuple[LinkOutcome, datetime, LastSignIn | None, datetime | None, bool,
+             ConflictReason | LinkOutcome | None]
+"""outcome, SignedInAt, the device's last applied sign-in, the Active session's start, stale,
+and the verdict expected."""
+
+
+@pytest.mark.parametrize("case", [
+    (LinkOutcome.RELINKED, EARLIER, BY_OTHER, STARTED_BEFORE, True, ConflictReason.WOULD_RELINK),
+    (LinkOutcome.LINKED, EARLIER, BY_OTHER, STARTED_AFTER, True,
+     ConflictReason.PREDATES_SESSION),
+    (LinkOutcome.LINKED, EARLIER, BY_OTHER, STARTED_BEFORE, True, None),  # it existed then
+    (LinkOutcome.STARTED, EARLIER, BY_OTHER, None, True, ConflictReason.WOULD_START),
+    (LinkOutcome.ALREADY_LINKED, EARLIER, BY_OTHER, STARTED_BEFORE, True, None),  # same user
+    (LinkOutcome.STARTED, LAST, BY_ME, None, True, LinkOutcome.SUPERSEDED),  # mark expired
+    (LinkOutcome.STARTED, EARLIER, BY_ME, None, True, LinkOutcome.SUPERSEDED),  # my later one
+    (LinkOutcome.STARTED, EARLIER, BY_ME, None, False, None),  # live: a clock a little off
+    (LinkOutcome.LINKED, LAST, BY_ME, STARTED_AFTER, True, LinkOutcome.SUPERSEDED),
+    (LinkOutcome.RELINKED, LAST, BY_ME, STARTED_AFTER, True, LinkOutcome.SUPERSEDED),
+    (LinkOutcome.ALREADY_LINKED, LAST, BY_ME, STARTED_BEFORE, True, None),  # confirms: nothing
+    (LinkOutcome.STARTED, LAST, TIED, None, True, LinkOutcome.SUPERSEDED),
+    (LinkOutcome.RELINKED, LAST, BY_OTHER, STARTED_BEFORE, False, None),  # no order: as after
+    (LinkOutcome.RELINKED, LAST + timedelta(seconds=1), BY_OTHER, STARTED_BEFORE, False, None),
+    (LinkOutcome.STARTED, LAST + timedelta(seconds=1), LastSignIn(LAST, ME), None, False, None),
+    (LinkOutcome.RELINKED, EARLIER, None, STARTED_BEFORE, True, None),  # the device's first
 ], ids=["relink", "guest-session-after", "guest-session-before", "start-after-another-user",
-        "same-user", "start-after-my-later-sign-in", "my-replay-no-session",
-        "my-replay-new-guest-session", "my-replay-another-users-session", "my-replay-confirms",
+        "same-user", "my-replay-no-session", "start-after-my-later-sign-in",
+        "live-start-after-my-later-sign-in", "my-replay-new-guest-session",
+        "my-replay-another-users-session", "my-replay-confirms", "tie-replayed",
         "same-instant-as-another-user", "not-late", "not-late-start", "first"])
 def test_a_sign_in_at_or_before_the_last_applied_one_never_starts_or_changes_whose_a_session_is(
-    outcome: LinkOutcome, signed_in_at: datetime, last: LastSignIn | None,
-    started: datetime | None, expected: ConflictReason | LinkOutcome | None,
+    case: Case,
 ) -> None:
-    assert late_verdict(outcome, ME, signed_in_at, last, started) is expected
+    outcome, signed_in_at, last, started, stale, expected = case
+
+    assert late_verdict(outcome, ME, signed_in_at, last, started, stale=stale) is expected
