@@ -112,7 +112,7 @@ def outbox_publish_cost(db_url: str, batch: int = 1000) -> dict[str, Any]:
     from sinks.outbox import OutboxPublisher
 
     class _AcknowledgingPublisher(OutboxPublisher):
-        def _produce(self, records: Any) -> list[Any]:
+        def _produce(self, records: Any, timeout: float = 35.0) -> list[Any]:
             return [None] * len(records)
 
     with psycopg.connect(db_url, autocommit=True, options=SESSION_OPTIONS) as conn:

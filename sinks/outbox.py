@@ -23,7 +23,11 @@ How a row's publication is known (migration 0006, PgQ-style):
   :data:`LEASE_KEY` on its own connection publishes; the others (the other processes of a
   cluster) stand by and take the lease within ``outbox_idle_poll_seconds`` when its holder's
   session ends (a crash, a stop, a lost connection). So two processes publish each row once in
-  the normal case. The watermark update is also conditional on the generation it read.
+  the normal case. The watermark update is also conditional on the generation it read. The
+  lease is taken on a primary only (a standby's snapshots list no transaction in progress).
+  A watermark ahead of the server's transaction ids (the database copied logically from
+  another cluster: every new row would look published) is reset when the lease is taken, so
+  every row in the table is sent again (``outbox-watermark-reset``, ERROR).
 - Latency (the fast path): a sink's commit in the lease holder's process hands its rows over
   (``offer``); they are produced from memory at once, and the next window moves the watermark
   past the acknowledged ones without sending them again. So a committed row is on the topic in
@@ -46,7 +50,8 @@ How a row's publication is known (migration 0006, PgQ-style):
   rows behind it are published. An operator requeues it (``python -m cli outbox requeue``); the
   lease holder then sends it and sets its ``published_at`` (a per-row write, for parked rows
   only). A failure of the service (broker down, timeouts, authorization) is retried, never
-  parked.
+  parked; for requeued rows it backs off on its own (``outbox-requeue-failed``), and the
+  windows go on.
 - Supervised: the publish loop runs under :class:`runtime.supervisor.SupervisedThread`, and a
   separate watchdog thread (:mod:`sinks.outbox_watchdog`) measures the age of the oldest
   committed, unpublished row in PostgreSQL every few seconds
@@ -110,6 +115,32 @@ SELECT delivered::text, target::text, after_txid::text, after_id, generation,
   FROM user_activity.outbox_watermark WHERE id = 1
 """
 _CURRENT_SNAPSHOT = "SELECT pg_current_snapshot()::text"
+_TAKE_LEASE = "SELECT CASE WHEN NOT pg_is_in_recovery() THEN pg_try_advisory_lock(%s) END"
+"""The lease, on a primary only. A snapshot taken on a hot standby lists no transaction in
+progress (PostgreSQL keeps them as subtransactions there), so a window taken there and
+recorded after a promotion would pass the rows of transactions still running at the time."""
+_RESET_FOREIGN_WATERMARK = """
+WITH old AS (
+    SELECT delivered::text AS delivered, target::text AS target
+      FROM user_activity.outbox_watermark
+     WHERE id = 1
+       AND greatest(pg_snapshot_xmax(delivered), pg_snapshot_xmax(coalesce(target, delivered)))
+           > pg_snapshot_xmax(pg_current_snapshot())
+       FOR UPDATE
+)
+UPDATE user_activity.outbox_watermark w
+   SET delivered = '1:1:'::pg_snapshot, target = NULL, after_txid = NULL, after_id = NULL,
+       generation = generation + 1, updated_at = now()
+  FROM old
+ WHERE w.id = 1
+RETURNING old.delivered, old.target, pg_current_snapshot()::text
+"""
+"""A watermark ahead of this server's transaction ids belongs to another cluster: the database
+was copied logically (pg_dump and restore, a logical-replication cut-over), the ids started
+again, and every new row would look published. Reset to the snapshot that sees no
+transaction, so every row in the table is sent again (at least once: duplicates, no loss). A
+row in one cluster never has a txid past that cluster's current xmax, so this never fires for
+the cluster's own watermark."""
 # The next page of the window (delivered, target], after the cursor, in (txid, id) order: the
 # transactions in progress at `delivered` that `target` sees, then those started after it.
 _PAGE = """
@@ -183,6 +214,10 @@ SELECT EXISTS (
        AND NOT pg_visible_in_snapshot(o.txid, w.delivered))
 """
 _FAILURE_LOG_EVERY_SECONDS = 10.0
+_REQUEUE_WAIT_SECONDS = 10.0
+"""How long a send of requeued rows waits for the broker before it counts as failed (a deleted
+topic's records wait out librdkafka's metadata propagation, 30 s): the publish loop is held up
+that long at most per attempt, and the attempts back off."""
 _OFFER_QUEUE_BATCHES = 64
 _EARLY_MAX = 200_000
 """Ids acknowledged by the fast path and not yet behind the watermark, at most (memory bound)."""
@@ -305,7 +340,8 @@ class OutboxPublisher:
         self._watchdog: OutboxWatchdog | None = None
         self._lease: Connection | None = None
         self._last_lease_try = -1e9
-        self._last_requeue_check = -1e9
+        self._requeue_due = -1e9  # time.monotonic() of the next requeued-rows check
+        self._requeue_failures = 0  # failed sends of requeued rows in a row (their back-off)
         self._last_failure_log = -_FAILURE_LOG_EVERY_SECONDS
 
     def start(self) -> None:
@@ -390,10 +426,10 @@ class OutboxPublisher:
         deadline = time.monotonic() + wait_seconds
         while True:
             if self._take_lease(force=True):
-                total = self.publish_requeued()
+                total = 0
                 while (count := self.publish_committed()) > 0:
                     total += count
-                return total
+                return total + self._publish_requeued_when_due(force=True)
             pending = self._db.connection().execute(_PENDING_IN, (committed,)).fetchone()
             if not (pending and pending[0]) or time.monotonic() >= deadline:
                 return 0
@@ -539,7 +575,8 @@ class OutboxPublisher:
         rows = conn.execute(_REQUEUED, (self._settings.outbox_batch_size,)).fetchall()
         if not rows:
             return 0
-        errors = self._produce([outgoing_record(r[1], r[2], r[3], r[4]) for r in rows])
+        errors = self._produce([outgoing_record(r[1], r[2], r[3], r[4]) for r in rows],
+                               timeout=_REQUEUE_WAIT_SECONDS)
         delivered = [row[0] for row, err in zip(rows, errors, strict=True) if err is None]
         refused = [(row, err) for row, err in zip(rows, errors, strict=True)
                    if err is not None and is_record_error(err)]
@@ -626,10 +663,14 @@ class OutboxPublisher:
             return False
         self._last_lease_try = now
         conn = self._db.connection()
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,)).fetchone()
+        row = conn.execute(_TAKE_LEASE, (LEASE_KEY,)).fetchone()
         if row is None or not row[0]:
-            return False
+            return False  # another process holds it, or this server is a standby (no lease)
         conn.execute("SET synchronous_commit = off")  # a lost update only re-sends (module doc)
+        reset = conn.execute(_RESET_FOREIGN_WATERMARK).fetchone()
+        if reset is not None:
+            log_event(logger, "outbox-watermark-reset", logging.ERROR, delivered=reset[0],
+                      target=reset[1], current=reset[2])
         self._lease = conn
         while True:  # offered while a standby (a race with offer()): the old holder sent them
             try:
@@ -646,7 +687,8 @@ class OutboxPublisher:
         self._lease = None
         self._db.close()
 
-    def _produce(self, records: Sequence[OutgoingRecord]) -> list[KafkaError | None]:
+    def _produce(self, records: Sequence[OutgoingRecord], timeout: float = 35.0,
+                 ) -> list[KafkaError | None]:
         """Produce ``records``; a record error is confirmed by sending that record alone.
 
         The broker refuses a whole batch for one bad record, so its batch-mates come back with
@@ -658,11 +700,11 @@ class OutboxPublisher:
         # Tracing: a row whose stored traceparent is sampled goes out under a `publish` span
         # (child of that context) and with the span's traceparent (runtime.tracing).
         records, publishing = start_publish(records)
-        errors = self._producer.produce_and_wait(records)
+        errors = self._producer.produce_and_wait(records, timeout)
         refused = [i for i, err in enumerate(errors) if err is not None and is_record_error(err)]
         if len(refused) > 1 or (refused and len(records) > 1):
             for index in refused:
-                errors[index] = self._producer.produce_and_wait([records[index]])[0]
+                errors[index] = self._producer.produce_and_wait([records[index]], timeout)[0]
         if publishing is not None:
             publishing.end(errors)
         return errors
@@ -703,11 +745,8 @@ class OutboxPublisher:
             if not self._take_lease():
                 return 0
             count = self.publish_offered()
-            now = time.monotonic()
-            if now - self._last_requeue_check >= self._settings.outbox_idle_poll_seconds:
-                self._last_requeue_check = now
-                count += self.publish_requeued()
-            return count + self.publish_committed(self._settings.outbox_fast_path_grace_seconds)
+            count += self.publish_committed(self._settings.outbox_fast_path_grace_seconds)
+            return count + self._publish_requeued_when_due()
         except (psycopg.Error, LeaseLostError) as exc:
             if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
                 self._lease = None
@@ -715,6 +754,30 @@ class OutboxPublisher:
                 self._snapshots.clear()  # another publisher may have moved past them
                 self._db.reset()  # a new session takes the lease again if it is free
             raise
+
+    def _publish_requeued_when_due(self, *, force: bool = False) -> int:
+        """:meth:`publish_requeued` once per poll interval, after the window; how many it sent.
+
+        Requeued rows are an operator's, on topics of their own: a service error for them (their
+        topic deleted since, not authorized) backs off on its own (logged
+        ``outbox-requeue-failed``) instead of being raised, which stopped every window behind
+        it for as long as the requeued row kept failing. A database error is raised as before.
+        """
+        now = time.monotonic()
+        if not force and now < self._requeue_due:
+            return 0
+        try:
+            count = self.publish_requeued()
+        except DeliveryFailedError as exc:
+            self._requeue_failures += 1
+            delay = self._backoff.delay(self._requeue_failures)
+            self._requeue_due = now + delay
+            log_event(logger, "outbox-requeue-failed", logging.WARNING, error=str(exc),
+                      attempt=self._requeue_failures, retry_in_s=round(delay, 1))
+            return 0
+        self._requeue_failures = 0
+        self._requeue_due = now + self._settings.outbox_idle_poll_seconds
+        return count
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()

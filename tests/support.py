@@ -6,11 +6,13 @@ Envelopes and session rows come from :mod:`devenv.harness.messages` and
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import psycopg
@@ -184,3 +186,23 @@ def partitions(db: psycopg.Connection[Any], parent: str) -> set[str]:
         " WHERE i.inhparent = %s::regclass", (f"user_activity.{parent}",),
     ).fetchall()
     return {row[0] for row in rows}
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL with another database (yoyo needs the URL form)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def scratch_database(database_url: str, prefix: str = "scratch") -> Iterator[str]:
+    """A brand-new, empty database on the suite's server (its URL), dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = with_database(database_url, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(database_url, name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

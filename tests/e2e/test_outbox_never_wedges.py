@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
+from cli.migrate import apply_migrations
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT
 from runtime.health import HEALTH
@@ -32,7 +34,7 @@ from sinks.outbox import LeaseLostError, OutboxPublisher
 from sinks.outbox_parked import parked_rows
 from sinks.outbox_watchdog import OutboxWatchdog
 from tests.conftest import SettingsFactory
-from tests.support import consume_all
+from tests.support import consume_all, scratch_database
 
 pytestmark = pytest.mark.e2e
 
@@ -294,3 +296,67 @@ def test_readyz_reports_the_stall_while_a_committed_row_waits_unpublished(
         _wait(lambda: HEALTH.snapshot().state != "stalled", 10, "the stall to clear")
     finally:
         watchdog.stop()
+
+
+def test_a_requeued_row_whose_topic_is_gone_does_not_stop_the_other_rows(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """A requeued row that keeps failing with a service error does not hold up the others.
+
+    An operator requeued a parked row whose topic was deleted since: every send of it fails
+    (retried, never parked again); the rows behind the watermark still go.
+    """
+    settings = make_settings()
+    gone = f"{settings.topic_action_tracked}.gone"  # never created
+    [stuck] = _rows(gone, 1)
+    db.execute(
+        "INSERT INTO user_activity.outbox_parked (id, topic, key, value, created_at, attempts,"
+        " last_error, requeued_at) VALUES (%s, %s, %s, %s, now(), 1, 'MSG_SIZE_TOO_LARGE', now())",
+        (stuck.id, stuck.topic, stuck.key, stuck.value))
+    rows = _rows(settings.topic_action_tracked, 20)
+    _insert(db, rows)
+    publisher = OutboxPublisher(settings)
+    publisher.start()
+    try:
+        consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=20,
+                               timeout=20)
+        _wait(lambda: all(state[0] for state in _state(db, rows).values()), 10,
+              "the rows to be behind the watermark")
+    finally:
+        publisher.stop()
+        db.execute("DELETE FROM user_activity.outbox_parked WHERE id = %s", (stuck.id,))
+    assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
+
+
+def test_a_watermark_copied_from_another_cluster_is_reset_and_every_row_is_sent(
+    make_settings: SettingsFactory, database_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A watermark ahead of the server's transaction ids is reset: nothing is taken as sent.
+
+    The database was copied logically (pg_dump and restore): the watermark came with it, the
+    transaction ids started again below it, and every new row would look published. On a
+    database of its own: the reset makes every row of the table unpublished.
+    """
+    with scratch_database(database_url, "outbox") as dsn:
+        apply_migrations(dsn)
+        settings = make_settings(database_url=dsn)
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute("UPDATE user_activity.outbox_watermark SET delivered ="
+                       " (x || ':' || x || ':')::pg_snapshot FROM (SELECT"
+                       " (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)::text"
+                       " AS x) ahead WHERE id = 1")
+            rows = _rows(settings.topic_action_tracked, 10)
+            _insert(db, rows)
+            publisher = OutboxPublisher(settings)
+            try:
+                with caplog.at_level(logging.ERROR, logger="sinks.outbox"):
+                    publisher.start()
+                    consumed = consume_all(settings, settings.topic_action_tracked,
+                                           expect_at_least=10, timeout=20)
+            finally:
+                publisher.stop()
+            state = _state(db, rows)
+    assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
+    [line] = [r for r in caplog.records if r.getMessage() == "outbox-watermark-reset"]
+    assert line.levelno == logging.ERROR
+    assert all(published for published, *_ in state.values())  # behind the watermark now

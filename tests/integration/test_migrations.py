@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import threading
 import uuid
@@ -10,7 +9,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
@@ -18,28 +16,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from cli.migrate import MIGRATIONS_DIR, apply_migrations
+from tests.support import scratch_database
 
 pytestmark = pytest.mark.integration
-
-
-def _with_database(url: str, name: str) -> str:
-    """The same server URL with another database (yoyo needs the URL form)."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
-
-
-@contextlib.contextmanager
-def _scratch_database(database_url: str) -> Iterator[str]:
-    """A brand-new database on the suite's server (its URL), dropped afterwards."""
-    name = f"migrations_{uuid.uuid4().hex[:12]}"
-    admin = _with_database(database_url, "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_database(database_url, name)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _apply_first(dsn: str, tmp_path: Path, count: int) -> list[str]:
@@ -56,7 +35,7 @@ def _apply_first(dsn: str, tmp_path: Path, count: int) -> list[str]:
 @pytest.fixture(scope="module")
 def empty_database(database_url: str) -> Iterator[str]:
     """A brand-new database on the suite's server, dropped afterwards."""
-    with _scratch_database(database_url) as dsn:
+    with scratch_database(database_url, "migrations") as dsn:
         yield dsn
 
 
@@ -404,7 +383,7 @@ def test_an_inconsistent_late_conflict_is_rejected(
 def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
     database_url: str, tmp_path: Path
 ) -> None:
-    with _scratch_database(database_url) as dsn:
+    with scratch_database(database_url, "migrations") as dsn:
         remaining = _apply_first(dsn, tmp_path, 1)
         with psycopg.connect(dsn, autocommit=True) as conn:
             session = _session(conn, user_id=uuid.uuid4(), linked_at=datetime.now(UTC))
@@ -430,7 +409,7 @@ def test_the_later_migrations_apply_on_a_database_holding_data_from_0001(
 def test_0006_converts_a_database_holding_data_from_0001_to_0005(
     database_url: str, tmp_path: Path
 ) -> None:
-    with _scratch_database(database_url) as dsn:
+    with scratch_database(database_url, "migrations") as dsn:
         later = _apply_first(dsn, tmp_path, 5)
         waiting, published, parked = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -471,7 +450,7 @@ def test_0006_converts_a_database_holding_data_from_0001_to_0005(
 def test_0007_converts_a_database_holding_data_from_0001_to_0006(
     database_url: str, tmp_path: Path
 ) -> None:
-    with _scratch_database(database_url) as dsn:
+    with scratch_database(database_url, "migrations") as dsn:
         later = _apply_first(dsn, tmp_path, 6)
         with psycopg.connect(dsn, autocommit=True) as conn:
             session, lone = _session(conn), _session(conn)
@@ -504,7 +483,7 @@ def test_0007_converts_a_database_holding_data_from_0001_to_0006(
 def test_0008_keeps_stored_outbox_rows_and_takes_thin_ones(
     database_url: str, tmp_path: Path
 ) -> None:
-    with _scratch_database(database_url) as dsn:
+    with scratch_database(database_url, "migrations") as dsn:
         later = _apply_first(dsn, tmp_path, 7)
         stored = uuid.uuid4()
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
 from cli.migrate import apply_migrations
 from sinks.retention import MAINTENANCE_KEY, PARTITIONS_AHEAD_DAYS, maintain
-from tests.support import partitions
+from tests.support import partitions, scratch_database
 
 pytestmark = pytest.mark.integration
 
@@ -56,18 +55,9 @@ def _at(day: date) -> datetime:
 @pytest.fixture
 def fresh(database_url: str) -> Iterator[str]:
     """A migrated database of this test alone (dropped afterwards)."""
-    parts = urlsplit(database_url)
-    name = f"retention_{uuid.uuid4().hex[:12]}"
-    admin = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
-    dsn = urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, ""))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with scratch_database(database_url, "retention") as dsn:
         apply_migrations(dsn)
         yield dsn
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -147,6 +137,26 @@ def test_an_expired_outbox_partition_with_an_unpublished_row_is_kept(
     _deliver_everything(fdb)
     again = maintain(fdb, RETENTION_DAYS, today=days.expired)
     assert f"outbox_p{_day(days.migrated)}" in again.dropped
+
+
+def test_an_outbox_partition_is_kept_while_the_watermark_belongs_to_another_cluster(
+    fdb: psycopg.Connection[Any], days: Days,
+) -> None:
+    """A watermark ahead of the transaction ids passes nothing.
+
+    After a logical copy (pg_dump and restore) the watermark is ahead of the transaction ids:
+    no partition goes before the publisher has sent its rows again.
+    """
+    _mark(fdb, days.migrated)
+    _outbox(fdb, days.migrated)
+    _deliver_everything(fdb)
+    fdb.execute("UPDATE user_activity.outbox_watermark SET delivered = (x || ':' || x || ':')"
+                "::pg_snapshot FROM (SELECT (pg_snapshot_xmax(pg_current_snapshot())::text"
+                "::bigint + 1000000)::text AS x) ahead WHERE id = 1")
+
+    report = maintain(fdb, RETENTION_DAYS, today=days.expired)
+
+    assert f"outbox_p{_day(days.migrated)}" in report.kept
 
 
 def test_a_second_run_changes_nothing(fdb: psycopg.Connection[Any], days: Days) -> None:
