@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from runtime.settings import Settings
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.kafka_input import KafkaInput
 from tests.conftest import SettingsFactory
@@ -33,6 +34,14 @@ def _skipped(topic: str) -> float:
     return REGISTRY.get_sample_value(
         "user_activity_input_records_undecodable_total", {"topic": topic, "partition": "0"}
     ) or 0.0
+
+
+def _partition(settings: Settings, resume: int | None, stuck_after: float = 0) -> Any:
+    """Partition 0 of the favorite-added topic, tailed, with the tests' receive limit."""
+    topic = settings.topic_favorite_added
+    return KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=stuck_after, receive_max_bytes=LIMIT).build_part(
+        "input", f"{topic}#0", resume)
 
 
 def _read_all(part: Any, count: int) -> tuple[list[int], list[ConsumerError]]:
@@ -71,9 +80,7 @@ def test_a_batch_larger_than_the_limit_once_decompressed_is_skipped_said_and_the
             linger_ms=500, batch_size=200_000_000, **BIG)
     produce(settings, [Produced(topic, str(i).encode(), b"{}", partition=0) for i in range(2)])
     after = 2 + batched
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
-                      stuck_after=0, receive_max_bytes=LIMIT).build_part(
-        "input", f"{topic}#0", None)
+    part = _partition(settings, None)
     before = _skipped(topic)
     try:
         records, errors = _read_all(part, 4)
@@ -99,8 +106,7 @@ def test_a_resumed_partition_whose_next_batch_is_undecodable_skips_it_and_reads_
     settings = make_settings(tail=True, source_receive_max_bytes=LIMIT)
     topic = settings.topic_favorite_added
     produce(settings, [Produced(topic, b"big", bytes(3_000_000), partition=0)], **BIG)
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
-                      stuck_after=0, receive_max_bytes=LIMIT).build_part("input", f"{topic}#0", 0)
+    part = _partition(settings, 0)
     try:
         deadline = time.monotonic() + 30
         while part.snapshot() != 1:
@@ -130,9 +136,7 @@ def test_two_undecodable_batches_in_a_row_are_each_skipped_and_the_rest_read(
     for _ in range(2):  # one produce call each: two batches
         produce(settings, [Produced(topic, b"big", bytes(3_000_000), partition=0)], **BIG)
     produce(settings, [Produced(topic, b"3", b"{}", partition=0)])
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
-                      stuck_after=0, receive_max_bytes=LIMIT).build_part(
-        "input", f"{topic}#0", None)
+    part = _partition(settings, None)
     before = _skipped(topic)
     try:
         records, errors = _read_all(part, 2)
@@ -157,9 +161,7 @@ def test_skipping_a_batch_after_a_quiet_spell_does_not_look_like_a_stuck_consume
     topic = settings.topic_favorite_added
     produce(settings, [Produced(topic, b"big", bytes(3_000_000), partition=0)], **BIG)
     produce(settings, [Produced(topic, b"k", b"{}", partition=0)])
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
-                      stuck_after=2.0, receive_max_bytes=LIMIT).build_part(
-        "input", f"{topic}#0", 0)
+    part = _partition(settings, 0, stuck_after=2.0)
     time.sleep(3)  # the consumer fetches the batch's error meanwhile: the first poll has it
     consumer = part._consumer
     part._read_at -= 60  # a minute without a record,
