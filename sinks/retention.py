@@ -59,10 +59,11 @@ _UNPUBLISHED_IN = """
 SELECT EXISTS (
     SELECT 1 FROM user_activity.{partition} o, user_activity.outbox_watermark w
      WHERE (o.txid >= pg_snapshot_xmax(w.delivered)
-            OR o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(w.delivered)))
-            OR pg_snapshot_xmax(w.delivered) > pg_snapshot_xmax(pg_current_snapshot()))
-       AND NOT (pg_visible_in_snapshot(o.txid, w.delivered)
-                AND pg_snapshot_xmax(w.delivered) <= pg_snapshot_xmax(pg_current_snapshot())))
+            OR o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(w.delivered))))
+       AND NOT pg_visible_in_snapshot(o.txid, w.delivered))
+    OR EXISTS (
+    SELECT 1 FROM user_activity.{partition} o, user_activity.outbox_watermark w
+     WHERE pg_snapshot_xmax(w.delivered) > pg_snapshot_xmax(pg_current_snapshot()))
 """
 """Whether a partition holds a row the publisher has not passed. A watermark ahead of the
 server's transaction ids (copied from another cluster: :mod:`sinks.outbox` resets it when it
