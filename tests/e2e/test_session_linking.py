@@ -315,6 +315,32 @@ def test_undecodable_sign_ins_go_to_the_dlq_and_the_others_are_linked(
     assert len(consume_all(settings, settings.topic_session_linked, expect_at_least=1)) == 1
 
 
+def test_a_sign_in_at_no_moment_of_years_1_to_9999_in_utc_is_dead_lettered_and_the_device_links_on(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    # .NET's default(DateTime) as a DateTimeOffset on a Moscow server: a moment of 1 BC, which
+    # PostgreSQL stores and Python cannot read back. Applied, it became the device's last
+    # SignedInAt and every later sign-in of the device was dead-lettered.
+    settings = make_settings()
+    anonymous, bogus_user, user = new_id(), new_id(), new_id()
+    session = insert_session(db, anonymous_id=anonymous)
+    produce(settings, [
+        sign_in(settings, sign_in_envelope(user_id=bogus_user, anonymous_id=anonymous,
+                                           signed_in_at="0001-01-01T00:00:00+03:00")),
+        sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous)),
+    ])
+
+    run(build_flow(settings))
+
+    row = session_row(db, session)
+    assert (row["user_id"], row["status"]) == (user, "Active")
+    letters = consume_all(settings, settings.topic_session_linking_dlq, expect_at_least=1,
+                          settle=0.5)
+    assert [(letter.key, letter.header("x-dlq-reason")) for letter in letters] == [
+        (str(bogus_user).encode(), b"schema-mismatch")]
+    assert len(consume_all(settings, settings.topic_session_linked, expect_at_least=1)) == 1
+
+
 def test_two_workers_link_every_device_once(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:

@@ -518,3 +518,28 @@ def test_0008_keeps_stored_outbox_rows_and_takes_thin_ones(
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute("INSERT INTO user_activity.outbox (id, topic)"
                              " VALUES (gen_random_uuid(), 't')")  # neither
+
+
+def test_0010_makes_every_stored_sign_in_time_readable_and_refuses_unreadable_ones(
+    database_url: str, tmp_path: Path
+) -> None:
+    with scratch_database(database_url, "migrations") as dsn:
+        later = _apply_first(dsn, tmp_path, 9)
+        now = datetime.now(UTC)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            bc, recent = (_session(conn, user_id=uuid.uuid4(), linked_at=now) for _ in range(2))
+            for session, moment in ((bc, "0001-01-01 00:00:00+03"), (recent, now)):
+                conn.execute("UPDATE user_activity.sessions SET last_signed_in_at = %s"
+                             " WHERE id = %s", (moment, session))
+
+        assert later == ["0010_sign_in_times_python_can_read"]
+        assert apply_migrations(dsn) == later
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute(
+                "SELECT id, last_signed_in_at FROM user_activity.sessions ORDER BY 2").fetchall(
+            ) == [(bc, datetime(1, 1, 1, tzinfo=UTC)), (recent, now)]
+            with pytest.raises(psycopg.errors.CheckViolation,
+                               match="chk_sessions_last_signed_in_at_readable"):
+                conn.execute("UPDATE user_activity.sessions SET last_signed_in_at ="
+                             " '0001-01-01 00:00:00+03' WHERE id = %s", (recent,))

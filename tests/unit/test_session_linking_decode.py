@@ -90,6 +90,11 @@ def test_another_contract_version_is_decoded_and_flagged() -> None:
         (json.dumps(sign_in_value(Payload__SignedInAt="2026-11-29T11:00:00")).encode(),
          DlqReason.SCHEMA_MISMATCH),
         (json.dumps({"MessageId": str(MESSAGE_ID)}).encode(), DlqReason.SCHEMA_MISMATCH),
+        # a valid local time that is no moment of years 1-9999 in UTC (1 BC; year 10000)
+        (json.dumps(sign_in_value(Payload__SignedInAt="0001-01-01T00:00:00+03:00")).encode(),
+         DlqReason.SCHEMA_MISMATCH),
+        (json.dumps(sign_in_value(Payload__SignedInAt="9999-12-31T23:59:59-03:00")).encode(),
+         DlqReason.SCHEMA_MISMATCH),
     ],
 )
 def test_undecodable_records_become_dead_letters_with_a_reason(
@@ -100,6 +105,15 @@ def test_undecodable_records_become_dead_letters_with_a_reason(
     assert isinstance(decoded, DeadLetter)
     assert decoded.reason is reason
     assert decoded.record.value == value
+
+
+@pytest.mark.parametrize("signed_in_at", ["0001-01-01T00:00:00Z", "0001-01-01T03:00:00+03:00",
+                                          "9999-12-31T23:59:59.999999Z"])
+def test_a_sign_in_at_the_ends_of_the_utc_range_decodes(signed_in_at: str) -> None:
+    decoded = decode(sign_in_value(Payload__SignedInAt=signed_in_at))
+
+    assert isinstance(decoded, SignInMessage)
+    assert decoded.signed_in_at == datetime.fromisoformat(signed_in_at)
 
 
 @pytest.mark.parametrize("field", ["MessageId", "Payload__UserId", "Payload__AnonymousId"])
