@@ -329,11 +329,12 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                     self._gap(next_offset, offset)  # a marker, compaction, or retention?
                 else:
                     self._went_back(next_offset, offset)
-            raw_headers = msg.headers()
-            append(SourceRecord(
-                topic, partition, offset, msg.key(), msg.value(),
-                _headers(raw_headers) if raw_headers else (), now,
-            ))
+            try:
+                raw_headers = msg.headers()
+                headers = _headers(raw_headers) if raw_headers else ()
+            except Exception as exc:  # noqa: BLE001 - the record is read without its headers
+                headers = _unreadable_headers(topic, partition, offset, exc)
+            append(SourceRecord(topic, partition, offset, msg.key(), msg.value(), headers, now))
             next_offset = offset + 1
             last = msg
         if not messages:
@@ -591,6 +592,24 @@ def _retrying(
         on_recovered=lambda _attempts: HEALTH.resumed(waiter=waiter),
         sleep=SHUTDOWN.retry_sleep,
     )
+
+
+def _unreadable_headers(
+    topic: str, partition: int, offset: int, exc: Exception,
+) -> tuple[tuple[str, bytes], ...]:
+    """No headers for a record whose headers confluent-kafka cannot give (logged).
+
+    A header name that is not UTF-8 (any client outside Python can write one; Kafka's Java
+    client reads it with replacement characters) makes ``msg.headers()`` raise (confluent-kafka
+    2.x: a ``SystemError`` over the ``UnicodeDecodeError`` of the name). Raised from the input,
+    it stopped the job on that record at every start: a crash loop. The record's key and value
+    are intact, so it takes its normal way without headers: it only loses its ``traceparent``
+    (and a dead letter of it, the original headers).
+    """
+    log_event(logger, "input-headers-unreadable", logging.WARNING,
+              source=f"{topic}[{partition}]@{offset}", error=type(exc).__name__,
+              detail=str(exc.__cause__ or exc)[:200])
+    return ()
 
 
 def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
