@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Generic, TypeVar
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, StringConstraints
+from pydantic import AfterValidator, AwareDatetime, BaseModel, StringConstraints
 
 from schemas.base import WireModel
 
@@ -20,6 +20,25 @@ event we emit, so it is what keeps an emitted envelope small (see the table in :
 
 CorrelationId = Annotated[str, StringConstraints(max_length=MAX_CORRELATION_ID_LENGTH)]
 """A ``CorrelationId`` value: any text of at most :data:`MAX_CORRELATION_ID_LENGTH` characters."""
+
+
+
+def _a_moment_of_years_1_to_9999_in_utc(value: datetime) -> datetime:
+    """``value`` when it is a moment of years 1-9999 in UTC; else the contract is broken."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("not a moment of years 1-9999 in UTC") from None
+    return value
+
+
+Moment = Annotated[AwareDatetime, AfterValidator(_a_moment_of_years_1_to_9999_in_utc)]
+"""An aware timestamp that is a moment of years 1-9999 in UTC: what .NET's DateTimeOffset, psycopg
+and Python's datetime can all hold. An offset can push a valid local time past either end:
+``0001-01-01T00:00:00+03:00`` (.NET's ``default(DateTime)`` made a DateTimeOffset on a Moscow
+server) is a moment of 1 BC. PostgreSQL stores it, but nothing of ours reads it back: a stored
+one broke every later read of its row (a device's last sign-in, an owner's history), and an
+event carrying it is one a .NET consumer cannot parse. Such a value is a ``schema-mismatch``."""
 
 P = TypeVar("P", bound=BaseModel)
 

@@ -8,7 +8,7 @@ from uuid import UUID
 from pydantic import AwareDatetime
 
 from schemas.base import WireModel
-from schemas.envelope import Envelope
+from schemas.envelope import Envelope, Moment
 
 ACTION_EVENT_AGGREGATE_TYPE = "ActionEvent"
 FAVORITE_AGGREGATE_TYPE = "Favorite"
@@ -33,7 +33,8 @@ class FavoritePayload(WireModel):
     property_object_id: UUID
     user_id: UUID | None = None
     anonymous_id: UUID | None = None
-    occurred_at: AwareDatetime
+    occurred_at: Moment
+    """Copied into the history row and the action-tracked event (see :data:`Moment`)."""
 
 
 class FavoriteEnvelope(Envelope[FavoritePayload]):

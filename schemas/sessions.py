@@ -8,37 +8,15 @@ specified: they are kept minimal (SessionId, AnonymousId, UserId, a timestamp).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Annotated
 from uuid import UUID
 
-from pydantic import AfterValidator, AwareDatetime
+from pydantic import AwareDatetime
 
 from schemas.base import WireModel
-from schemas.envelope import Envelope
+from schemas.envelope import Envelope, Moment
 
 SESSION_AGGREGATE_TYPE = "Session"
 USER_AGGREGATE_TYPE = "User"
-
-
-def _a_moment_in_utc(value: datetime) -> datetime:
-    """``value`` when it is a moment of years 1-9999 in UTC; else the contract is broken.
-
-    Offsets can push a valid local time outside that range: ``0001-01-01T00:00:00+03:00`` (what
-    a .NET ``default(DateTime)`` becomes as a DateTimeOffset on a Moscow server) is a moment of
-    1 BC. PostgreSQL stores it, but Python cannot read it back: applied, it would be the
-    device's last SignedInAt, and every later sign-in of the device would fail on reading it
-    (dead-lettered, the device never linked again). Refused here, it is one dead letter.
-    """
-    try:
-        value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("not a moment of years 1-9999 in UTC") from None
-    return value
-
-
-SignedInAt = Annotated[AwareDatetime, AfterValidator(_a_moment_in_utc)]
-"""A sign-in's ``SignedInAt``: an aware timestamp that is a moment of years 1-9999 in UTC."""
 
 
 class UserSignedInPayload(WireModel):
@@ -46,7 +24,9 @@ class UserSignedInPayload(WireModel):
 
     user_id: UUID
     anonymous_id: UUID
-    signed_in_at: SignedInAt
+    signed_in_at: Moment
+    """Stored as the device's last sign-in, which the job reads back: refused when it is no
+    moment Python can hold (a valid local time pushed past year 1 or 9999 by its offset)."""
 
 
 class UserSignedInEnvelope(Envelope[UserSignedInPayload]):

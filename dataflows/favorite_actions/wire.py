@@ -14,6 +14,8 @@ msgspec first and asks pydantic only when msgspec says no:
   microseconds (.NET writes seven digits), pydantic truncates them. So ``CreatedAt`` and
   ``OccurredAt`` are decoded as text and parsed here: an RFC 3339 form (``T``, ``Z`` or
   ``±HH:MM``) with :meth:`datetime.fromisoformat`, which truncates like pydantic.
+* Timestamps in years 1 and 9999 are left to pydantic, which refuses those that are no moment of
+  years 1-9999 in UTC (:data:`schemas.envelope.Moment`; CreatedAt is not held to it).
 * Bounds: ``CorrelationId`` carries the contract's ``max_length``
   (:data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters, counted as code points by
   both libraries) as ``msgspec.Meta``, so a longer one fails here too and pydantic dead-letters
@@ -47,6 +49,7 @@ _CorrelationId = Annotated[str, msgspec.Meta(max_length=MAX_CORRELATION_ID_LENGT
 """:data:`schemas.envelope.CorrelationId`: the same bound, checked by the decoder."""
 
 _fullmatch = _RFC3339.fullmatch
+_EDGE_YEARS = ("0001-", "9999-")
 _fromisoformat = datetime.fromisoformat
 
 
@@ -94,8 +97,12 @@ _decode_raw = msgspec.json.Decoder(_RawEnvelope).decode
 
 
 def _timestamp(text: str) -> datetime | None:
-    """``text`` as an aware datetime when it is in the fast RFC 3339 form and valid, else None."""
-    if _fullmatch(text) is None:
+    """``text`` as an aware datetime when it is in the fast RFC 3339 form and valid, else None.
+
+    Years 1 and 9999 go to pydantic: an offset can make them no moment of years 1-9999 in UTC
+    (:data:`schemas.envelope.Moment`), which the contract refuses.
+    """
+    if _fullmatch(text) is None or text.startswith(_EDGE_YEARS):
         return None
     try:
         return _fromisoformat(text)

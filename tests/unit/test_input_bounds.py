@@ -120,6 +120,49 @@ def session_linked(message: SignInMessage) -> Any:
     return build_session_event(change, message, message_id=OUTBOX_ID, topics=TOPICS, now=NOW)
 
 
+# ---- OccurredAt ------------------------------------------------------------------------------
+
+EDGE_MOMENTS = ["0001-01-01T00:00:00Z", "0001-01-01T03:00:00+03:00", "9999-12-31T23:59:59.999999Z",
+                "9999-12-31T20:59:59-03:00"]
+"""Moments at the ends of years 1-9999 in UTC."""
+NO_MOMENTS = ["0001-01-01T00:00:00+03:00", "0001-01-01T00:00:00+14:00",
+              "9999-12-31T23:59:59.9999999-14:00", "9999-12-31T23:59:59-00:01"]
+"""Valid local times that are no moment of years 1-9999 in UTC (1 BC, year 10000)."""
+
+
+def _occurred_at(text: str, *, slow_path: bool) -> dict[str, Any]:
+    value = favorite(slow_path=slow_path)
+    value["Payload"]["OccurredAt"] = text
+    return value
+
+
+@pytest.mark.parametrize("slow_path", [False, True], ids=["msgspec", "pydantic"])
+@pytest.mark.parametrize("text", EDGE_MOMENTS)
+def test_a_favorite_at_the_ends_of_the_utc_years_is_recorded_and_announced_with_its_offset(
+    text: str, slow_path: bool
+) -> None:
+    message = decoded_favorite(source(_occurred_at(text, slow_path=slow_path)))
+
+    assert message.envelope.payload.occurred_at == datetime.fromisoformat(text)
+    tracked = ActionTrackedEnvelope.model_validate_json(action_tracked(message).value)
+    assert tracked.payload.occurred_at == datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize("slow_path", [False, True], ids=["msgspec", "pydantic"])
+@pytest.mark.parametrize("text", NO_MOMENTS)
+def test_a_favorite_at_no_moment_of_the_utc_years_is_dead_lettered_as_schema_mismatch(
+    text: str, slow_path: bool
+) -> None:
+    # Stored, it made the owner's whole history unreadable (psycopg, .NET), and a .NET consumer
+    # cannot parse an event that carries it.
+    record = source(_occurred_at(text, slow_path=slow_path))
+
+    letter = decode_favorite(record, ACTION_TYPES)
+
+    assert isinstance(letter, DeadLetter)
+    assert (letter.reason, letter.exception_type) == (DlqReason.SCHEMA_MISMATCH, "ValidationError")
+
+
 # ---- CorrelationId ---------------------------------------------------------------------------
 
 BOUND_TEXTS = ["c", "é", "\U0001f600", "\x00", '"']
