@@ -45,7 +45,33 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["exception"] = record.exc_info[0].__name__
             line["traceback"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        return _dumps_line(line).decode()
+
+
+_INT_RANGE = range(-(1 << 63), 1 << 64)
+"""The integers orjson writes (it never calls ``default`` for one outside this range)."""
+
+
+def _dumps_line(line: dict[str, Any], option: int = 0) -> bytes:
+    """``line`` as JSON, each integer orjson cannot write as its decimal string.
+
+    A message's ``Version`` of 2**64 (both decoders accept any integer) lost its whole line.
+    """
+    try:
+        return orjson.dumps(line, default=str, option=option)
+    except TypeError:
+        return orjson.dumps(_writable(line), default=str, option=option)
+
+
+def _writable(value: Any) -> Any:
+    """``value`` with every integer outside orjson's range (nested too) as its decimal string."""
+    if isinstance(value, dict):
+        return {key: _writable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_writable(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT_RANGE:
+        return str(value)
+    return value
 
 
 class RepeatThrottle(logging.Filter):
@@ -189,7 +215,11 @@ def log_events(
                 if value is None:
                     break
             else:
-                lines.append(head + dumps(row, default=str, option=newline)[1:])
+                try:
+                    encoded = dumps(row, default=str, option=newline)
+                except TypeError:  # an integer orjson cannot write
+                    encoded = _dumps_line(row, newline)
+                lines.append(head + encoded[1:])
                 continue
         lines.append(_format_row(logger, formatter, header, row))
     if not lines:

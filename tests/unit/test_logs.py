@@ -72,6 +72,21 @@ def test_json_formatter_writes_the_event_and_extra_fields_as_top_level_keys() ->
     assert line["level"] == "INFO"
 
 
+def test_an_integer_orjson_cannot_write_is_written_as_a_string_not_lost() -> None:
+    # A message's Version of 2**64 (both decoders accept any integer) lost its warning line, and
+    # a non-JSON "--- Logging error ---" traceback was written instead.
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "contract-version-mismatch",
+                               None, None)
+    record.version = 1 << 64
+    record.low = -(1 << 63) - 1
+    record.fits = (1 << 64) - 1
+
+    line = orjson.loads(JsonFormatter().format(record))
+
+    assert (line["version"], line["low"], line["fits"]) == (
+        str(1 << 64), str(-(1 << 63) - 1), (1 << 64) - 1)
+
+
 class _CountingStream(io.StringIO):
     """A text stream that counts its ``write`` calls."""
 
@@ -134,6 +149,7 @@ _ROWS: list[dict[str, Any]] = [
     {"_private": "dropped", "ts": "2001-02-03T04:05:06.007Z", "kept": 1},
     {},
     {"odd": object.__new__(type("Odd", (), {"__str__": lambda self: "odd!"}))},
+    {"version": 1 << 64, "nested": {"v": [-(1 << 63) - 1, 1 << 63, True]}},
 ]
 
 
