@@ -13,6 +13,10 @@ from pydantic import ValidationError
 
 from runtime.settings import ENV_PREFIX, Settings
 
+_SECRETS = frozenset(
+    name for name, info in Settings.model_fields.items() if "SecretStr" in str(info.annotation))
+"""Fields whose value an error line never shows (the database URL holds its password)."""
+
 
 def describe(error: ValidationError) -> str:
     """``USER_ACTIVITY_X: problem (got 'value')`` for each invalid setting, joined by ``; ``."""
@@ -20,7 +24,8 @@ def describe(error: ValidationError) -> str:
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "settings"
         given = item.get("input")
-        shown = f" (got {given!r})" if isinstance(given, (str, int, float, bool)) else ""
+        shown = (f" (got {given!r})" if isinstance(given, (str, int, float, bool))
+                 and field not in _SECRETS else "")
         problems.append(f"{ENV_PREFIX}{field.upper()}: {item['msg']}{shown}")
     return "; ".join(problems)
 

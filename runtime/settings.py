@@ -7,13 +7,22 @@ appear in a log line or a ``repr``.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field, SecretStr
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "USER_ACTIVITY_"
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_BROKER = re.compile(
+    r"(?:(?:" + "|".join(_PROTOCOLS) + r")://)?(?:\[[0-9A-Fa-f:.]+\]|[^\s:/,\[\]]+)(?::\d{1,5})?",
+    re.IGNORECASE)
+"""One bootstrap server: ``[protocol://]host[:port]``, the forms librdkafka reads."""
 
 
 class StartingOffset(StrEnum):
@@ -26,7 +35,8 @@ class StartingOffset(StrEnum):
 class Settings(BaseSettings):
     """Every setting of the service (docs/configuration.md is generated from these fields)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore",
+                                      allow_inf_nan=False)
 
     # Kafka connection (applies to every client the job creates: consumers, outbox, DLQ).
     kafka_bootstrap_servers: str = Field(
@@ -52,10 +62,10 @@ class Settings(BaseSettings):
         SecretStr("postgresql://postgres@127.0.0.1:5432/user_activity"),
         description="PostgreSQL DSN (secret: never logged).")
     db_statement_timeout_ms: int = Field(
-        30_000, ge=100,
+        30_000, ge=100, le=2_147_483_647,
         description="Statement timeout; a timeout is an infrastructure failure (retried).")
     db_dead_connection_seconds: float = Field(
-        30.0, ge=0,
+        30.0, ge=0, le=86_400,
         description="A PostgreSQL connection whose server stops answering, even TCP"
                     " (its host or address gone in a failover, no reset sent), fails after about"
                     " this long and is retried (TCP keepalives and user timeout); and the server"
@@ -93,7 +103,8 @@ class Settings(BaseSettings):
         description="`earliest` or `latest`: where a partition without a snapshot starts.")
     tail: bool = Field(
         True, description="`false`: stop at the end offsets seen at start (a bounded run).")
-    source_batch_size: int = Field(1000, ge=1, description="Records per poll per partition.")
+    source_batch_size: int = Field(
+        1000, ge=1, le=1_000_000, description="Records per poll per partition.")
     source_fetch_wait_ms: int = Field(
         10, ge=0, le=5000,
         description="How long the broker may hold a fetch of a worker's consumer (one per"
@@ -121,7 +132,8 @@ class Settings(BaseSettings):
 
     # Favorites flow.
     dedup_ttl_seconds: float = Field(
-        86_400.0, gt=0, description="How long the in-memory dedup window remembers a MessageId.")
+        86_400.0, gt=0, le=366 * 86_400,
+        description="How long the in-memory dedup window remembers a MessageId.")
     dedup_max_ids: int = Field(
         2_000_000, ge=1,
         description="The most MessageIds a flow's in-memory dedup windows hold, over all its"
@@ -148,7 +160,7 @@ class Settings(BaseSettings):
         description="Give heap freed after a burst back to the OS (`malloc_trim(0)`) this"
                     " often; `0` disables.")
     gc_young_threshold: int = Field(
-        1_000_000, ge=0,
+        1_000_000, ge=0, le=2_147_483_647,
         description="Once the flow is built: start-up heap frozen, a young collection every N"
                     " net allocations, no automatic full collection; `0`: Python's defaults.")
     gc_full_collect_interval_seconds: float = Field(
@@ -156,13 +168,13 @@ class Settings(BaseSettings):
         description="A full `gc.collect()` this often instead (frees reference cycles);"
                     " `0`: never.")
     session_linking_lateness_seconds: float = Field(
-        10.0, ge=0,
+        10.0, ge=0, le=86_400,
         description="Allowed lateness of sign-ins: each device's sign-ins are held until its"
                     " event-time watermark minus this has passed them and applied in"
                     " SignedInAt order (linking waits up to this long); a sign-in later than"
                     " this that would change who owns a session is a `late-conflict`.")
     session_linking_max_clock_skew_seconds: float = Field(
-        60.0, ge=0,
+        60.0, ge=0, le=366 * 86_400,
         description="A SignedInAt further ahead of the job's clock than this (a producer's"
                     " clock or time zone wrong) is taken as the moment the job read the sign-in"
                     " (logged `sign-in-from-the-future`): else that one sign-in would make every"
@@ -204,7 +216,7 @@ class Settings(BaseSettings):
 
     # Retention (bounded storage): daily partitions dropped by the maintenance step.
     retention_days: int = Field(
-        7, ge=1,
+        7, ge=1, le=3_660,
         description="Idempotency marks and published outbox rows are kept at least this many"
                     " days (longer than any redelivery or replay window), then dropped a daily"
                     " partition at a time (`user-activity maintain`).")
@@ -229,7 +241,46 @@ class Settings(BaseSettings):
         9100, ge=0, le=65535, description="`/metrics`, `/livez`, `/readyz`; `0` disables.")
     http_host: str = Field("0.0.0.0", description="Address the HTTP server binds.")
 
-    log_level: str = Field("INFO", description="JSON log lines on stderr at this level.")
+    log_level: str = Field(
+        "INFO", description="JSON log lines on stderr at this level (`DEBUG`, `INFO`, `WARNING`,"
+                            " `ERROR`, `CRITICAL`).")
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _brokers(cls, value: str) -> str:
+        # A scheme librdkafka does not know (`http://`) or an empty list was retried forever as
+        # a broker outage, silently.
+        for broker in value.split(","):
+            if _BROKER.fullmatch(broker.strip()) is None:
+                raise ValueError("not a comma-separated list of host[:port] (an optional"
+                                 " PLAINTEXT://, SSL://, SASL_PLAINTEXT:// or SASL_SSL:// before)")
+        return value
+
+    @field_validator("kafka_security_protocol")
+    @classmethod
+    def _a_protocol(cls, value: str) -> str:
+        if value.upper() not in _PROTOCOLS:  # librdkafka panicked the job on another
+            raise ValueError(f"not one of {', '.join(_PROTOCOLS)}")
+        return value.upper()
+
+    @field_validator("log_level")
+    @classmethod
+    def _a_level(cls, value: str) -> str:
+        if value.upper() not in _LEVELS:
+            raise ValueError(f"not one of {', '.join(_LEVELS)}")
+        return value.upper()
+
+    @field_validator("database_url")
+    @classmethod
+    def _a_dsn(cls, value: SecretStr) -> SecretStr:
+        # A URL libpq cannot parse (`postgresql+psycopg://`, `jdbc:postgresql://`) failed every
+        # write without an SQLSTATE, as a data error: every message was dead-lettered.
+        try:
+            conninfo_to_dict(value.get_secret_value())
+        except psycopg.ProgrammingError:
+            raise ValueError("not a libpq connection URI (postgresql://...) or"
+                             " key=value string") from None  # its text holds the secret
+        return value
 
     def kafka_client_config(self) -> dict[str, Any]:
         """Librdkafka settings shared by every client (connection, TLS, SASL)."""

@@ -9,6 +9,7 @@ import pytest
 
 from devenv.harness.env import base_env
 from devenv.harness.jobs import ROOT
+from runtime.configuration import load_settings
 
 ENTRY_POINTS = {
     "operator command": [sys.executable, "-m", "cli", "migrate"],
@@ -32,3 +33,51 @@ def test_a_bad_setting_is_one_line_naming_the_variable_and_exit_code_2(
         "user-activity: invalid configuration: USER_ACTIVITY_SINK_PARTITIONS: Input should be a"
         " valid integer, unable to parse string as an integer (got 'abc')"
     ]
+
+
+HOSTILE = {
+    # each crashed the job with a traceback (a crash loop), or dead-lettered every message
+    "LOG_LEVEL": "LOUD",
+    "GC_YOUNG_THRESHOLD": "3000000000",
+    "DEDUP_TTL_SECONDS": "1e10",
+    "SOURCE_BATCH_SIZE": "2000000",
+    "SESSION_LINKING_LATENESS_SECONDS": "1e12",
+    "SESSION_LINKING_MAX_CLOCK_SKEW_SECONDS": "1e12",
+    "DB_STATEMENT_TIMEOUT_MS": "99999999999",
+    "DB_DEAD_CONNECTION_SECONDS": "1e10",
+    "RETENTION_DAYS": "1000000",
+    "SOURCE_PARTITION_CHECK_SECONDS": "inf",
+    "GC_FULL_COLLECT_INTERVAL_SECONDS": "nan",
+    "DATABASE_URL": "postgresql+psycopg://svc:hunter2@db/user_activity",
+    # each was retried forever as a broker outage, silently
+    "KAFKA_BOOTSTRAP_SERVERS": "http://kafka:9092",
+    "KAFKA_SECURITY_PROTOCOL": "FOO",  # a Rust panic
+}
+
+
+@pytest.mark.parametrize(("name", "value"), HOSTILE.items(), ids=HOSTILE.keys())
+def test_a_value_the_job_cannot_run_with_is_refused_at_start_up(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(f"USER_ACTIVITY_{name}", value)
+
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+
+    assert stopped.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"user-activity: invalid configuration: USER_ACTIVITY_{name}: ")
+    assert "hunter2" not in line  # a secret's value is never shown
+
+
+def test_a_libpq_key_value_string_lower_case_names_and_brokers_without_a_port_are_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("USER_ACTIVITY_DATABASE_URL", "host=db dbname=user_activity user=svc")
+    monkeypatch.setenv("USER_ACTIVITY_LOG_LEVEL", "warning")
+    monkeypatch.setenv("USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS", "SSL://k-0:9093, k-1, [::1]:9092")
+    monkeypatch.setenv("USER_ACTIVITY_KAFKA_SECURITY_PROTOCOL", "sasl_ssl")
+
+    settings = load_settings()
+
+    assert (settings.log_level, settings.kafka_security_protocol) == ("WARNING", "SASL_SSL")
