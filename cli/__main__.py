@@ -15,6 +15,13 @@ from runtime.configuration import load_settings
 from runtime.logs import configure_logging
 
 
+def _at_least_one(text: str) -> int:
+    """A whole number >= 1 (a store of no partitions fails every start of the job)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one operator command; settings come from ``USER_ACTIVITY_*``."""
     parser = argparse.ArgumentParser(prog="user-activity", description=__doc__,
@@ -26,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         "init-recovery", help="create a Bytewax recovery store (SQLite partitions) in a directory")
     recovery.add_argument("directory", type=Path)
     recovery.add_argument(
-        "--partitions", type=int, default=4,
+        "--partitions", type=_at_least_one, default=4,
         help="recovery partitions: at least the largest planned worker count (default 4)")
     outbox = commands.add_parser(
         "outbox", help="parked outbox rows: list them, or give them back to the publisher")
@@ -67,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "init-recovery":
         from bytewax.recovery import init_db_dir
 
+        if held := sorted(p.name for p in args.directory.glob("part-*.sqlite3")):
+            print(f"user-activity init-recovery: {args.directory} already holds a recovery"
+                  f" store ({', '.join(held)}); nothing changed", file=sys.stderr)
+            return 2
         args.directory.mkdir(parents=True, exist_ok=True)
         init_db_dir(args.directory, args.partitions)  # type: ignore[no-untyped-call]
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")

@@ -10,13 +10,16 @@ closed window), through the same steps and sinks as the main job. Idempotent wri
 already processed range writes no row, changes no session and publishes nothing; rows missing
 from the database are restored. The run keeps its own Bytewax recovery store
 (``--recovery-dir``, default: a new temporary one), so the main job's offsets and dedup state
-are untouched, and an interrupted backfill can be resumed by passing the same directory.
-``--dry-run`` writes nothing at all and reports what would happen.
+are untouched, and an interrupted backfill can be resumed by passing the same directory (a
+replay refuses a store it did not make, e.g. the main job's). ``--dry-run`` writes nothing at
+all, no recovery store either, and reports what would happen.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -54,8 +57,9 @@ def parse_offsets(specs: Sequence[str]) -> dict[tuple[str, int], int]:
             raise argparse.ArgumentTypeError(f"expected TOPIC:PARTITION=OFFSET, got {spec!r}")
         for assignment in assignments.split(","):
             partition, eq, offset = assignment.partition("=")
-            if not eq:
-                raise argparse.ArgumentTypeError(f"expected PARTITION=OFFSET in {spec!r}")
+            if not eq or not partition.strip().isdigit() or not offset.strip().isdigit():
+                raise argparse.ArgumentTypeError(
+                    f"expected PARTITION=OFFSET (both whole numbers >= 0) in {spec!r}")
             offsets[(topic, int(partition))] = int(offset)
     return offsets
 
@@ -65,7 +69,10 @@ def parse_timestamp(text: str) -> int:
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"a time needs an offset or Z: {text!r}")
-    return int(moment.timestamp() * 1000)
+    milliseconds = int(moment.timestamp() * 1000)
+    if milliseconds < 0:  # the broker answers UNSUPPORTED_VERSION, which looked like an outage
+        raise argparse.ArgumentTypeError(f"Kafka timestamps start at 1970-01-01: {text!r}")
+    return milliseconds
 
 
 def _value(name: str, labels: dict[str, str] | None = None) -> int:
@@ -132,6 +139,48 @@ FLOWS = {
 """The flows ``replay`` can run, by ``--flow`` name."""
 
 
+class ReplayRefused(ValueError):
+    """A replay that would do something other than what was asked: refused before it reads."""
+
+
+_MARKER = "replay.json"
+"""Written into a recovery directory a replay made: what it replays, from where."""
+
+
+def _recovery_dir(
+    recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool, out: TextIO,
+) -> Path:
+    """The replay's recovery store: a new one, or its own earlier one to resume.
+
+    A dry run writes nothing, its recovery store neither: it keeps a temporary one, removed at its
+    end (a dry run given a directory saved its offsets there, and the run meant to resume it
+    then read nothing). A
+    directory a replay did not make (the main job's store) is refused: resuming from it reads
+    from the main job's offsets, not from the start asked for, and moves them.
+    """
+    if dry_run and recovery_dir is not None:
+        print(f"a dry run keeps no recovery store: {recovery_dir} is not used", file=out,
+              flush=True)
+    if recovery_dir is None or dry_run:
+        return Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
+    wanted = {"flow": flow_name, "start": repr(start)}
+    marker = recovery_dir / _MARKER
+    if any(recovery_dir.glob("part-*.sqlite3")):
+        if not marker.exists():
+            raise ReplayRefused(f"{recovery_dir} holds a recovery store no replay made (the main"
+                                " job's?): a replay resumes only its own; pass a new directory")
+        made = json.loads(marker.read_text())
+        if made["flow"] != flow_name:
+            raise ReplayRefused(f"{recovery_dir} is a replay of {made['flow']}, not {flow_name}")
+        if made["start"] != wanted["start"]:
+            print(f"resuming the replay in {recovery_dir}: its first run's start applies"
+                  f" ({made['start']}), not this one's", file=out, flush=True)
+        return recovery_dir
+    recovery_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(wanted))
+    return recovery_dir
+
+
 def replay(
     settings: Settings,
     start: StartPosition,
@@ -152,10 +201,9 @@ def replay(
         update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
     )
     tally = Tally() if dry_run else None
+    directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out)
     flow = replayed.build(bounded, start, topics, tally)
-    directory = recovery_dir or Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     if not any(directory.glob("part-*.sqlite3")):
-        directory.mkdir(parents=True, exist_ok=True)
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]
     before = replayed.totals()
 
@@ -193,6 +241,8 @@ def replay(
     finally:
         done.set()
         reporter.join()
+        if dry_run:
+            shutil.rmtree(directory, ignore_errors=True)  # nothing to resume
     result = counts()
     elapsed = time.monotonic() - started
     title = f"DRY RUN of {flow_name} (nothing written)" if dry_run else f"replay of {flow_name}"
@@ -240,8 +290,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Execute the parsed replay command."""
     until = args.until_ts
+    try:
+        return _run(args, settings, until)
+    except (ReplayRefused, argparse.ArgumentTypeError) as refused:
+        print(f"user-activity replay: {refused}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int:
+    replayed_topics = {
+        "favorites": {"added": [settings.topic_favorite_added],
+                      "removed": [settings.topic_favorite_removed],
+                      "both": [settings.topic_favorite_added, settings.topic_favorite_removed],
+                      }[args.topic],
+        "session-linking": [settings.topic_user_signed_in],
+    }[args.flow]
     if args.offsets:
-        start = StartPosition(offsets=parse_offsets(args.offsets), until_ms=until)
+        offsets = parse_offsets(args.offsets)
+        if unread := sorted({topic for topic, _ in offsets} - set(replayed_topics)):
+            # a typo replayed the whole topic from its earliest offset
+            raise ReplayRefused(f"--offsets names {', '.join(unread)}, which this replay does"
+                                f" not read (it reads {', '.join(replayed_topics)})")
+        start = StartPosition(offsets=offsets, until_ms=until)
     elif args.from_ts is not None:
         start = StartPosition(timestamp_ms=args.from_ts, until_ms=until)
     else:

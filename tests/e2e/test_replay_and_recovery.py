@@ -16,7 +16,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 from confluent_kafka import Producer
 
-from cli.replay import replay
+from cli.replay import ReplayRefused, replay
 from dataflows.favorite_actions import build_flow
 from dataflows.session_linking import build_flow as build_session_linking_flow
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
@@ -115,6 +115,45 @@ def test_dry_run_reports_would_be_outcomes_and_writes_nothing(
     assert action_rows(db, _ids(envelopes)) == []
     assert consume_all(settings, settings.topic_favorites_dlq, settle=0.5) == []
     assert "DRY RUN" in out.getvalue()
+
+
+def test_a_dry_run_keeps_no_recovery_store_so_the_real_run_given_that_directory_reads_all(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
+) -> None:
+    # The k8s backfill Job passes --recovery-dir to its dry run too. The dry run saved its
+    # offsets there, and the real run given the directory then read nothing: 0 recorded.
+    settings = make_settings()
+    envelopes = _backlog(settings, db, 8)
+    store = tmp_path / "replay"
+    out = io.StringIO()
+
+    dry = replay(settings, StartPosition(), dry_run=True, recovery_dir=store, out=out)
+    real = replay(settings, StartPosition(), recovery_dir=store, out=io.StringIO())
+
+    assert dry["recorded"] == real["recorded"] == 8
+    assert len(action_rows(db, _ids(envelopes))) == 8
+    assert f"a dry run keeps no recovery store: {store} is not used" in out.getvalue()
+
+
+def test_a_replay_refuses_a_recovery_store_it_did_not_make(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
+) -> None:
+    # Given the main job's store, a replay resumed from the main job's offsets (read nothing,
+    # whatever --from said) and moved them.
+    settings = make_settings()
+    envelopes = _backlog(settings, db, 4)
+    main_store = tmp_path / "main"
+    main_store.mkdir()
+    init_db_dir(main_store, 1)
+    run_main(build_flow(settings), epoch_interval=None,
+             recovery_config=RecoveryConfig(str(main_store)))
+    snapshot = {p.name: p.read_bytes() for p in main_store.iterdir()}
+
+    with pytest.raises(ReplayRefused, match="no replay made"):
+        replay(settings, StartPosition(), recovery_dir=main_store, out=io.StringIO())
+
+    assert {p.name: p.read_bytes() for p in main_store.iterdir()} == snapshot
+    assert len(action_rows(db, _ids(envelopes))) == 4
 
 
 def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
