@@ -60,6 +60,18 @@ M = TypeVar("M", bound=FromRecord)
 R = TypeVar("R")
 
 
+def sink_step_id(base: str, settings: Settings) -> str:
+    """The step id of a :class:`PartitionedSink` output: ``base`` and its partition count.
+
+    Bytewax keeps a snapshot per sink partition in the recovery store and, on resume, panics on
+    one its step no longer lists ("Key StateKey("1") is not in this worker's routing map"): a
+    lowered ``USER_ACTIVITY_SINK_PARTITIONS`` crash-looped the job. The snapshots hold no state
+    (``None``, a barrier only), so a count is a step of its own and a changed one starts clean;
+    the old step's snapshots are ignored.
+    """
+    return f"{base}_{settings.sink_partitions}_partitions"
+
+
 class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
     """``sink_partitions`` fixed partitions; the snapshot state is ``None`` (only a barrier)."""
 

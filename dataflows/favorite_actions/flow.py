@@ -63,6 +63,7 @@ from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
 from sinks.dry_run import DryRunDeadLetterSink, Tally
+from sinks.transactional import sink_step_id
 from sources.kafka_input import InputItem, StartPosition
 
 logger = logging.getLogger(__name__)
@@ -239,5 +240,5 @@ def build_flow(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
         DedupBound("favorites", settings.dedup_max_ids, len(shards)),
     )
-    op.output("record_action_history", fresh, outputs.history)
+    op.output(sink_step_id("record_action_history", settings), fresh, outputs.history)
     return flow

@@ -57,6 +57,7 @@ from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
 from sinks.dry_run import DryRunDeadLetterSink, Tally
+from sinks.transactional import sink_step_id
 from sources.kafka_input import StartPosition
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,6 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
         "reorder_by_signed_in_at", by_device,
         lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded),
     )
-    op.output("link_sessions", in_order, outputs.links)
+    op.output(sink_step_id("link_sessions", settings), in_order, outputs.links)
     return flow
 

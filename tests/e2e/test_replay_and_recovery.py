@@ -156,6 +156,40 @@ def test_a_replay_refuses_a_recovery_store_it_did_not_make(
     assert len(action_rows(db, _ids(envelopes))) == 4
 
 
+def test_the_sink_partitions_can_be_lowered_and_raised_on_an_existing_recovery_store(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
+) -> None:
+    # Lowered, every start panicked in Bytewax (a sink partition of the store no longer
+    # listed): a crash loop, in both flows, until the old value was restored.
+    settings = make_settings(sink_partitions=2)
+    store = tmp_path / "recovery"
+    store.mkdir()
+    init_db_dir(store, 1)
+    owners = [new_id() for _ in range(8)]
+    for owner in owners:
+        insert_session(db, anonymous_id=owner)
+    recorded: list[dict[str, Any]] = []
+    for partitions in (2, 1, 3):
+        batch = [favorite_envelope(anonymous_id=owners[i % 8]) for i in range(20)]
+        produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in batch])
+        recorded += batch
+        changed = settings.model_copy(update={"sink_partitions": partitions})
+        run_main(build_flow(changed), epoch_interval=None,
+                 recovery_config=RecoveryConfig(str(store)))
+        assert len(action_rows(db, _ids(recorded))) == len(recorded)
+    users = [new_id() for _ in owners[:2]]
+    for owner, user in zip(owners[:2], users, strict=True):
+        produce(settings, [envelope_record(settings.topic_user_signed_in,
+                                           sign_in_envelope(user_id=user, anonymous_id=owner))])
+        for partitions in (2, 1):
+            changed = settings.model_copy(update={"sink_partitions": partitions})
+            run_main(build_session_linking_flow(changed), epoch_interval=None,
+                     recovery_config=RecoveryConfig(str(store)))
+    assert db.execute("SELECT array_agg(user_id ORDER BY user_id) FROM user_activity.sessions"
+                      " WHERE anonymous_id = ANY(%s)", (owners[:2],)).fetchone() == (
+        sorted(users),)
+
+
 def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
     make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
