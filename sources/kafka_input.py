@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -330,7 +331,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 else:
                     self._went_back(next_offset, offset)
             try:
-                raw_headers = msg.headers()
+                raw_headers = _HEADERS_OF(msg)
                 headers = _headers(raw_headers) if raw_headers else ()
             except Exception as exc:  # noqa: BLE001 - the record is read without its headers
                 headers = _unreadable_headers(topic, partition, offset, exc)
@@ -592,6 +593,16 @@ def _retrying(
         on_recovered=lambda _attempts: HEALTH.resumed(waiter=waiter),
         sleep=SHUTDOWN.retry_sleep,
     )
+
+
+_HEADERS_OF = operator.methodcaller("headers")
+"""``msg.headers()``, called so that a result with an exception set raises.
+
+confluent-kafka (2.x) returns such a result for a header name that is not UTF-8: a list whose
+pair holds a NULL. Written ``msg.headers()`` in a hot loop, CPython 3.11 specializes the call
+into a direct C call that only asserts the result is clean: the list came through, and reading
+it crashed the process (a segmentation fault, at every start). Through ``methodcaller`` the call
+is checked and raises ``SystemError``, which :func:`_unreadable_headers` handles."""
 
 
 def _unreadable_headers(
