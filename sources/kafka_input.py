@@ -153,7 +153,20 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         admin = AdminClient(config)
 
         def partitions() -> list[str]:
-            topic = admin.list_topics(self._topic, timeout=10).topics[self._topic]
+            # Up to 10 s (less once a stop's grace runs out), asked in calls of at most a second:
+            # this runs on the main thread, which runs a SIGTERM's handler only between calls.
+            # One blocking 10 s call held the handler back 10 s, and then the grace ran: a stop
+            # while Kafka was down exited after 30 s, when Kubernetes kills the pod.
+            deadline = time.monotonic() + SHUTDOWN.time_left(10.0)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    metadata = admin.list_topics(self._topic, timeout=min(max(left, 0.1), 1.0))
+                    break
+                except KafkaException:
+                    if left <= 1.0:
+                        raise
+            topic = metadata.topics[self._topic]
             if topic.error is not None:
                 raise KafkaException(topic.error)
             return [_part_name(self._topic, p) for p in sorted(topic.partitions)]

@@ -81,3 +81,27 @@ def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_lose
     assert job.terminate(timeout=25) == 0
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids) >= rows_before
+
+
+def test_sigterm_while_the_job_starts_and_kafka_is_down_exits_within_the_grace(
+    make_settings: SettingsFactory, jobs: JobSupervisor,
+) -> None:
+    # The start-up waits for the input topics' partitions. Each attempt was a blocking 10 s
+    # metadata call, also after the stop: the job exited 30 s after SIGTERM, when Kubernetes
+    # kills it (terminationGracePeriodSeconds), instead of within the 20 s grace.
+    settings = make_settings(tail=True).model_copy(update={
+        "kafka_bootstrap_servers": "127.0.0.1:1",  # nobody listens: Kafka down
+        "retry_initial_seconds": 1.0, "retry_max_seconds": 60.0,  # as deployed
+        "stop_grace_seconds": 5.0,  # (20 s deployed) a shorter test, the same bound
+    })
+    job = jobs.job(settings)
+    job.start()  # /livez answers while the partitions are waited for
+    time.sleep(3)
+    started = time.monotonic()
+
+    code = job.terminate(timeout=60, sig=signal.SIGTERM)
+
+    took = time.monotonic() - started
+    assert code == 75, job.log_tail()
+    assert took < settings.stop_grace_seconds + 4, (
+        f"exit {took:.1f} s after SIGTERM\n{job.log_tail(40)}")
