@@ -10,6 +10,7 @@ tuning, and SIGTERM / Ctrl-C as a clean stop of the whole cluster.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 
@@ -37,7 +38,13 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
         # their first poll), never the default kill (exit -15) of a process still starting.
         handled = install_signal_handlers(settings.stop_grace_seconds)
-        serve_http(settings.http_host, settings.http_port)
+        try:
+            serve_http(settings.http_host, settings.http_port)
+        except OSError as exc:  # a port in use, a host it cannot bind: one line, not a traceback
+            print(f"user-activity: cannot serve /metrics, /livez and /readyz on"
+                  f" {settings.http_host}:{settings.http_port} (USER_ACTIVITY_HTTP_HOST,"
+                  f" USER_ACTIVITY_HTTP_PORT): {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         start_trimmer(settings.malloc_trim_interval_seconds)
         configure_from_env(_consumer_group(settings, flow_module))
         flow = module.build_flow(settings)

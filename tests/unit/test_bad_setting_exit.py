@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -81,3 +82,20 @@ def test_a_libpq_key_value_string_lower_case_names_and_brokers_without_a_port_ar
     settings = load_settings()
 
     assert (settings.log_level, settings.kafka_security_protocol) == ("WARNING", "SASL_SSL")
+
+
+def test_a_port_in_use_is_one_line_and_exit_code_2_not_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**base_env(), "USER_ACTIVITY_HTTP_HOST": "127.0.0.1",
+               "USER_ACTIVITY_HTTP_PORT": str(port)}
+
+        done = subprocess.run(ENTRY_POINTS["favorites job"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"user-activity: cannot serve /metrics, /livez and /readyz on 127.0.0.1:{port}"
+        " (USER_ACTIVITY_HTTP_HOST, USER_ACTIVITY_HTTP_PORT): [Errno 98] Address already in use"]
