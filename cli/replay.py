@@ -37,6 +37,7 @@ from prometheus_client import REGISTRY
 
 from dataflows.session_linking.linking import LinkOutcome
 from runtime.settings import Settings
+from runtime.shutdown import SHUTDOWN
 from sinks.dry_run import Tally
 from sources.kafka_input import StartPosition
 
@@ -246,6 +247,10 @@ def replay(
     result = counts()
     elapsed = time.monotonic() - started
     title = f"DRY RUN of {flow_name} (nothing written)" if dry_run else f"replay of {flow_name}"
+    if SHUTDOWN.requested():
+        title += f", STOPPED ({SHUTDOWN.signal}) before its end"
+        if not dry_run:
+            title += f": --recovery-dir {directory} resumes it"
     width = max(len(k) for k in outcomes) + 2
     total = sum(result.values())
     print(f"\n{title}: {total:,} messages in {elapsed:.1f}s", file=out)
@@ -322,8 +327,12 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
         "both": None,
     }[args.topic]
     from runtime.gc_tuning import tune_gc
+    from runtime.shutdown import STOPPED_DURING_OUTAGE, install_signal_handlers
 
     tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
+    # SIGTERM and the first Ctrl-C end the inputs: what was read commits, the summary is
+    # printed, and the same directory resumes (a traceback, or no summary at all, before)
+    install_signal_handlers(settings.stop_grace_seconds)
     replay(settings, start, flow_name=args.flow, topics=topics, dry_run=args.dry_run,
            recovery_dir=args.recovery_dir)
-    return 0
+    return STOPPED_DURING_OUTAGE if SHUTDOWN.requested() else 0

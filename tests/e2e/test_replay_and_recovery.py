@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,8 +22,10 @@ from confluent_kafka import Producer
 from cli.replay import ReplayRefused, replay
 from dataflows.favorite_actions import build_flow
 from dataflows.session_linking import build_flow as build_session_linking_flow
+from devenv.harness.env import settings_env
+from devenv.harness.jobs import ROOT
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
-from devenv.harness.sessions import insert_session
+from devenv.harness.sessions import insert_session, seed_owners
 from sources.kafka_input import StartPosition
 from tests.conftest import SettingsFactory
 from tests.support import (
@@ -340,3 +345,36 @@ def test_a_replay_of_topics_written_in_transactions_ends_and_records_only_the_co
                       "dead-lettered": 0}
     assert len(action_rows(db, _ids(committed))) == 12
     assert action_rows(db, _ids(aborted)) == []
+
+
+def test_a_replay_stopped_by_sigterm_says_so_and_its_directory_resumes_it(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], database_url: str,
+    tmp_path: Path,
+) -> None:
+    # SIGTERM killed a replay with no summary (exit -15), and Ctrl-C ended it in a traceback.
+    settings = make_settings()
+    guests, _ = seed_owners(database_url, 50)
+    envelopes = [favorite_envelope(anonymous_id=guests[i % 50]) for i in range(60_000)]
+    produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in envelopes])
+    store = tmp_path / "replay"
+    command = [sys.executable, "-m", "cli", "replay", "--from-beginning",
+               "--recovery-dir", str(store)]
+    env = settings_env(settings)
+    replaying = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+    assert replaying.stdout is not None
+    for line in replaying.stdout:  # a progress line every 2 s: rows are being written
+        if "processed" in line and " 0:" not in line:
+            break
+    replaying.send_signal(signal.SIGTERM)
+    stopped = replaying.stdout.read()
+    assert replaying.wait(60) == 75
+    assert f", STOPPED (SIGTERM) before its end: --recovery-dir {store} resumes it" in stopped
+    written = len(action_rows(db, _ids(envelopes)))
+    assert 0 < written < len(envelopes)
+
+    resumed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300, check=False)
+
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len(action_rows(db, _ids(envelopes))) == len(envelopes)
