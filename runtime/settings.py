@@ -60,7 +60,8 @@ class Settings(BaseSettings):
     # PostgreSQL.
     database_url: SecretStr = Field(
         SecretStr("postgresql://postgres@127.0.0.1:5432/user_activity"),
-        description="PostgreSQL DSN (secret: never logged).")
+        description="PostgreSQL URI, `postgresql://user:password@host:port/database?...`"
+                    " (secret: never logged).")
     db_statement_timeout_ms: int = Field(
         30_000, ge=100, le=2_147_483_647,
         description="Statement timeout; a timeout is an infrastructure failure (retried).")
@@ -275,11 +276,16 @@ class Settings(BaseSettings):
     def _a_dsn(cls, value: SecretStr) -> SecretStr:
         # A URL libpq cannot parse (`postgresql+psycopg://`, `jdbc:postgresql://`) failed every
         # write without an SQLSTATE, as a data error: every message was dead-lettered.
+        # A key=value string works for psycopg but not for the migrations (yoyo takes a URL).
+        dsn = value.get_secret_value()
         try:
-            conninfo_to_dict(value.get_secret_value())
+            conninfo_to_dict(dsn)
         except psycopg.ProgrammingError:
-            raise ValueError("not a libpq connection URI (postgresql://...) or"
-                             " key=value string") from None  # its text holds the secret
+            valid = False
+        else:
+            valid = dsn.startswith(("postgresql://", "postgres://"))
+        if not valid:  # the message never quotes the value: it holds the password
+            raise ValueError("not a postgresql:// URI that libpq reads")
         return value
 
     def kafka_client_config(self) -> dict[str, Any]:
