@@ -54,6 +54,13 @@ def _backlog(settings: Any, db: psycopg.Connection[Any], good: int) -> list[dict
     return envelopes
 
 
+def _recovery_store(directory: Path) -> Path:
+    """A new Bytewax recovery store of one partition in ``directory``."""
+    directory.mkdir()
+    init_db_dir(directory, 1)
+    return directory
+
+
 def _ids(envelopes: list[dict[str, Any]]) -> list[uuid.UUID]:
     return [uuid.UUID(e["MessageId"]) for e in envelopes]
 
@@ -147,9 +154,7 @@ def test_a_replay_refuses_a_recovery_store_it_did_not_make(
     # whatever --from said) and moved them.
     settings = make_settings()
     envelopes = _backlog(settings, db, 4)
-    main_store = tmp_path / "main"
-    main_store.mkdir()
-    init_db_dir(main_store, 1)
+    main_store = _recovery_store(tmp_path / "main")
     run_main(build_flow(settings), epoch_interval=None,
              recovery_config=RecoveryConfig(str(main_store)))
     snapshot = {p.name: p.read_bytes() for p in main_store.iterdir()}
@@ -167,9 +172,7 @@ def test_the_sink_partitions_can_be_lowered_and_raised_on_an_existing_recovery_s
     # Lowered, every start panicked in Bytewax (a sink partition of the store no longer
     # listed): a crash loop, in both flows, until the old value was restored.
     settings = make_settings(sink_partitions=2)
-    store = tmp_path / "recovery"
-    store.mkdir()
-    init_db_dir(store, 1)
+    store = _recovery_store(tmp_path / "recovery")
     owners = [new_id() for _ in range(8)]
     for owner in owners:
         insert_session(db, anonymous_id=owner)
@@ -200,9 +203,7 @@ def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings = make_settings()
-    recovery = tmp_path / "recovery"
-    recovery.mkdir()
-    init_db_dir(recovery, 1)
+    recovery = _recovery_store(tmp_path / "recovery")
     envelopes = _backlog(settings, db, 10)
     run_main(build_flow(settings), epoch_interval=None,
              recovery_config=RecoveryConfig(str(recovery)))
