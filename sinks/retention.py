@@ -13,8 +13,9 @@ YYYYMMDD (the marks partition of the migration day also holds every earlier mark
   rows live in ``outbox_parked``); otherwise it is kept and reported, and dropped by a later run.
   A drop is O(1): no DELETE, no vacuum;
 - deletes, in bounded chunks, the expired rows that landed in a DEFAULT partition (a day that
-  had no partition: normally none; published ones only for the outbox) and the parked rows
-  published longer ago than the retention.
+  had no partition: normally none; published ones only for the outbox), the late-conflict
+  records (``sign_in_conflicts``) detected and the parked rows published longer ago than the
+  retention.
 
 Guarantees: idempotent (a second run finds nothing to do); one run at a time across processes
 (the session advisory lock :data:`MAINTENANCE_KEY`; a concurrent run returns at once with
@@ -79,6 +80,13 @@ DELETE FROM user_activity.outbox_default
         SELECT o.ctid FROM user_activity.outbox_default o, user_activity.outbox_watermark w
          WHERE o.created_at < %s AND pg_visible_in_snapshot(o.txid, w.delivered) LIMIT %s))
 """
+_DELETE_EXPIRED_CONFLICTS = """
+DELETE FROM user_activity.sign_in_conflicts
+ WHERE message_id = ANY (ARRAY(SELECT message_id FROM user_activity.sign_in_conflicts
+                                WHERE detected_at < %s LIMIT %s))
+"""
+"""Late-conflict records older than the retention (one per late sign-in: a replay of late
+sign-ins with fresh MessageIds added rows without end)."""
 _DELETE_PUBLISHED_PARKED = """
 DELETE FROM user_activity.outbox_parked WHERE published_at < %s
 """
@@ -178,11 +186,12 @@ def _drop(conn: Connection, parent: str, name: str, *, check_published: bool) ->
 
 
 def _delete_expired_rows(conn: Connection, cutoff_day: date) -> int:
-    """Expired rows of the DEFAULT partitions and published parked rows, in bounded chunks."""
+    """Expired rows: DEFAULT partitions', late conflicts', published parked ones (chunked)."""
     cutoff = datetime(cutoff_day.year, cutoff_day.month, cutoff_day.day, tzinfo=UTC)
     deleted = 0
     for statement, bound in ((_DELETE_EXPIRED_MARKS, cutoff_day),
-                             (_DELETE_EXPIRED_OUTBOX, cutoff)):
+                             (_DELETE_EXPIRED_OUTBOX, cutoff),
+                             (_DELETE_EXPIRED_CONFLICTS, cutoff)):
         while True:
             count = conn.execute(statement, (bound, DELETE_CHUNK_ROWS)).rowcount
             deleted += count

@@ -213,6 +213,30 @@ def test_expired_rows_in_a_default_partition_are_deleted(
     assert fdb.execute("SELECT count(*) FROM user_activity.outbox").fetchone() == (0,)
 
 
+def test_late_conflict_records_older_than_the_retention_are_deleted(
+    fdb: psycopg.Connection[Any], days: Days
+) -> None:
+    # One row per late sign-in, kept for ever: a replay of late sign-ins with fresh MessageIds
+    # (or a hostile producer) grew the table without end.
+    today = days.migrated + timedelta(days=30)
+    ages = {"expired": RETENTION_DAYS + 1, "kept": RETENTION_DAYS - 1}
+    ids = {name: uuid.uuid4() for name in ages}
+    for name, age in ages.items():
+        detected = _at(today - timedelta(days=age))
+        fdb.execute(
+            "INSERT INTO user_activity.sign_in_conflicts (message_id, anonymous_id, session_id,"
+            " session_user_id, sign_in_user_id, signed_in_at, device_last_signed_in_at, reason,"
+            " detected_at) VALUES (%s, %s, %s, %s, %s, %s, %s, 'would-relink', %s)",
+            (ids[name], uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), detected,
+             detected + timedelta(seconds=1), detected))
+
+    report = maintain(fdb, RETENTION_DAYS, today=today)
+
+    assert report.deleted_rows == 1
+    assert fdb.execute("SELECT message_id FROM user_activity.sign_in_conflicts").fetchall() == [
+        (ids["kept"],)]
+
+
 def test_writes_go_on_while_partitions_are_dropped(
     fdb: psycopg.Connection[Any], fresh: str, days: Days
 ) -> None:
