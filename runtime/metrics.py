@@ -66,6 +66,11 @@ SESSION_LINKING_DLQ = Counter(
     "user_activity_session_linking_dlq",
     "user-signed-in records sent to the session-linking dead-letter topic.",
 )
+SESSION_LINKING_RELEASED_EARLY = Counter(
+    "user_activity_session_linking_released_early",
+    "Sign-ins applied before their lateness had passed: the reorder buffer held its bound"
+    " (USER_ACTIVITY_SESSION_LINKING_MAX_PENDING), e.g. reading a backlog.",
+)
 
 # Outbox and health.
 OUTBOX_READ_BACK = Counter(

@@ -174,6 +174,13 @@ class Settings(BaseSettings):
                     " event-time watermark minus this has passed them and applied in"
                     " SignedInAt order (linking waits up to this long); a sign-in later than"
                     " this that would change who owns a session is a `late-conflict`.")
+    session_linking_max_pending: int = Field(
+        50_000, ge=16, le=10_000_000,
+        description="The most sign-ins the reorder buffer holds (about 2.7 KB each), spread"
+                    " over its 16 device shards: over it, the devices due first are applied"
+                    " early (`user_activity_session_linking_released_early_total`), so a"
+                    " backlog read faster than the lateness releases it cannot fill the pod's"
+                    " memory.")
     session_linking_max_clock_skew_seconds: float = Field(
         60.0, ge=0, le=366 * 86_400,
         description="A SignedInAt further ahead of the job's clock than this (a producer's"

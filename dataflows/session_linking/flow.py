@@ -5,11 +5,12 @@
     user_signed_in_input ─ decode_sign_in ─┬─ dead_letter_poison (session-linking DLQ topic)
         (+ consumer errors → log)          ├─ log_invalid_sign_in
                                            └─ key_by_device_shard ─ dedup_by_message_id
-                  ─ key_by_device ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
+                  ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
 
-The dedup step is keyed by the device's shard (:data:`DEVICE_SHARDS`), so its state is 16
-bounded windows, not one per device seen within the TTL. Keying by AnonymousId after it sends
-every sign-in of one device to one worker, so one device's sessions are changed by one
+The dedup and reorder steps are keyed by the device's shard (:data:`DEVICE_SHARDS`), so their
+state is 16 bounded windows and 16 buffers of the devices with sign-ins pending, not one per
+device seen (which grew without bound with the devices signing in). Keying by the device's
+shard sends every sign-in of one device to one worker, so one device's sessions are changed by one
 transaction at a time in this job (the row locks of the sink make it safe against any other
 writer too), in SignedInAt order: the reorder buffer holds a device's sign-ins until the
 allowed lateness has passed them (:mod:`dataflows.session_linking.reorder`), and a sign-in
@@ -102,11 +103,6 @@ def device_shard(message: SignInMessage) -> str:
     return DEVICE_SHARDS[message.anonymous_id.int % len(DEVICE_SHARDS)]
 
 
-def _keyed_by_device(item: tuple[str, SignInMessage]) -> tuple[str, SignInMessage]:
-    """A deduplicated sign-in keyed by its device, for the reorder buffer and the sink."""
-    return (item[1].device_key, item[1])
-
-
 def _warn_version(message: SignInMessage) -> SignInMessage:
     return warn_version_mismatch(  # type: ignore[no-any-return]
         message, lambda m: sign_in_fields(m.record, m.envelope))
@@ -168,11 +164,12 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
         "dedup_by_message_id", sharded, settings.dedup_ttl_seconds, _log_duplicate,
         DedupBound("session-linking", settings.dedup_max_ids, len(DEVICE_SHARDS)),
     )
-    by_device = op.map("key_by_device", fresh, _keyed_by_device)
     lateness, bounded = settings.session_linking_lateness_seconds, not settings.tail
-    in_order = op.stateful_batch(
-        "reorder_by_signed_in_at", by_device,
-        lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded),
+    per_shard = -(-settings.session_linking_max_pending // len(DEVICE_SHARDS))
+    in_order = op.stateful_batch(  # keyed by the device's shard too: see reorder.py
+        "reorder_by_signed_in_at", fresh,
+        lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded,
+                                   max_pending=per_shard),
     )
     op.output(sink_step_id("link_sessions", settings), in_order, outputs.links)
     return flow

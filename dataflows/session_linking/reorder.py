@@ -14,6 +14,19 @@ What it costs: linking waits up to ``L`` (the newest sign-in of a device is appl
 arrived). A sign-in that comes later than that is decided by the database instead
 (:func:`~dataflows.session_linking.linking.late_conflict`, the device's last applied SignedInAt).
 
+The step is keyed by the device's shard (16 keys), each holding the buffers of its devices that
+have sign-ins pending (:class:`ShardReorder`). Keyed by device, Bytewax kept a row in the
+recovery store for every device ever seen (its state dropped once empty still leaves the key's
+last, discarded row): about 250 B a device for ever, a restart slower with the square of their
+count (measured: 31 s at 200k devices), and its memory past the pod's limit near a million.
+
+Held sign-ins are bounded: at most ``max_pending`` a shard (``USER_ACTIVITY_SESSION_LINKING_
+MAX_PENDING`` over the 16; about 2.7 KB each). A backlog read faster than the lateness releases
+it (after an outage, a replay) filled the pod's memory: measured 606 MB at 150k sign-ins held.
+Over the bound, the devices due first are released early, in order per device (counted in
+``user_activity_session_linking_released_early_total``); a sign-in of such a device that then
+arrives out of order is decided by the database, as any later one.
+
 The pending sign-ins are the key's state: snapshotted with the epoch, so a crash or a clean stop
 loses none (a tailing job resumes them; a bounded run, which has no later epoch, applies what is
 pending in order when its input ends).
@@ -21,6 +34,7 @@ pending in order when its input ends).
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +42,7 @@ from datetime import UTC, datetime
 from bytewax.operators import StatefulBatchLogic
 
 from dataflows.session_linking.decode import SignInMessage
+from runtime.metrics import SESSION_LINKING_RELEASED_EARLY
 
 
 @dataclass(frozen=True)
@@ -107,38 +122,165 @@ def _order(message: SignInMessage) -> tuple[datetime, str]:
     return (message.signed_in_at, str(message.message_id))
 
 
-class ReorderLogic(StatefulBatchLogic[SignInMessage, SignInMessage, ReorderState]):
-    """The ``reorder_by_signed_in_at`` step of one device (a Bytewax stateful batch logic).
+@dataclass(frozen=True)
+class ShardReorderState:
+    """A shard's devices with sign-ins pending, each with its buffer's state."""
 
-    ``flush_on_eof``: apply what is pending when the input ends (a bounded run); a tailing job
-    keeps it in its snapshot instead, for the next start.
+    devices: dict[str, ReorderState]
+
+
+class ShardReorder:
+    """The buffers of one shard's devices with sign-ins pending (pure; times are epoch seconds).
+
+    A device's buffer exists while it holds sign-ins: one left empty is dropped (with its
+    watermark, as a device's key state was). At most ``max_pending`` sign-ins are held: over
+    it, the devices due first are released whole, early (module doc).
     """
 
-    def __init__(self, lateness: float, state: ReorderState | None, *, flush_on_eof: bool) -> None:
-        self._buffer = ReorderBuffer(lateness, state, now=time.time())
+    def __init__(self, lateness: float, max_pending: int,
+                 state: ShardReorderState | None = None, now: float | None = None) -> None:
+        self._lateness = lateness
+        self._max_pending = max_pending
+        self._buffers: dict[str, ReorderBuffer] = {}
+        self._due: list[tuple[float, str]] = []
+        """(next release time, device), one entry per change; stale ones are skipped."""
+        self._pending = 0
+        self.released_early = 0
+        """Sign-ins released before their time because the shard was full (since made)."""
+        for device, device_state in (state.devices if state else {}).items():
+            buffer = ReorderBuffer(lateness, device_state, now=now)
+            self._buffers[device] = buffer
+            self._pending += len(buffer)
+            self._schedule(device, buffer)
+
+    def add(self, messages: list[SignInMessage], now: float) -> list[SignInMessage]:
+        """Take ``messages`` (of any of the shard's devices); return those now due.
+
+        In order per device; also those released early if the shard is over its bound.
+        """
+        by_device: dict[str, list[SignInMessage]] = {}
+        for message in messages:
+            by_device.setdefault(message.device_key, []).append(message)
+        released: list[SignInMessage] = []
+        for device, added in by_device.items():
+            buffer = self._buffers.get(device)
+            if buffer is None:
+                buffer = self._buffers[device] = ReorderBuffer(self._lateness)
+            before = len(buffer)
+            released += buffer.add(added, now)
+            self._settle(device, buffer, before)
+        while self._pending > self._max_pending:
+            released += self._release_first_due_early()
+        return released
+
+    def release(self, now: float) -> list[SignInMessage]:
+        """The pending sign-ins due at ``now``, in order per device."""
+        released: list[SignInMessage] = []
+        while self._due and self._due[0][0] <= now:
+            due, device = heapq.heappop(self._due)
+            buffer = self._buffers.get(device)
+            if buffer is None or buffer.next_release_at() != due:
+                continue  # stale: each change of a buffer pushed its current time too
+            before = len(buffer)
+            released += buffer.release(now)
+            self._settle(device, buffer, before)
+        return released
+
+    def flush(self) -> list[SignInMessage]:
+        """Everything pending, in order per device (the input ended)."""
+        released = [m for buffer in self._buffers.values() for m in buffer.flush()]
+        self._buffers.clear()
+        self._due.clear()
+        self._pending = 0
+        return released
+
+    def next_release_at(self) -> float | None:
+        """Wall time the first pending sign-in of the shard becomes due, or None."""
+        while self._due:
+            due, device = self._due[0]
+            buffer = self._buffers.get(device)
+            if buffer is not None and buffer.next_release_at() == due:
+                return due
+            heapq.heappop(self._due)  # stale
+        return None
+
+    def __len__(self) -> int:
+        return self._pending
+
+    def snapshot(self) -> ShardReorderState:
+        """The state to resume from."""
+        return ShardReorderState({d: b.snapshot() for d, b in self._buffers.items()})
+
+    def _settle(self, device: str, buffer: ReorderBuffer, before: int) -> None:
+        """Account for ``buffer`` having gone from ``before`` sign-ins to ``len(buffer)``."""
+        self._pending += len(buffer) - before
+        if len(buffer) == 0:
+            del self._buffers[device]
+        else:
+            self._schedule(device, buffer)
+
+    def _schedule(self, device: str, buffer: ReorderBuffer) -> None:
+        due = buffer.next_release_at()
+        if due is not None:
+            heapq.heappush(self._due, (due, device))
+
+    def _release_first_due_early(self) -> list[SignInMessage]:
+        while self._due:
+            due, device = heapq.heappop(self._due)
+            buffer = self._buffers.get(device)
+            if buffer is None or buffer.next_release_at() != due:
+                continue  # stale
+            released = buffer.flush()
+            self._pending -= len(released)
+            self.released_early += len(released)
+            del self._buffers[device]
+            return released
+        return []  # unreachable while anything is pending: every buffer has a current entry
+
+
+class ReorderLogic(
+    StatefulBatchLogic[SignInMessage, SignInMessage, ShardReorderState | ReorderState]
+):
+    """The ``reorder_by_signed_in_at`` step of one device shard (a Bytewax stateful logic).
+
+    ``flush_on_eof``: apply what is pending when the input ends (a bounded run); a tailing job
+    keeps it in its snapshot instead, for the next start. A state of one device (the step was
+    keyed by device before) is restored as a shard of that device: no new sign-in reaches its
+    key, so it releases what it holds when due and is then discarded.
+    """
+
+    def __init__(self, lateness: float, state: ShardReorderState | ReorderState | None, *,
+                 flush_on_eof: bool, max_pending: int) -> None:
+        if isinstance(state, ReorderState):
+            state = ShardReorderState(
+                {state.pending[0].device_key: state} if state.pending else {})
+        self._shard = ShardReorder(lateness, max_pending, state, now=time.time())
         self._flush_on_eof = flush_on_eof
 
     def on_batch(self, values: list[SignInMessage]) -> tuple[list[SignInMessage], bool]:
-        """Buffer the device's new sign-ins, release those due."""
-        released = self._buffer.add(values, time.time())
-        return released, len(self._buffer) == 0
+        """Buffer the shard's new sign-ins, release those due (and any released early)."""
+        early = self._shard.released_early
+        released = self._shard.add(values, time.time())
+        if self._shard.released_early > early:
+            SESSION_LINKING_RELEASED_EARLY.inc(self._shard.released_early - early)
+        return released, len(self._shard) == 0
 
     def on_notify(self) -> tuple[list[SignInMessage], bool]:
         """Release what became due while the input was idle."""
-        released = self._buffer.release(time.time())
-        return released, len(self._buffer) == 0
+        released = self._shard.release(time.time())
+        return released, len(self._shard) == 0
 
     def on_eof(self) -> tuple[list[SignInMessage], bool]:
         """A bounded run ends: apply what is pending, in order."""
         if self._flush_on_eof:
-            return self._buffer.flush(), True
-        return [], len(self._buffer) == 0
+            return self._shard.flush(), True
+        return [], len(self._shard) == 0
 
     def notify_at(self) -> datetime | None:
-        """When the first pending sign-in becomes due."""
-        due = self._buffer.next_release_at()
+        """When the first pending sign-in of the shard becomes due."""
+        due = self._shard.next_release_at()
         return None if due is None else datetime.fromtimestamp(due, UTC)
 
-    def snapshot(self) -> ReorderState:
-        """The pending sign-ins and the watermark."""
-        return self._buffer.snapshot()
+    def snapshot(self) -> ShardReorderState:
+        """The devices' pending sign-ins and watermarks."""
+        return self._shard.snapshot()

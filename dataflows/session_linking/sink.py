@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -206,7 +207,16 @@ def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
 
 
 class SessionLinkSink(PartitionedSink[SignInMessage]):
-    """Links ``(AnonymousId, SignInMessage)`` items: one device's sign-ins go to one partition."""
+    """Links ``(device shard, SignInMessage)`` items: one device's sign-ins go to one partition.
+
+    Shard ``i`` goes to partition ``i`` modulo the count. A key that is no shard (a device's
+    AnonymousId: pending sign-ins restored from a recovery store of the step keyed by device)
+    is hashed, as before.
+    """
+
+    @override
+    def part_fn(self, item_key: str) -> int:
+        return int(item_key) if item_key.isdigit() else zlib.adler32(item_key.encode())
 
     @override
     def build_partition(self, part: str) -> _SessionLinkPartition:

@@ -46,8 +46,9 @@ def test_bytewax_run_finds_the_session_linking_dataflow_by_its_module_attribute(
 
     names = done.stdout.split()
     assert names[0] == "session_linking"
-    assert {"user_signed_in_input", "decode_sign_in", "dead_letter_poison", "key_by_device",
-            "dedup_by_message_id", "link_sessions_2_partitions"} <= set(names[1:])
+    assert {"user_signed_in_input", "decode_sign_in", "dead_letter_poison",
+            "reorder_by_signed_in_at", "dedup_by_message_id",
+            "link_sessions_2_partitions"} <= set(names[1:])
 
 
 def test_dedup_step_passes_a_message_id_once_per_device() -> None:
