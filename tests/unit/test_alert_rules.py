@@ -60,6 +60,7 @@ EXPECTED_ALERTS = {
     "UserActivityFavoritesLagHigh",
     "UserActivityFavoritesDeadLettered",
     "UserActivityFavoritesInvalidOwnerBurst",
+    "UserActivityFavoritesNoSessionBurst",
     "UserActivityStreamPausedTooLong",
     "UserActivityStreamDown",
     "UserActivityOutboxPublishFailing",
