@@ -107,6 +107,12 @@ INPUT_RECORDS_UNDECODABLE = Counter(
     " with a larger limit reads them.",
     ["topic", "partition"],
 )
+INPUT_TOPIC_RECREATED = Counter(
+    "user_activity_input_topic_recreated",
+    "Input partitions resumed on a topic deleted and created again since their snapshot: read"
+    " from the new topic's first record (records below the old offset were skipped before).",
+    ["topic"],
+)
 INPUT_TOPIC_UNAVAILABLE = Gauge(
     "user_activity_input_topic_unavailable",
     "1 while the broker answers the job's periodic metadata request for this input topic with an"

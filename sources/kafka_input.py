@@ -64,11 +64,12 @@ from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
 from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
-from runtime.metrics import INPUT_RECORDS_EXPIRED, INPUT_RECORDS_UNDECODABLE
+from runtime.metrics import INPUT_RECORDS_EXPIRED, INPUT_RECORDS_UNDECODABLE, INPUT_TOPIC_RECREATED
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.partition_watch import NO_AUTO_CREATE, watch_partitions
 from sources.shared_consumer import shared_consumer, size_limits
+from sources.topic_id import topic_id
 from sources.undecodable import UNDECODABLE_CODES, BatchProbe, ProbeFailedError, find_batch_end
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,12 @@ def _part_name(topic: str, partition: int) -> str:
     return f"{topic}#{partition}"
 
 
-class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
+PartitionState = tuple[int | None, str] | int | None
+"""A partition's snapshot: its next offset and the id of the topic it belongs to (an offset
+alone, or None, from a version that kept no id, or when the broker did not tell the id)."""
+
+
+class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
     """Reads one topic; each Kafka partition is a Bytewax partition (the unit of parallelism)."""
 
     def __init__(
@@ -144,6 +150,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
         self._partition_check = partition_check
         self._backoff = backoff or Backoff()
         self._count_retry = count_retry
+        self._topic_id: str | None = None
 
     @override
     def list_parts(self) -> list[str]:
@@ -172,13 +179,15 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             return [_part_name(self._topic, p) for p in sorted(topic.partitions)]
 
         parts = _retrying(partitions, self._topic, self._backoff, self._count_retry)
+        self._topic_id = topic_id(admin, self._topic)
         if self._tail:
-            watch_partitions(config, self._topic, len(parts), self._partition_check)
+            watch_partitions(config, self._topic, len(parts), self._partition_check,
+                             self._topic_id)
         return parts
 
     @override
     def build_part(
-        self, step_id: str, for_part: str, resume_state: int | None
+        self, step_id: str, for_part: str, resume_state: PartitionState
     ) -> _KafkaPartition:
         topic, _, index = for_part.rpartition("#")
         return _KafkaPartition(
@@ -196,18 +205,20 @@ class KafkaInput(FixedPartitionedSource[InputItem, int | None]):
             count_retry=self._count_retry,
             consumer_group=self._consumer_group,
             flow=self._flow,
+            topic_id=self._topic_id,
         )
 
 
-class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
+class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
     def __init__(
         self,
         client_config: Mapping[str, Any],
         topic: str,
         partition: int,
         start: StartPosition,
-        resume_state: int | None,
+        resume_state: PartitionState,
         *,
+        topic_id: str | None = None,
         tail: bool,
         batch_size: int,
         idle_poll: timedelta,
@@ -239,8 +250,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         self._consumer_config = client_config  # also the undecodable-batch probe's
         self._shared = shared_consumer(client_config, consumer_group, fetch_wait_ms, backoff,
                                        count_retry)
+        self._topic_id = topic_id
+        resumed = self._resumed_offset(resume_state)
         self._next_offset = (
-            resume_state
+            resumed  # None: the topic's start
             if resume_state is not None
             else _retrying(lambda: self._initial_offset(start), topic, backoff, count_retry)
         )
@@ -252,6 +265,22 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
             )
         self._partition_handle = TopicPartition(topic, partition)
         self._shared.join(self)
+
+    def _resumed_offset(self, state: PartitionState) -> int | None:
+        """The snapshot's next offset; None (the topic's start) if the topic is another now.
+
+        A topic deleted and created again under the same name starts at offset 0 again: resumed
+        at the old offset, the job skipped every new record below it, and said nothing.
+        """
+        offset, snapshot_id = state if isinstance(state, tuple) else (state, None)
+        if offset is None or snapshot_id is None or self._topic_id in (None, snapshot_id):
+            return offset
+        INPUT_TOPIC_RECREATED.labels(self.topic).inc()
+        log_event(logger, "input-topic-recreated", logging.ERROR, topic=self.topic,
+                  partition=self.partition, snapshot_offset=offset,
+                  snapshot_topic_id=snapshot_id, topic_id=self._topic_id,
+                  action="reading the new topic from its first record")
+        return None
 
     @property
     def _consumer(self) -> Consumer:
@@ -538,7 +567,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
         return self._awake
 
     @override
-    def snapshot(self) -> int | None:
+    def snapshot(self) -> PartitionState:
         offset = self._next_offset
         if self._commits and offset is not None and offset != self._committed:
             self._committed = offset
@@ -549,7 +578,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, int | None]):
                 )
             except KafkaException as exc:
                 self.commit_failed(exc.args[0] if exc.args else None)
-        return offset
+        return offset if self._topic_id is None else (offset, self._topic_id)
 
     def commit_failed(self, error: object) -> None:
         now = time.monotonic()

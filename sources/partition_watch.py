@@ -11,6 +11,10 @@ partitions each tailed input topic has. Once one has more than were listed, it l
 supervisor starts the job again; the new partitions, which have no snapshot, then start at
 ``USER_ACTIVITY_STARTING_OFFSET`` (``earliest``, the default: their first record).
 
+A topic deleted and created again under the same name (its id changed: its offsets start at 0
+again) is said at ERROR (``input-topic-recreated``) and the job restarts the same way; its
+partitions' snapshots hold the old id, so they read the new topic from its first record.
+
 A broker that does not answer is skipped until the next check: the input partitions report the
 outage themselves. A broker that answers with an error for a topic (``UNKNOWN_TOPIC_OR_PART``:
 deleted; ``TOPIC_AUTHORIZATION_FAILED``: its ACLs changed) is said, because nothing else says
@@ -35,6 +39,7 @@ from runtime.logs import log_event
 from runtime.metrics import INPUT_TOPIC_UNAVAILABLE
 from runtime.periodic import Periodic
 from runtime.shutdown import SHUTDOWN
+from sources.topic_id import topic_id
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +58,15 @@ class PartitionWatch(Periodic):
         self._admin = admin
         self._lock = threading.Lock()
         self._listed: dict[str, int] = {}
+        self._ids: dict[str, str] = {}
         self._unavailable: set[str] = set()
 
-    def listed(self, topic: str, count: int) -> None:
-        """Record that the dataflow reads ``count`` partitions of ``topic``."""
+    def listed(self, topic: str, count: int, topic_id: str | None = None) -> None:
+        """Record that the dataflow reads ``count`` partitions of ``topic`` (of id ``topic_id``)."""
         with self._lock:
             self._listed[topic] = max(count, self._listed.get(topic, 0))
+            if topic_id is not None:
+                self._ids.setdefault(topic, topic_id)
 
     def tick(self) -> bool:
         """Check every listed topic; False (no more checks) once a restart was asked for."""
@@ -74,6 +82,8 @@ class PartitionWatch(Periodic):
                                         metadata.error else "UNKNOWN_TOPIC_OR_PART")
                 continue
             self._topic_available(topic)
+            if self._recreated(topic):
+                return False
             now = len(metadata.partitions)
             if now > count:
                 log_event(logger, "kafka-partitions-added", logging.WARNING, topic=topic,
@@ -81,6 +91,19 @@ class PartitionWatch(Periodic):
                           action="stopping cleanly: the restart reads the new partitions")
                 SHUTDOWN.restart(f"{topic} has {now} partitions, {count} are read")
                 return False
+        return True
+
+    def _recreated(self, topic: str) -> bool:
+        """Whether ``topic`` was deleted and created again since it was listed (then restart)."""
+        with self._lock:
+            listed_id = self._ids.get(topic)
+        current = None if listed_id is None else topic_id(self._admin, topic)
+        if current is None or current == listed_id:
+            return False
+        log_event(logger, "input-topic-recreated", logging.ERROR, topic=topic,
+                  topic_id=current, read_topic_id=listed_id,
+                  action="stopping cleanly: the restart reads the new topic from its first record")
+        SHUTDOWN.restart(f"{topic} was deleted and created again")
         return True
 
     def _topic_unavailable(self, topic: str, error: str) -> None:
@@ -102,7 +125,8 @@ _watch_lock = threading.Lock()
 
 
 def watch_partitions(
-    client_config: Mapping[str, Any], topic: str, count: int, interval: float
+    client_config: Mapping[str, Any], topic: str, count: int, interval: float,
+    topic_id: str | None = None,
 ) -> None:
     """Watch ``topic`` (read on ``count`` partitions); the first call starts the watch thread.
 
@@ -115,4 +139,4 @@ def watch_partitions(
         if _watch is None:
             _watch = PartitionWatch(AdminClient({**client_config, **NO_AUTO_CREATE}),
                                     interval).start()
-        _watch.listed(topic, count)
+        _watch.listed(topic, count, topic_id)

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from runtime.settings import Settings
 
@@ -206,3 +207,16 @@ def scratch_database(database_url: str, prefix: str = "scratch") -> Iterator[str
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def recreate_topic(admin: AdminClient, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again (the delete finishes asynchronously)."""
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+            return
+        except KafkaException:
+            assert time.monotonic() < deadline, f"{topic} not created again in 30 s"
+            time.sleep(0.5)

@@ -18,6 +18,7 @@ import pytest
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.testing import run_main
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from cli.replay import ReplayRefused, replay
 from dataflows.favorite_actions import build_flow
@@ -35,6 +36,7 @@ from tests.support import (
     envelope_record,
     produce,
     produce_in_transactions,
+    recreate_topic,
 )
 
 pytestmark = pytest.mark.e2e
@@ -196,6 +198,35 @@ def test_the_sink_partitions_can_be_lowered_and_raised_on_an_existing_recovery_s
     assert db.execute("SELECT array_agg(user_id ORDER BY user_id) FROM user_activity.sessions"
                       " WHERE anonymous_id = ANY(%s)", (owners[:2],)).fetchone() == (
         sorted(users),)
+
+
+def test_after_its_topic_was_deleted_and_created_again_a_restart_reads_the_new_topic_from_0(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Resumed at the old topic's offset, the job skipped every new record below it, silently.
+    settings = make_settings()
+    owner = new_id()
+    insert_session(db, anonymous_id=owner)
+    topic = settings.topic_favorite_added
+    store = _recovery_store(tmp_path / "recovery")
+    old = [favorite_envelope(anonymous_id=owner) for _ in range(30)]
+    produce(settings, [envelope_record(topic, e, partition=0) for e in old])
+    run_main(build_flow(settings), epoch_interval=None,
+             recovery_config=RecoveryConfig(str(store)))
+    recreate_topic(AdminClient(settings.kafka_client_config()), topic, settings.topic_partitions)
+    new = [favorite_envelope(anonymous_id=owner) for _ in range(50)]
+    produce(settings, [envelope_record(topic, e, partition=0) for e in new])
+
+    run_main(build_flow(settings), epoch_interval=None,
+             recovery_config=RecoveryConfig(str(store)))
+
+    assert len(action_rows(db, _ids(old))) == 30
+    assert len(action_rows(db, _ids(new))) == 50
+    said = {r.partition: (r.levelno, r.snapshot_offset)  # type: ignore[attr-defined]
+            for r in caplog.records if r.getMessage() == "input-topic-recreated"}
+    assert said == {p: (logging.ERROR, 30 if p == 0 else 0)
+                    for p in range(settings.topic_partitions)}
 
 
 def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(

@@ -15,8 +15,11 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from prometheus_client import REGISTRY
 
+from runtime.shutdown import SHUTDOWN
 from sources.partition_watch import NO_AUTO_CREATE, PartitionWatch
+from sources.topic_id import topic_id
 from tests.conftest import SettingsFactory
+from tests.support import recreate_topic
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +70,29 @@ def test_a_deleted_input_topic_turns_the_gauge_on_logs_once_and_off_when_it_is_b
     _tick_until(watch, topic, 0)
     assert len(_lines(caplog, "input-topic-available")) == 1
     assert len(_lines(caplog, "input-topic-unavailable")) == 1
+
+
+def test_an_input_topic_deleted_and_created_again_is_said_and_the_job_restarts(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Created again between two checks, its partition count is the same: only its id tells.
+    caplog.set_level(logging.INFO, logger="sources.partition_watch")
+    restarts: list[str] = []
+    monkeypatch.setattr(SHUTDOWN, "restart", restarts.append)
+    settings = make_settings()
+    topic = settings.topic_favorite_added
+    admin = AdminClient({**settings.kafka_client_config(), **NO_AUTO_CREATE})
+    watch = PartitionWatch(admin, 60)
+    watch.listed(topic, 6, topic_id(admin, topic))
+    assert watch.tick() and restarts == []
+
+    recreate_topic(admin, topic, 6)
+
+    deadline = time.monotonic() + 20
+    while watch.tick():  # its partitions may have no leader for a moment
+        assert time.monotonic() < deadline, "the topic created again was not seen"
+        time.sleep(0.2)
+    assert restarts == [f"{topic} was deleted and created again"]
+    [line] = _lines(caplog, "input-topic-recreated")
+    assert line.levelno == logging.ERROR

@@ -74,6 +74,7 @@ EXPECTED_ALERTS = {
     "UserActivityInputRecordsUndecodable",
     "UserActivityInputConsumerErrors",
     "UserActivityInputTopicUnavailable",
+    "UserActivityInputTopicRecreated",
     "UserActivityBackgroundLoopRestarting",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
