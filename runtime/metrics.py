@@ -113,6 +113,12 @@ INPUT_TOPIC_RECREATED = Counter(
     " from the new topic's first record (records below the old offset were skipped before).",
     ["topic"],
 )
+INPUT_TOPIC_COMPACTED = Gauge(
+    "user_activity_input_topic_compacted",
+    "1 while an input topic's cleanup.policy includes compact (read at start): records compacted"
+    " away before they are read are lost and not counted.",
+    ["topic"],
+)
 INPUT_TOPIC_UNAVAILABLE = Gauge(
     "user_activity_input_topic_unavailable",
     "1 while the broker answers the job's periodic metadata request for this input topic with an"

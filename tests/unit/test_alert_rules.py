@@ -75,6 +75,7 @@ EXPECTED_ALERTS = {
     "UserActivityInputConsumerErrors",
     "UserActivityInputTopicUnavailable",
     "UserActivityInputTopicRecreated",
+    "UserActivityInputTopicCompacted",
     "UserActivityBackgroundLoopRestarting",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
