@@ -172,12 +172,16 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
             deadline = time.monotonic() + SHUTDOWN.time_left(10.0)
             while True:
                 left = deadline - time.monotonic()
+                wait = min(max(left, 0.1), 1.0)
+                asked = time.monotonic()
                 try:
-                    metadata = admin.list_topics(self._topic, timeout=min(max(left, 0.1), 1.0))
+                    metadata = admin.list_topics(self._topic, timeout=wait)
                     break
                 except KafkaException:
                     if left <= 1.0:
                         raise
+                    # failed before its time: the next call a second after this one at most
+                    SHUTDOWN.wait(max(0.0, wait - (time.monotonic() - asked)))
             topic = metadata.topics[self._topic]
             if topic.error is not None:
                 raise KafkaException(topic.error)

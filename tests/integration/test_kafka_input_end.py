@@ -27,6 +27,7 @@ from runtime.backlog import BACKLOG
 from runtime.input_progress import INPUT_PROGRESS
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
+from sources.topic_id import cleanup_policy
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce, produce_in_transactions
 
@@ -172,6 +173,10 @@ def test_a_compacted_input_topic_is_said_at_start(
     resource = ConfigResource("topic", compacted, incremental_configs=[ConfigEntry(
         "cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([resource])[resource].result(15)
+    deadline = time.monotonic() + 15
+    while cleanup_policy(admin, compacted) != "compact":  # the broker applies it a moment later
+        assert time.monotonic() < deadline, "the topic's cleanup.policy was not changed"
+        time.sleep(0.2)
 
     for topic in (compacted, kept):
         assert KafkaInput(settings.kafka_client_config(), topic, tail=False).list_parts()
