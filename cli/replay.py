@@ -303,13 +303,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int:
-    replayed_topics = {
-        "favorites": {"added": [settings.topic_favorite_added],
-                      "removed": [settings.topic_favorite_removed],
-                      "both": [settings.topic_favorite_added, settings.topic_favorite_removed],
-                      }[args.topic],
-        "session-linking": [settings.topic_user_signed_in],
-    }[args.flow]
+    topics = {  # the favorites topics to read (None: both)
+        "added": [settings.topic_favorite_added],
+        "removed": [settings.topic_favorite_removed],
+        "both": None,
+    }[args.topic]
+    replayed_topics = (
+        [settings.topic_user_signed_in] if args.flow == "session-linking"
+        else topics or [settings.topic_favorite_added, settings.topic_favorite_removed])
     if args.offsets:
         offsets = parse_offsets(args.offsets)
         if unread := sorted({topic for topic, _ in offsets} - set(replayed_topics)):
@@ -321,11 +322,6 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
         start = StartPosition(timestamp_ms=args.from_ts, until_ms=until)
     else:
         start = StartPosition(until_ms=until)
-    topics = {
-        "added": [settings.topic_favorite_added],
-        "removed": [settings.topic_favorite_removed],
-        "both": None,
-    }[args.topic]
     from runtime.gc_tuning import tune_gc
     from runtime.shutdown import STOPPED_DURING_OUTAGE, install_signal_handlers
 
