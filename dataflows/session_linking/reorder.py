@@ -177,10 +177,10 @@ class ShardReorder:
         """The pending sign-ins due at ``now``, in order per device."""
         released: list[SignInMessage] = []
         while self._due and self._due[0][0] <= now:
-            due, device = heapq.heappop(self._due)
-            buffer = self._buffers.get(device)
-            if buffer is None or buffer.next_release_at() != due:
-                continue  # stale: each change of a buffer pushed its current time too
+            _, device = entry = heapq.heappop(self._due)
+            buffer = self._current(*entry)
+            if buffer is None:
+                continue
             before = len(buffer)
             released += buffer.release(now)
             self._settle(device, buffer, before)
@@ -197,11 +197,9 @@ class ShardReorder:
     def next_release_at(self) -> float | None:
         """Wall time the first pending sign-in of the shard becomes due, or None."""
         while self._due:
-            due, device = self._due[0]
-            buffer = self._buffers.get(device)
-            if buffer is not None and buffer.next_release_at() == due:
-                return due
-            heapq.heappop(self._due)  # stale
+            if self._current(*self._due[0]) is not None:
+                return self._due[0][0]
+            heapq.heappop(self._due)
         return None
 
     def __len__(self) -> int:
@@ -219,6 +217,14 @@ class ShardReorder:
         else:
             self._schedule(device, buffer)
 
+    def _current(self, due: float, device: str) -> ReorderBuffer | None:
+        """``device``'s buffer if the heap entry ``(due, device)`` is still its time, else None.
+
+        Each change of a buffer pushed its then current time: the older entries are stale.
+        """
+        buffer = self._buffers.get(device)
+        return buffer if buffer is not None and buffer.next_release_at() == due else None
+
     def _schedule(self, device: str, buffer: ReorderBuffer) -> None:
         due = buffer.next_release_at()
         if due is not None:
@@ -226,10 +232,10 @@ class ShardReorder:
 
     def _release_first_due_early(self) -> list[SignInMessage]:
         while self._due:
-            due, device = heapq.heappop(self._due)
-            buffer = self._buffers.get(device)
-            if buffer is None or buffer.next_release_at() != due:
-                continue  # stale
+            _, device = entry = heapq.heappop(self._due)
+            buffer = self._current(*entry)
+            if buffer is None:
+                continue
             released = buffer.flush()
             self._pending -= len(released)
             self.released_early += len(released)
