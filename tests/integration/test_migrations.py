@@ -532,7 +532,7 @@ def test_0010_makes_every_stored_sign_in_time_readable_and_refuses_unreadable_on
                 conn.execute("UPDATE user_activity.sessions SET last_signed_in_at = %s"
                              " WHERE id = %s", (moment, session))
 
-        assert later == ["0010_sign_in_times_python_can_read"]
+        assert later[0] == "0010_sign_in_times_python_can_read"
         assert apply_migrations(dsn) == later
 
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -543,3 +543,43 @@ def test_0010_makes_every_stored_sign_in_time_readable_and_refuses_unreadable_on
                                match="chk_sessions_last_signed_in_at_readable"):
                 conn.execute("UPDATE user_activity.sessions SET last_signed_in_at ="
                              " '0001-01-01 00:00:00+03' WHERE id = %s", (recent,))
+
+
+_SESSION_INDEXES = """
+SELECT indexname, indexdef FROM pg_indexes
+ WHERE schemaname = 'user_activity' AND tablename = 'sessions' ORDER BY indexname
+"""
+
+
+def test_0011_replaces_the_session_lookup_indexes_also_after_a_half_done_run(
+    database_url: str, tmp_path: Path
+) -> None:
+    """0011 runs outside a transaction (CREATE INDEX CONCURRENTLY): a run that stopped half way
+    leaves some indexes built and the migration unrecorded, and the next run completes it."""
+    with scratch_database(database_url, "migrations") as dsn:
+        later = _apply_first(dsn, tmp_path, 10)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            session = _session(conn, user_id=uuid.uuid4(), linked_at=datetime.now(UTC))
+            # what a run stopped after its second index leaves behind (one built, one invalid
+            # is dropped and built again the same way)
+            conn.execute("CREATE INDEX ix_sessions_user_active_latest ON user_activity.sessions"
+                         " (user_id, last_activity_at DESC, id DESC) WHERE status = 'Active'")
+            conn.execute("CREATE INDEX ix_sessions_anonymous_latest ON user_activity.sessions"
+                         " (anonymous_id)")
+
+        assert later[0] == "0011_session_lookups_read_one_entry"
+        assert apply_migrations(dsn) == later
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            indexes = dict(conn.execute(_SESSION_INDEXES).fetchall())
+            assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
+                                (session,)).fetchone() == (1,)
+        assert sorted(indexes) == [
+            "ix_sessions_anonymous_latest", "ix_sessions_device_last_sign_in",
+            "ix_sessions_user_active_latest", "ix_sessions_user_latest", "sessions_pkey",
+            "ux_sessions_active_anonymous",
+        ]
+        assert indexes["ix_sessions_anonymous_latest"].endswith(
+            "(anonymous_id, last_activity_at DESC, id DESC)")
+        assert indexes["ix_sessions_device_last_sign_in"].endswith(
+            "(anonymous_id, last_signed_in_at DESC, id) WHERE (last_signed_in_at IS NOT NULL)")

@@ -2,7 +2,8 @@
 
 Two statements resolve sessions: ``record_actions.sql``, which records (the session is resolved
 in the statement that writes the row), and ``resolve_owner_sessions.sql``, the dry run's
-preview. Each rule is checked on both (the ``resolve`` fixture).
+preview. Each rule is checked on both (the ``resolve`` fixture). Also: session linking's lookup
+of a device's last sign-in reads one index entry, however many sessions the device has.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.store import FavoritesStore, owner_of
+from dataflows.session_linking.sql import query as session_linking_query
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
@@ -156,3 +158,76 @@ def test_the_row_and_its_event_get_the_user_only_when_linked_by_the_action(
         assert value["SessionId"] == str(session)
         assert value["UserId"] == (None if expected is None else str(expected))
     assert len(by_owner) == 2
+
+
+_MANY_SESSIONS = """
+INSERT INTO user_activity.sessions
+       (id, anonymous_id, user_id, linked_at, status, started_at, last_activity_at, ended_at)
+SELECT gen_random_uuid(), coalesce(%(device)s, gen_random_uuid()), %(user)s,
+       CASE WHEN %(user)s::uuid IS NOT NULL THEN %(long_ago)s END, 'Ended',
+       %(now)s - (g || ' min')::interval - interval '1 hour', %(now)s - (g || ' min')::interval,
+       %(now)s
+  FROM generate_series(1, %(count)s) g
+"""
+
+
+def test_a_hot_owners_batch_reads_a_few_index_entries_per_event_not_all_its_sessions(
+    db: psycopg.Connection[Any], resolve: Resolve,
+) -> None:
+    """A device and a user with 100,000 sessions each: 500 of their events resolve at once.
+
+    Before migration 0011, each lookup read and sorted all of the owner's sessions (17 ms at
+    100,000), so a batch of such an owner's events ran past the statement timeout, which is an
+    outage to the sink: the batch was retried forever and the stream stalled for good. Now each
+    lookup stops at its first index entry; the 5 s timeout here is two orders of magnitude above
+    what the batch takes.
+    """
+    device, user = uuid.uuid4(), uuid.uuid4()
+    for owner in ({"device": device, "user": None}, {"device": None, "user": user}):
+        db.execute(_MANY_SESSIONS, {**owner, "count": 100_000, "now": NOW,
+                                    "long_ago": NOW - timedelta(days=400)})
+    latest_of_device = insert_session(db, anonymous_id=device, status="Ended",
+                                      last_activity_at=NOW + timedelta(seconds=1))
+    latest_of_user = insert_session(db, anonymous_id=uuid.uuid4(), user_id=user, status="Ended",
+                                    last_activity_at=NOW + timedelta(seconds=1))
+    db.execute("ANALYZE user_activity.sessions")
+    messages = [_message(anonymous=device) for _ in range(250)]
+    messages += [_message(user=user) for _ in range(250)]
+
+    db.execute("SET statement_timeout = '5s'")
+    try:
+        resolved = resolve(db, messages)
+    finally:
+        db.execute("RESET statement_timeout")
+
+    assert resolved == {(device, None): latest_of_device, (None, user): latest_of_user}
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in _plan_nodes(child))]
+
+
+def test_a_devices_last_sign_in_is_found_by_one_index_entry_among_100_000_sessions(
+    db: psycopg.Connection[Any],
+) -> None:
+    """``link_session_device_last.sql`` (each sign-in) used to read and sort every session of
+    the device; ``ix_sessions_device_last_sign_in`` (migration 0011) gives the last one first."""
+    device, user = uuid.uuid4(), uuid.uuid4()
+    db.execute(_MANY_SESSIONS, {"device": device, "user": user, "count": 100_000, "now": NOW,
+                                "long_ago": NOW - timedelta(days=400)})
+    db.execute("UPDATE user_activity.sessions SET last_signed_in_at = last_activity_at"
+               " WHERE anonymous_id = %s", (device,))
+    db.execute("ANALYZE user_activity.sessions")
+    params = {"anonymous_id": device, "user_id": user, "signed_in_at": NOW}
+
+    row = db.execute(session_linking_query("link_session_device_last"), params).fetchone()
+    (explained,) = db.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + session_linking_query("link_session_device_last"),
+        params).fetchone()  # type: ignore[misc]
+
+    assert row == (NOW - timedelta(minutes=1), user, False)
+    nodes = _plan_nodes(explained[0]["Plan"])
+    scans = [n for n in nodes if n.get("Relation Name") == "sessions"]
+    assert {n["Index Name"] for n in scans} == {"ix_sessions_device_last_sign_in"}
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) <= 1
+    assert not [n for n in nodes if "Sort" in n["Node Type"]]

@@ -5,6 +5,8 @@
 -- The session (INV-ACT-003), as resolve_owner_sessions.sql resolves it: by AnonymousId, else by
 -- UserId; the Active session first, else the latest by last_activity_at. The row's UserId is the
 -- session's user only when linked_at <= the action's OccurredAt, else null (records.py).
+-- Each lookup is index scans that stop at their first entry (Active first, UNION ALL, LIMIT 1;
+-- migration 0011), so its cost does not grow with the owner's number of sessions.
 -- Resolved here, in the statement's own snapshot, so that the sink does not wait for a separate
 -- query before it sends the insert.
 -- The outbox rows are thin (migration 0008): they name their action_events row and keep the
@@ -32,22 +34,36 @@ resolved AS (
            CASE WHEN s.linked_at <= i.occurred_at THEN s.user_id END AS user_id
       FROM input i
      CROSS JOIN LATERAL (
-            SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
-              FROM user_activity.sessions c
-             WHERE i.owner_anonymous_id IS NOT NULL AND c.anonymous_id = i.owner_anonymous_id
-             ORDER BY (c.status = 'Active') DESC, c.last_activity_at DESC, c.id DESC
-             LIMIT 1
+            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
+               FROM user_activity.sessions c
+              WHERE i.owner_anonymous_id IS NOT NULL AND c.anonymous_id = i.owner_anonymous_id
+                AND c.status = 'Active')
+            UNION ALL
+            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
+               FROM user_activity.sessions c
+              WHERE i.owner_anonymous_id IS NOT NULL AND c.anonymous_id = i.owner_anonymous_id
+              ORDER BY c.last_activity_at DESC, c.id DESC
+              LIMIT 1)
+            LIMIT 1
            ) s
     UNION ALL
     SELECT i.*, s.id AS session_id, s.anonymous_id,
            CASE WHEN s.linked_at <= i.occurred_at THEN s.user_id END AS user_id
       FROM input i
      CROSS JOIN LATERAL (
-            SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
-              FROM user_activity.sessions c
-             WHERE i.owner_anonymous_id IS NULL AND c.user_id = i.owner_user_id
-             ORDER BY (c.status = 'Active') DESC, c.last_activity_at DESC, c.id DESC
-             LIMIT 1
+            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
+               FROM user_activity.sessions c
+              WHERE i.owner_anonymous_id IS NULL AND c.user_id = i.owner_user_id
+                AND c.status = 'Active'
+              ORDER BY c.last_activity_at DESC, c.id DESC
+              LIMIT 1)
+            UNION ALL
+            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
+               FROM user_activity.sessions c
+              WHERE i.owner_anonymous_id IS NULL AND c.user_id = i.owner_user_id
+              ORDER BY c.last_activity_at DESC, c.id DESC
+              LIMIT 1)
+            LIMIT 1
            ) s
 ),
 marked AS (
