@@ -135,7 +135,8 @@ OUTBOX_PARKED = Counter(
 OUTBOX_OLDEST_UNPUBLISHED_SECONDS = Gauge(
     "user_activity_outbox_oldest_unpublished_seconds",
     "Age of the oldest committed, unpublished and unparked outbox row (0 when none), as the"
-    " publisher last measured it.",
+    " watchdog last measured it; while its query is blocked (a lock on the outbox), the most it"
+    " can be (the last age plus the time since).",
 )
 OUTBOX_STALL_THRESHOLD_SECONDS = Gauge(
     "user_activity_outbox_stall_threshold_seconds",

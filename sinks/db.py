@@ -25,12 +25,19 @@ compiling them took ~34 ms of a 108 ms statement of 2,000 rows (docs/performance
 class Database:
     """A lazily opened autocommit connection; transactions are explicit (``conn.transaction()``)."""
 
-    def __init__(self, settings: Settings, application_name: str) -> None:
+    def __init__(self, settings: Settings, application_name: str, *,
+                 statement_timeout_ms: int | None = None) -> None:
+        """A connection with the settings' statement timeout, or ``statement_timeout_ms``.
+
+        A step that must not wait as long as the sinks may (the outbox watchdog) sets its own.
+        """
         self._dsn = settings.database_dsn()
         self._application_name = application_name
         self._tcp_options = settings.database_tcp_options()
+        timeout_ms = settings.db_statement_timeout_ms if statement_timeout_ms is None else (
+            statement_timeout_ms)
         self._options = " ".join(filter(None, (
-            f"-c statement_timeout={settings.db_statement_timeout_ms}", SESSION_OPTIONS,
+            f"-c statement_timeout={timeout_ms}", SESSION_OPTIONS,
             self._tcp_options.pop("options", ""))))
         self._conn: Connection | None = None
 

@@ -4,9 +4,17 @@ Whatever state the publish loop is in, and whichever process holds the lease (or
 reads PostgreSQL only, on its own connection and thread (:class:`OutboxWatchdog`). Older than
 ``outbox_stall_seconds`` -> ``/readyz`` 503 with the reason
 (``user_activity_outbox_oldest_unpublished_seconds`` is the age).
+
+A measurement blocked past its own short timeout (a lock on the outbox or its watermark: an
+``ALTER TABLE``, a ``VACUUM FULL``, a migration waiting for its lock, which block the publisher
+too) reports the most the age can be: the last measured age plus the time since that
+measurement. So a stall the watchdog cannot see into is still reported, and the gauge never
+shows 0 for minutes in which nothing could be published.
 """
 
 from __future__ import annotations
+
+import time
 
 import psycopg
 
@@ -38,32 +46,46 @@ class OutboxWatchdog(Periodic):
 
     Runs in its own thread on its own connection and reads PostgreSQL only (the watermark and
     the rows after it), so a crashed, stuck or starved publish loop, or a lease held by another
-    process whose publisher is gone, is seen all the same. A failed measurement (the database
-    down) keeps the last value: the sinks report that outage themselves.
+    process whose publisher is gone, is seen all the same. A measurement cancelled by its
+    timeout (the statement ran, something blocked it) reports the most the age can be; one that
+    failed otherwise (the database down) keeps the last value: the sinks report that outage.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._threshold = settings.outbox_stall_seconds
         super().__init__(min(5.0, max(0.2, self._threshold / 3)), "outbox-watchdog")
-        self._db = Database(settings, "user-activity-outbox-watchdog")
+        timeout_ms = min(settings.db_statement_timeout_ms, max(1000, int(self.interval * 1000)))
+        self._db = Database(settings, "user-activity-outbox-watchdog",
+                            statement_timeout_ms=timeout_ms)
+        # (when, age) of the last measurement; before the first one, the start counts as one
+        # that found nothing (so a query blocked from the start is reported all the same)
+        self._measured: tuple[float, float] = (time.monotonic(), 0.0)
         OUTBOX_STALL_THRESHOLD_SECONDS.set(self._threshold)
 
     def tick(self) -> bool:
-        """One measurement."""
+        """One measurement (or, when it was blocked, the most the age can be)."""
         try:
             row = self._db.connection().execute(_OLDEST_UNPUBLISHED).fetchone()
+        except psycopg.errors.QueryCanceled:  # blocked past the timeout: the bound
+            when, age = self._measured
+            blocked = time.monotonic() - when
+            self._report(age + blocked, f"the outbox cannot be measured: its query has been"
+                                        f" blocked for {blocked:.0f}s, so its oldest row may be")
+            return True
         except psycopg.Error:
             self._db.reset()
             return True
-        age = float(row[0]) if row is not None and row[0] is not None else 0.0
-        OUTBOX_OLDEST_UNPUBLISHED_SECONDS.set(max(0.0, age))
+        age = max(0.0, float(row[0])) if row is not None and row[0] is not None else 0.0
+        self._measured = (time.monotonic(), age)
+        self._report(age, "oldest unpublished outbox row is")
+        return True
+
+    def _report(self, age: float, what: str) -> None:
+        OUTBOX_OLDEST_UNPUBLISHED_SECONDS.set(age)
         if age > self._threshold:
-            HEALTH.stalled(
-                "outbox", f"oldest unpublished outbox row is {age:.0f}s old "
-                          f"(> {self._threshold:g}s)")
+            HEALTH.stalled("outbox", f"{what} {age:.0f}s old (> {self._threshold:g}s)")
         else:
             HEALTH.unstalled("outbox")
-        return True
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop measuring; the stall it reported is withdrawn."""

@@ -23,6 +23,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ConfigResource,
     NewTopic,
 )
+from prometheus_client import REGISTRY
 
 from cli.migrate import apply_migrations
 from devenv.harness.env import base_env, settings_env
@@ -360,3 +361,40 @@ def test_a_watermark_copied_from_another_cluster_is_reset_and_every_row_is_sent(
     [line] = [r for r in caplog.records if r.getMessage() == "outbox-watermark-reset"]
     assert line.levelno == logging.ERROR
     assert all(published for published, *_ in state.values())  # behind the watermark now
+
+
+def _oldest_unpublished_gauge() -> float:
+    value = REGISTRY.get_sample_value("user_activity_outbox_oldest_unpublished_seconds")
+    assert value is not None
+    return value
+
+
+def test_a_lock_that_blocks_the_watchdogs_query_is_reported_as_a_stall(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A lock that blocks the watchdog's query is reported as the stall it may hide.
+
+    A lock on the outbox's watermark (an ALTER TABLE, a VACUUM FULL, a migration waiting for
+    its lock) blocks the publisher and the watchdog's own query alike.
+    Before, the watchdog waited out the 30 s statement timeout and kept its last value: the
+    gauge read 0 and ``/readyz`` said nothing about the outbox while nothing could be published.
+    Now its query has its own short timeout, and a blocked one reports the most the age can be.
+    """
+    settings = make_settings(outbox_stall_seconds=2)
+    # nothing pending: the watermark passes every row other tests left
+    db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
+               " target = NULL, after_txid = NULL, after_id = NULL, generation = generation + 1")
+    watchdog = OutboxWatchdog(settings).start()
+    try:
+        _wait(lambda: HEALTH.snapshot().state != "stalled" and _oldest_unpublished_gauge() < 1,
+              10, "a first measurement of nothing pending")
+        with psycopg.connect(database_url) as locker:  # a transaction holding the lock
+            locker.execute("LOCK TABLE user_activity.outbox_watermark IN ACCESS EXCLUSIVE MODE")
+            _wait(lambda: HEALTH.snapshot().state == "stalled", 15, "the blocked outbox")
+            reason = dict(HEALTH.snapshot().stalled)["outbox"]
+            assert "its query has been blocked" in reason
+            assert _oldest_unpublished_gauge() > 2
+        _wait(lambda: HEALTH.snapshot().state != "stalled", 10, "the stall to clear")
+        assert _oldest_unpublished_gauge() < 2
+    finally:
+        watchdog.stop()

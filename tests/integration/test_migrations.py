@@ -554,14 +554,17 @@ SELECT indexname, indexdef FROM pg_indexes
 def test_0011_replaces_the_session_lookup_indexes_also_after_a_half_done_run(
     database_url: str, tmp_path: Path
 ) -> None:
-    """0011 runs outside a transaction (CREATE INDEX CONCURRENTLY): a run that stopped half way
-    leaves some indexes built and the migration unrecorded, and the next run completes it."""
+    """A run of 0011 that stopped half way is completed by the next one.
+
+    0011 runs outside a transaction (CREATE INDEX CONCURRENTLY): a run that stopped half way
+    leaves some indexes built (or one invalid) and the migration unrecorded.
+    """
     with scratch_database(database_url, "migrations") as dsn:
         later = _apply_first(dsn, tmp_path, 10)
         with psycopg.connect(dsn, autocommit=True) as conn:
             session = _session(conn, user_id=uuid.uuid4(), linked_at=datetime.now(UTC))
-            # what a run stopped after its second index leaves behind (one built, one invalid
-            # is dropped and built again the same way)
+            # what a run stopped half way leaves: one index built, one not finished (an invalid
+            # index is dropped and built again the same way)
             conn.execute("CREATE INDEX ix_sessions_user_active_latest ON user_activity.sessions"
                          " (user_id, last_activity_at DESC, id DESC) WHERE status = 'Active'")
             conn.execute("CREATE INDEX ix_sessions_anonymous_latest ON user_activity.sessions"
@@ -571,7 +574,7 @@ def test_0011_replaces_the_session_lookup_indexes_also_after_a_half_done_run(
         assert apply_migrations(dsn) == later
 
         with psycopg.connect(dsn, autocommit=True) as conn:
-            indexes = dict(conn.execute(_SESSION_INDEXES).fetchall())
+            indexes: dict[str, str] = dict(conn.execute(_SESSION_INDEXES).fetchall())
             assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
                                 (session,)).fetchone() == (1,)
         assert sorted(indexes) == [

@@ -210,8 +210,11 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_devices_last_sign_in_is_found_by_one_index_entry_among_100_000_sessions(
     db: psycopg.Connection[Any],
 ) -> None:
-    """``link_session_device_last.sql`` (each sign-in) used to read and sort every session of
-    the device; ``ix_sessions_device_last_sign_in`` (migration 0011) gives the last one first."""
+    """Session linking finds a device's last sign-in without reading its other sessions.
+
+    ``link_session_device_last.sql`` (each sign-in) used to read and sort every session of the
+    device; ``ix_sessions_device_last_sign_in`` (migration 0011) gives the last one first.
+    """
     device, user = uuid.uuid4(), uuid.uuid4()
     db.execute(_MANY_SESSIONS, {"device": device, "user": user, "count": 100_000, "now": NOW,
                                 "long_ago": NOW - timedelta(days=400)})
