@@ -115,7 +115,8 @@ INPUT_TOPIC_RECREATED = Counter(
 )
 INPUT_TOPIC_COMPACTED = Gauge(
     "user_activity_input_topic_compacted",
-    "1 while an input topic's cleanup.policy includes compact (read at start): records compacted"
+    "1 while an input topic's cleanup.policy includes compact (read at start and at each"
+    " partition check): records compacted"
     " away before they are read are lost and not counted.",
     ["topic"],
 )

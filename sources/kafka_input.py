@@ -67,12 +67,11 @@ from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.metrics import (
     INPUT_RECORDS_EXPIRED,
     INPUT_RECORDS_UNDECODABLE,
-    INPUT_TOPIC_COMPACTED,
     INPUT_TOPIC_RECREATED,
 )
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
-from sources.partition_watch import NO_AUTO_CREATE, watch_partitions
+from sources.partition_watch import NO_AUTO_CREATE, report_cleanup_policy, watch_partitions
 from sources.shared_consumer import shared_consumer, size_limits
 from sources.topic_id import cleanup_policy, topic_id
 from sources.undecodable import UNDECODABLE_CODES, BatchProbe, ProbeFailedError, find_batch_end
@@ -189,21 +188,14 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
 
         parts = _retrying(partitions, self._topic, self._backoff, self._count_retry)
         self._topic_id = topic_id(admin, self._topic)
-        self._check_cleanup(cleanup_policy(admin, self._topic))
+        # a compacted input topic loses events (sources.topic_id.cleanup_policy): said at start,
+        # and followed by the partition watch while the job runs
+        compacted = report_cleanup_policy(self._topic, cleanup_policy(admin, self._topic),
+                                          said=False, log=logger)
         if self._tail:
             watch_partitions(config, self._topic, len(parts), self._partition_check,
-                             self._topic_id)
+                             self._topic_id, compacted=compacted)
         return parts
-
-    def _check_cleanup(self, policy: str | None) -> None:
-        """Say a compacted input topic (``sources.topic_id.cleanup_policy``): it loses events."""
-        compacted = policy is not None and "compact" in policy
-        INPUT_TOPIC_COMPACTED.labels(self._topic).set(1 if compacted else 0)
-        if compacted:
-            log_event(logger, "input-topic-compacted", logging.ERROR, topic=self._topic,
-                      cleanup_policy=policy,
-                      consequence="records compacted away before they are read are lost, and"
-                                  " not counted: set cleanup.policy=delete")
 
     @override
     def build_part(

@@ -23,6 +23,12 @@ in 30 s after the delete), and the high watermark they know stays frozen, so no 
 The watch sets ``user_activity_input_topic_unavailable{topic}`` to 1 and logs
 ``input-topic-unavailable`` at ERROR (once, until it is available again:
 ``input-topic-available``, and the gauge back at 0).
+
+A topic's ``cleanup.policy`` changed to ``compact`` while the job runs loses unread events as
+silently as one compacted from the start (:func:`sources.topic_id.cleanup_policy`), so the watch
+reads it at each check too: ``user_activity_input_topic_compacted{topic}`` follows it, and
+``input-topic-compacted`` is logged at ERROR when it becomes compacted
+(``input-topic-not-compacted`` when it is no more).
 """
 
 from __future__ import annotations
@@ -36,10 +42,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from runtime.logs import log_event
-from runtime.metrics import INPUT_TOPIC_UNAVAILABLE
+from runtime.metrics import INPUT_TOPIC_COMPACTED, INPUT_TOPIC_UNAVAILABLE
 from runtime.periodic import Periodic
 from runtime.shutdown import SHUTDOWN
-from sources.topic_id import topic_id
+from sources.topic_id import cleanup_policy, topic_id
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,27 @@ NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 lets a broker with ``auto.create.topics.enable`` create the topic it asks about, so the watch
 would create a deleted input topic again with the broker's default partitions (seen on this
 broker), and a job started before ``create-topics`` would create its own inputs."""
+
+
+def report_cleanup_policy(topic: str, policy: str | None, said: bool,
+                          log: logging.Logger = logger) -> bool:
+    """Set ``topic``'s compacted gauge from ``policy``; whether it is now said compacted.
+
+    ``said``: whether it was said compacted before (then it is not logged again). ``policy``
+    None (the broker did not tell) changes nothing.
+    """
+    if policy is None:
+        return said
+    compacted = "compact" in policy
+    INPUT_TOPIC_COMPACTED.labels(topic).set(1 if compacted else 0)
+    if compacted and not said:
+        log_event(log, "input-topic-compacted", logging.ERROR, topic=topic,
+                  cleanup_policy=policy,
+                  consequence="records compacted away before they are read are lost, and"
+                              " not counted: set cleanup.policy=delete")
+    elif said and not compacted:
+        log_event(log, "input-topic-not-compacted", topic=topic, cleanup_policy=policy)
+    return compacted
 
 
 class PartitionWatch(Periodic):
@@ -60,13 +87,20 @@ class PartitionWatch(Periodic):
         self._listed: dict[str, int] = {}
         self._ids: dict[str, str] = {}
         self._unavailable: set[str] = set()
+        self._compacted: set[str] = set()  # said compacted (at start, or by a check)
 
-    def listed(self, topic: str, count: int, topic_id: str | None = None) -> None:
-        """Record that the dataflow reads ``count`` partitions of ``topic`` (of id ``topic_id``)."""
+    def listed(self, topic: str, count: int, topic_id: str | None = None, *,
+               compacted: bool = False) -> None:
+        """Record that the dataflow reads ``count`` partitions of ``topic`` (of id ``topic_id``).
+
+        ``compacted``: the input said the topic compacted at start (not to be said again).
+        """
         with self._lock:
             self._listed[topic] = max(count, self._listed.get(topic, 0))
             if topic_id is not None:
                 self._ids.setdefault(topic, topic_id)
+            if compacted:
+                self._compacted.add(topic)
 
     def tick(self) -> bool:
         """Check every listed topic; False (no more checks) once a restart was asked for."""
@@ -84,6 +118,7 @@ class PartitionWatch(Periodic):
             self._topic_available(topic)
             if self._recreated(topic):
                 return False
+            self._check_cleanup(topic)
             now = len(metadata.partitions)
             if now > count:
                 log_event(logger, "kafka-partitions-added", logging.WARNING, topic=topic,
@@ -106,6 +141,13 @@ class PartitionWatch(Periodic):
         SHUTDOWN.restart(f"{topic} was deleted and created again")
         return True
 
+    def _check_cleanup(self, topic: str) -> None:
+        said = topic in self._compacted
+        if report_cleanup_policy(topic, cleanup_policy(self._admin, topic), said):
+            self._compacted.add(topic)
+        else:
+            self._compacted.discard(topic)
+
     def _topic_unavailable(self, topic: str, error: str) -> None:
         INPUT_TOPIC_UNAVAILABLE.labels(topic).set(1)
         if topic not in self._unavailable:
@@ -126,7 +168,7 @@ _watch_lock = threading.Lock()
 
 def watch_partitions(
     client_config: Mapping[str, Any], topic: str, count: int, interval: float,
-    topic_id: str | None = None,
+    topic_id: str | None = None, *, compacted: bool = False,
 ) -> None:
     """Watch ``topic`` (read on ``count`` partitions); the first call starts the watch thread.
 
@@ -139,4 +181,4 @@ def watch_partitions(
         if _watch is None:
             _watch = PartitionWatch(AdminClient({**client_config, **NO_AUTO_CREATE}),
                                     interval).start()
-        _watch.listed(topic, count, topic_id)
+        _watch.listed(topic, count, topic_id, compacted=compacted)

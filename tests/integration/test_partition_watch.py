@@ -12,12 +12,18 @@ import time
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 from prometheus_client import REGISTRY
 
 from runtime.shutdown import SHUTDOWN
 from sources.partition_watch import NO_AUTO_CREATE, PartitionWatch
-from sources.topic_id import topic_id
+from sources.topic_id import cleanup_policy, topic_id
 from tests.conftest import SettingsFactory
 from tests.support import recreate_topic
 
@@ -96,3 +102,45 @@ def test_an_input_topic_deleted_and_created_again_is_said_and_the_job_restarts(
     assert restarts == [f"{topic} was deleted and created again"]
     [line] = _lines(caplog, "input-topic-recreated")
     assert line.levelno == logging.ERROR
+
+
+def _set_cleanup_policy(admin: AdminClient, topic: str, policy: str) -> None:
+    resource = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
+        "cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(15)
+    deadline = time.monotonic() + 15
+    while cleanup_policy(admin, topic) != policy:  # the broker applies it a moment later
+        assert time.monotonic() < deadline, f"{topic}'s cleanup.policy did not become {policy}"
+        time.sleep(0.2)
+
+
+def test_an_input_topic_made_compacted_while_the_job_runs_is_said_once_and_unsaid(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A topic made compacted while the job runs is said by the next check, and unsaid.
+
+    The compaction check ran at start only: a topic made compacted later lost unread events
+    with no gauge and no line until the next restart.
+    """
+    caplog.set_level(logging.INFO, logger="sources.partition_watch")
+    settings = make_settings()
+    topic = settings.topic_favorite_added
+    admin = AdminClient({**settings.kafka_client_config(), **NO_AUTO_CREATE})
+    watch = PartitionWatch(admin, 60)
+    watch.listed(topic, 6)
+    gauge = "user_activity_input_topic_compacted"
+    assert watch.tick()
+    assert REGISTRY.get_sample_value(gauge, {"topic": topic}) == 0
+
+    _set_cleanup_policy(admin, topic, "compact")
+    assert watch.tick()
+    assert watch.tick()  # still compacted: no second line
+    assert REGISTRY.get_sample_value(gauge, {"topic": topic}) == 1
+    [line] = _lines(caplog, "input-topic-compacted")
+    assert (line.levelno, line.cleanup_policy) == (logging.ERROR, "compact")  # type: ignore[attr-defined]
+
+    _set_cleanup_policy(admin, topic, "delete")
+    assert watch.tick()
+    assert REGISTRY.get_sample_value(gauge, {"topic": topic}) == 0
+    assert len(_lines(caplog, "input-topic-not-compacted")) == 1
+    assert len(_lines(caplog, "input-topic-compacted")) == 1
