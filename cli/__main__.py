@@ -61,9 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
 
     if args.command == "migrate":
-        from cli.migrate import apply_migrations
+        from cli.migrate import MigrationRefused, apply_migrations
 
-        applied = apply_migrations(settings.database_dsn())
+        try:
+            applied = apply_migrations(settings.database_dsn())
+        except MigrationRefused as exc:
+            print(f"user-activity migrate: {exc}", file=sys.stderr)
+            return 2
         print(f"applied {len(applied)} migration(s): {', '.join(applied) or '-'}")
     elif args.command == "create-topics":
         from cli.topics import ensure_topics

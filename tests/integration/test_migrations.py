@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
@@ -16,6 +19,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from cli.migrate import MIGRATIONS_DIR, apply_migrations
+from devenv.harness.env import base_env
+from devenv.harness.jobs import ROOT
 from tests.support import scratch_database
 
 pytestmark = pytest.mark.integration
@@ -586,3 +591,54 @@ def test_0011_replaces_the_session_lookup_indexes_also_after_a_half_done_run(
             "(anonymous_id, last_activity_at DESC, id DESC)")
         assert indexes["ix_sessions_device_last_sign_in"].endswith(
             "(anonymous_id, last_signed_in_at DESC, id) WHERE (last_signed_in_at IS NOT NULL)")
+
+
+def _role_url(database_url: str, role: str) -> str:
+    parts = urlsplit(database_url)
+    return urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+
+
+def test_migrate_by_a_role_without_the_rights_is_one_line_naming_the_right(
+    database_url: str,
+) -> None:
+    """``migrate`` by a role that lacks a right: one line naming it, exit code 2.
+
+    Before: yoyo failed to create its tables without a word, then a 40-line traceback said
+    ``relation "yoyo_lock" does not exist``. Now each missing right is named and nothing is
+    applied; granted both, the same role migrates.
+    """
+    role = f"migrator_{uuid.uuid4().hex[:8]}"
+    with scratch_database(database_url, "rights") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {role} LOGIN")
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+            conn.execute(f'REVOKE CREATE ON DATABASE "{database}" FROM PUBLIC')
+        env = {**base_env(), "USER_ACTIVITY_DATABASE_URL": _role_url(dsn, role)}
+
+        def migrate() -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "cli", "migrate"], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=120, check=False)
+
+        try:
+            expected = [f"role {role} cannot create yoyo's bookkeeping tables in schema public",
+                        f"role {role} cannot create schema user_activity"]
+            grants = [f"GRANT CREATE ON SCHEMA public TO {role}",
+                      f'GRANT CREATE ON DATABASE "{database}" TO {role}']
+            for missing, grant in zip(expected, grants, strict=True):
+                done = migrate()
+                assert done.returncode == 2, done.stderr
+                assert done.stderr.startswith(f"user-activity migrate: {missing}"), done.stderr
+                assert len(done.stderr.strip().splitlines()) == 1
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(grant)
+            done = migrate()
+            assert done.returncode == 0, done.stderr
+            every = len(sorted(MIGRATIONS_DIR.glob("*.sql")))
+            assert f"applied {every} migration(s)" in done.stdout
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"REASSIGN OWNED BY {role} TO CURRENT_USER")
+                conn.execute(f"DROP OWNED BY {role}")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE {role}")
