@@ -37,6 +37,7 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import operator
@@ -71,6 +72,7 @@ from runtime.metrics import (
 )
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
+from sources.guarded_read import GUARD_AFTER_STARTS, GuardedReader, count_start, log_guarded
 from sources.partition_watch import NO_AUTO_CREATE, report_cleanup_policy, watch_partitions
 from sources.shared_consumer import shared_consumer, size_limits
 from sources.topic_id import cleanup_policy, topic_id
@@ -99,6 +101,15 @@ class StartPosition:
 
 def _part_name(topic: str, partition: int) -> str:
     return f"{topic}#{partition}"
+
+
+def guard_cap_bytes(receive_max_bytes: int) -> int:
+    """The memory cap of a guarded partition's child (:mod:`sources.guarded_read`).
+
+    Twice the largest batch the input reads (librdkafka's buffer and the value's copy), plus
+    128 MiB for the interpreter and the client.
+    """
+    return 2 * receive_max_bytes + 128 * 2**20
 
 
 PartitionState = tuple[int | None, str] | int | None
@@ -218,6 +229,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
             consumer_group=self._consumer_group,
             flow=self._flow,
             topic_id=self._topic_id,
+            guard_cap_bytes=guard_cap_bytes(self._receive_max_bytes),
         )
 
 
@@ -240,6 +252,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         count_retry: Callable[[], None],
         consumer_group: str,
         flow: str,
+        guard_cap_bytes: int = 0,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -276,7 +289,70 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
                 lambda: self._final_offset(start.until_ms), topic, backoff, count_retry
             )
         self._partition_handle = TopicPartition(topic, partition)
-        self._shared.join(self)
+        self._guard = self._guarded(guard_cap_bytes) if tail and self._commits else None
+        if self._guard is None:
+            self._shared.join(self)
+
+    def _guarded(self, cap_bytes: int) -> GuardedReader | None:
+        """A reader through capped children when this start is one of a crash loop (module doc).
+
+        The start is counted in the consumer group (:func:`sources.guarded_read.count_start`);
+        from the :data:`~sources.guarded_read.GUARD_AFTER_STARTS`-th start at one offset with
+        records behind it, the partition is read guarded up to the high watermark. Best effort:
+        a group that cannot be read or written (Kafka down) counts nothing.
+        """
+        try:
+            low, high = self._watermarks()
+            offset = low if self._next_offset is None else self._next_offset
+            starts = count_start(self._consumer, self.topic, self.partition, offset)
+        except KafkaException:
+            return None
+        self._committed = offset  # the snapshot commits progress only (which ends the count)
+        if starts < GUARD_AFTER_STARTS or high <= offset or cap_bytes <= 0:
+            return None
+        until = high if self._end_offset is None else min(high, self._end_offset)
+        log_guarded(self.topic, self.partition, starts, offset, until)
+        self._next_offset = offset
+        return GuardedReader(
+            self._consumer_config, self.topic, self.partition, start=offset, until=until,
+            cap_bytes=cap_bytes, backoff=self._backoff, skipped=self._skipped_guarded,
+            undecodable=lambda base, reason: self._skip_undecodable(base, base, reason))
+
+    def _skipped_guarded(self, first: int, end: int, reason: str) -> None:
+        """A batch that killed a guarded reader's child: skipped, counted, logged at ERROR."""
+        INPUT_RECORDS_UNDECODABLE.labels(self.topic, str(self.partition)).inc(end - first)
+        log_event(
+            logger, "input-records-undecodable", logging.ERROR, topic=self.topic,
+            partition=self.partition, from_offset=first, to_offset=end, records=end - first,
+            batch_offset=first, reason=reason,
+        )
+
+    def _guarded_batch(self, guard: GuardedReader) -> list[InputItem]:
+        """The next records of a guarded partition; it joins the worker's consumer when done."""
+        now = time.monotonic()
+        batch: list[InputItem] = []
+        for offset, timestamp, key, value, raw_headers in guard.poll(self._batch_size):
+            if raw_headers is None:
+                headers: Any = _unreadable_headers(self.topic, self.partition, offset,
+                                                   ValueError("not UTF-8"))
+            else:
+                headers = _headers(raw_headers) if raw_headers else ()
+            batch.append(SourceRecord(self.topic, self.partition, offset, key, value, headers,
+                                      now))
+            if timestamp is not None:
+                self._progress.read(offset + 1, timestamp, time.time())
+        self._next_offset = guard.next_offset
+        self._progress.next_offset = guard.next_offset
+        self._read_at = now
+        if guard.done:
+            guard.close()
+            self._guard = None
+            self._shared.join(self)
+            log_event(logger, "input-partition-unguarded", topic=self.topic,
+                      partition=self.partition, next_offset=self._next_offset)
+        BACKLOG.polled(self.topic, self.partition, full=True)
+        self._awake = None if batch else datetime.now(UTC) + self._idle_poll
+        return batch
 
     def _resumed_offset(self, state: PartitionState) -> int | None:
         """The snapshot's next offset; None (the topic's start) if the topic is another now.
@@ -348,6 +424,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         HEALTH.beat()
         if SHUTDOWN.requested() or self._finished():
             raise StopIteration
+        if self._guard is not None:
+            return self._guarded_batch(self._guard)
         messages = self._shared.take(self._key, self._batch_size)
         batch: list[InputItem] = []
         append = batch.append
@@ -500,7 +578,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._next_offset = end
         self._progress.next_offset = end
         self._read_at = now  # progress: the stuck check must not take the skip for a stall
-        self._shared.move(self)
+        if self._guard is None:  # a guarded partition has not joined the consumer yet
+            self._shared.move(self)
         return end
 
     def _passed(self, next_offset: int | None, end: int | None) -> int | None:
@@ -604,6 +683,14 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
     def close(self) -> None:
         BACKLOG.closed(self.topic, self.partition)
         INPUT_PROGRESS.forget(self._progress)
+        if self._guard is not None:
+            self._guard.close()
+        offset = self._next_offset
+        if self._commits and offset is not None:  # a clean stop: no start of a crash loop
+            with contextlib.suppress(KafkaException):
+                self._consumer.commit(
+                    offsets=[TopicPartition(self.topic, self.partition, offset)],
+                    asynchronous=True)
         # librdkafka's close waits for the group's informational commits: with the broker down,
         # for ever. Closed aside; waited for (within a stop's grace, :mod:`runtime.shutdown`)
         # unless every broker is known to be down.
