@@ -14,6 +14,8 @@ nothing more. What it read goes to stdout as pickled frames, flushed per fetch:
 that cannot be read), ``("passed", position)`` (offsets passed with nothing delivered: control
 records) and ``("undecodable", base_offset, reason)`` (a batch librdkafka refuses, then exit).
 Exit 0 when done, :data:`NO_PROGRESS` when the broker gave nothing for ``idle_timeout`` seconds.
+With ``until`` at ``offset`` it only makes its client and exits 0: a control that a child can
+live under the cap at all.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def _read(order: dict[str, Any], out: BinaryIO) -> int:
     topic, partition, until = order["topic"], order["partition"], order["until"]
     consumer = Consumer({**order["config"], **ONE_BATCH_PER_FETCH,
                          "group.id": order["config"].get("group.id", "user-activity-guarded")})
+    if order["offset"] >= until:  # a control: the client alone lives under the cap
+        return 0
     consumer.assign([TopicPartition(topic, partition, order["offset"])])
     handle = TopicPartition(topic, partition)
     next_offset = order["offset"]

@@ -49,7 +49,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from runtime.backoff import Backoff
 from runtime.logs import log_event
-from sources.guarded_child import NO_MEMORY
+from sources.guarded_child import NO_MEMORY, NO_PROGRESS
 from sources.undecodable import find_batch_end
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,11 @@ class GuardedReader:
         if child is None:
             if time.monotonic() < self._resume_at:
                 return []
-            child = self._child = self._spawn(self.next_offset, single=self._suspect)
+            try:
+                child = self._child = self._spawn(self.next_offset, single=self._suspect)
+            except OSError as exc:  # no process could be made (memory, limits): later
+                self._later(f"cannot start a child: {exc}")
+                return []
         records: list[Record] = []
         while len(records) < limit:
             try:
@@ -188,7 +192,7 @@ class GuardedReader:
                 self._child = None
                 resumed = self._undecodable(frame[1], frame[2])
                 if resumed is None:
-                    self._later()
+                    self._later("the undecodable batch's end is not known yet")
                 else:
                     self.next_offset = max(self.next_offset, resumed)
                 break
@@ -198,35 +202,50 @@ class GuardedReader:
                 break
         return records
 
-    def _later(self) -> None:
-        self._resume_at = time.monotonic() + self._backoff.delay(self._attempts)
+    def _later(self, why: str) -> None:
+        """Try again after a back-off; said at WARNING (nothing is skipped meanwhile)."""
+        delay = self._backoff.delay(self._attempts)
+        self._resume_at = time.monotonic() + delay
         self._attempts += 1
+        log_event(logger, "input-guarded-read-retry", logging.WARNING,
+                  topic=self._order["topic"], partition=self._order["partition"],
+                  next_offset=self.next_offset, attempt=self._attempts, retry_in_s=round(delay, 1),
+                  reason=why)
 
     def _exited(self, child: _Child, code: int) -> None:
         if code == 0:
             self._attempts = 0
             self._suspect = False
             return
-        if not died(code):
-            self._later()  # the broker gave nothing in time, or the child failed: try again
+        if not died(code):  # the broker gave nothing in time, or the child failed: try again
+            self._later("no answer from the broker in time" if code == NO_PROGRESS
+                        else f"the child exited with code {code}")
             return
         if not (child.single and self.next_offset == child.offset):
             self._suspect = True  # died at or after next_offset: one batch from there tells
             return
-        # A child that read only the batch holding next_offset died of it: the bomb.
+        # A child that read only the batch holding next_offset died of it: the bomb, unless a
+        # child cannot live under the cap at all (then nothing may be skipped for it).
         try:
+            if self._inside(self.next_offset, control=True):
+                self._later(f"a child cannot run within {self._cap_mib} MiB")
+                return
             end = find_batch_end(self.next_offset, self.until, self._inside)
         except _NoAnswerError:
-            self._later()
+            self._later("no answer from the broker in time")
             return
         self._skipped(self.next_offset, end, f"the batch could not be read within {self._cap_mib}"
                                              " MiB (a decompression bomb?)")
         self.next_offset = end
         self._suspect = False
 
-    def _inside(self, offset: int) -> bool:
-        """Whether a fetch from ``offset`` still gets the batch that kills a child."""
-        child = self._spawn(offset, single=True, until=offset + 1)
+    def _inside(self, offset: int, *, control: bool = False) -> bool:
+        """Whether a fetch from ``offset`` still gets the batch that kills a child.
+
+        ``control``: the child only starts its client and fetches nothing (a death then says
+        the cap is too small for any child).
+        """
+        child = self._spawn(offset, single=True, until=offset if control else offset + 1)
         while True:
             frame = child.frames.get()
             if frame[0] == "exit":

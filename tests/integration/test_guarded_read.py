@@ -82,3 +82,31 @@ def test_a_reader_hands_over_every_record_in_order_and_skips_the_bomb_alone(
     assert "within 96 MiB" in skipped[0][2]
     assert not undecodable
     assert reader.next_offset == 44
+
+
+def test_a_cap_no_child_can_live_under_skips_nothing(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Children that die whatever they read are no bomb: the reader retries and skips nothing.
+
+    Without the control child, every probe dying would have made the whole range "the bomb".
+    """
+    settings = make_settings()
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(3)])
+    skipped: list[Any] = []
+    reader = GuardedReader(settings.kafka_client_config(), topic, 0, start=0, until=3,
+                           cap_bytes=8 * 2**20, backoff=Backoff(initial=0.2, maximum=0.5),
+                           skipped=lambda *a: skipped.append(a), undecodable=lambda *a: None)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not [
+                r for r in caplog.records if r.getMessage() == "input-guarded-read-retry"
+                and "cannot run within 8 MiB" in r.reason]:  # type: ignore[attr-defined]
+            assert reader.poll(100) == []
+            time.sleep(0.1)
+    finally:
+        reader.close()
+    assert not skipped
+    assert reader.next_offset == 0
+    assert [r for r in caplog.records if r.getMessage() == "input-guarded-read-retry"]
