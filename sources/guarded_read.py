@@ -87,13 +87,19 @@ Record = tuple[int, int | None, bytes | None, bytes | None, list[tuple[str, byte
 """What a child hands over: offset, CreateTime (ms), key, value, headers (None: unreadable)."""
 
 
+_FRAMES_AHEAD = 8
+"""Frames (one fetch each) read from a child and not yet taken, at most: when the job is slower
+than the child, the child waits on its pipe instead of the backlog piling up in memory."""
+
+
 class _Child:
     """One child process reading ``topic[partition]`` from ``offset``; its frames on a queue."""
 
     def __init__(self, order: dict[str, Any]) -> None:
         self.offset = order["offset"]
         self.single = order["single"]
-        self.frames: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.frames: queue.Queue[tuple[Any, ...]] = queue.Queue(_FRAMES_AHEAD)
+        self._closed = threading.Event()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sources.guarded_child"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -110,10 +116,22 @@ class _Child:
                 frame = pickle.load(out)  # noqa: S301 - our own child's frames
             except (EOFError, pickle.UnpicklingError, OSError):
                 break
-            self.frames.put(frame)
-        self.frames.put(("exit", self.proc.wait()))
+            if not self._put(frame):
+                return
+        self._put(("exit", self.proc.wait()))
+
+    def _put(self, frame: tuple[Any, ...]) -> bool:
+        """Queue ``frame`` once there is room; False when the child was killed meanwhile."""
+        while not self._closed.is_set():
+            try:
+                self.frames.put(frame, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def kill(self) -> None:
+        self._closed.set()
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

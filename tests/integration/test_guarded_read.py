@@ -110,3 +110,26 @@ def test_a_cap_no_child_can_live_under_skips_nothing(
     assert not skipped
     assert reader.next_offset == 0
     assert [r for r in caplog.records if r.getMessage() == "input-guarded-read-retry"]
+
+
+def test_a_child_waits_for_the_job_instead_of_piling_the_backlog_up_in_memory(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings()
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, b"k", b'{"n": %d}' % n + b" " * 200, partition=0)
+                       for n in range(20_000)])
+    reader = GuardedReader(settings.kafka_client_config(), topic, 0, start=0, until=20_000,
+                           cap_bytes=256 * 2**20, backoff=Backoff(), skipped=lambda *a: None,
+                           undecodable=lambda *a: None)
+    try:
+        first = reader.poll(10)  # starts the child
+        time.sleep(3)  # the job takes nothing for a while
+        child = reader._child  # the bound under test
+        assert child is not None
+        assert child.frames.qsize() <= 8
+        assert child.proc.poll() is None  # blocked on its pipe, not done reading
+        offsets = [record[0] for record in first] + _read_all(reader)
+    finally:
+        reader.close()
+    assert offsets == list(range(20_000))
