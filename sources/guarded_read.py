@@ -72,14 +72,17 @@ def count_start(consumer: Consumer, topic: str, partition: int, offset: int) -> 
     """Record one more start of ``topic[partition]`` at ``offset``; the starts there so far.
 
     The count is the committed metadata's, plus one, when the committed offset is ``offset``;
-    else 1. Raises ``KafkaException`` when the group cannot be read or written (the caller then
-    reads as usual: the guard is for a partition that keeps dying, not for an outage).
+    else 1. Raises ``KafkaException`` when the group cannot be read within 2 s (the caller then
+    reads as usual: the guard is for a partition that keeps dying, not for an outage). The new
+    count is committed asynchronously: a start never waits on the group coordinator (on the
+    main thread, a long wait would hold back a SIGTERM's handler); it is sent long before a
+    bomb's fetch, inflated, kills the process.
     """
     committed = consumer.committed([TopicPartition(topic, partition)], timeout=2)[0]
     starts = (start_count(committed.metadata) if committed.offset == offset else 0) + 1
     consumer.commit(offsets=[TopicPartition(topic, partition, offset,
                                             metadata=f"{_STARTS}{starts}")],
-                    asynchronous=False)
+                    asynchronous=True)
     return starts
 
 

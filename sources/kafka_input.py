@@ -32,7 +32,11 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   read nothing for ``stuck_after`` seconds asks the broker for its high watermark; if records
   wait past its next offset (moved past control records on empty polls), the worker's consumer is
   replaced by a new one, each partition at its own next offset (nothing skipped, nothing read
-  twice), logged (``kafka-consumer-restarted``) and counted as a retry.
+  twice), logged (``kafka-consumer-restarted``) and counted as a retry;
+- no crash loop on one batch: a partition started three times at one offset without progress
+  or a clean stop (a decompression bomb kills the process before any record of it reaches
+  Python) is read through memory-capped child processes up to the high watermark, its bomb
+  skipped and counted, before it joins the worker's consumer (:mod:`sources.guarded_read`).
 """
 
 from __future__ import annotations
@@ -302,7 +306,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         a group that cannot be read or written (Kafka down) counts nothing.
         """
         try:
-            low, high = self._watermarks()
+            low, high = self._consumer.get_watermark_offsets(self._partition_handle, timeout=2)
             offset = low if self._next_offset is None else self._next_offset
             starts = count_start(self._consumer, self.topic, self.partition, offset)
         except KafkaException:
