@@ -34,10 +34,10 @@ class Database:
         self._dsn = settings.database_dsn()
         self._application_name = application_name
         self._tcp_options = settings.database_tcp_options()
-        timeout_ms = settings.db_statement_timeout_ms if statement_timeout_ms is None else (
-            statement_timeout_ms)
+        if statement_timeout_ms is None:
+            statement_timeout_ms = settings.db_statement_timeout_ms
         self._options = " ".join(filter(None, (
-            f"-c statement_timeout={timeout_ms}", SESSION_OPTIONS,
+            f"-c statement_timeout={statement_timeout_ms}", SESSION_OPTIONS,
             self._tcp_options.pop("options", ""))))
         self._conn: Connection | None = None
 

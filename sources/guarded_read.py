@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from runtime.backoff import Backoff
 from runtime.logs import log_event
@@ -248,10 +248,11 @@ class GuardedReader:
         # A child that read only the batch holding next_offset died of it: the bomb, unless a
         # child cannot live under the cap at all (then nothing may be skipped for it).
         try:
-            if self._inside(self.next_offset, control=True):
+            if self._dies(self.next_offset, self.next_offset):  # a control: reads nothing
                 self._later(f"a child cannot run within {self._cap_mib} MiB")
                 return
-            end = find_batch_end(self.next_offset, self.until, self._inside)
+            end = find_batch_end(self.next_offset, self.until,
+                                 lambda offset: self._dies(offset, offset + 1))
         except _NoAnswerError:
             self._later("no answer from the broker in time")
             return
@@ -260,13 +261,13 @@ class GuardedReader:
         self.next_offset = end
         self._suspect = False
 
-    def _inside(self, offset: int, *, control: bool = False) -> bool:
-        """Whether a fetch from ``offset`` still gets the batch that kills a child.
+    def _dies(self, offset: int, until: int) -> bool:
+        """Whether a child reading the batch that holds ``offset`` dies of it.
 
-        ``control``: the child only starts its client and fetches nothing (a death then says
-        the cap is too small for any child).
+        ``until`` at ``offset`` makes a control: the child only starts its client, so a death
+        says that no child lives under the cap.
         """
-        child = self._spawn(offset, single=True, until=offset if control else offset + 1)
+        child = self._spawn(offset, single=True, until=until)
         while True:
             frame = child.frames.get()
             if frame[0] == "exit":
@@ -291,13 +292,4 @@ class _NoAnswerError(Exception):
     """A probe child got nothing from the broker in time."""
 
 
-def log_guarded(topic: str, partition: int, starts: int, offset: int, until: int) -> None:
-    """Say that a partition is read guarded, and why."""
-    log_event(logger, "input-partition-guarded", logging.WARNING, topic=topic,
-              partition=partition, starts=starts, offset=offset, until=until,
-              reason=f"started {starts} times at this offset without progress or a clean stop:"
-                     " reading it through memory-capped child processes up to the high watermark")
-
-
-__all__ = ["GUARD_AFTER_STARTS", "GuardedReader", "KafkaException", "count_start", "log_guarded",
-           "start_count"]
+__all__ = ["GUARD_AFTER_STARTS", "GuardedReader", "count_start", "start_count"]

@@ -76,7 +76,7 @@ from runtime.metrics import (
 )
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
-from sources.guarded_read import GUARD_AFTER_STARTS, GuardedReader, count_start, log_guarded
+from sources.guarded_read import GUARD_AFTER_STARTS, GuardedReader, count_start
 from sources.partition_watch import NO_AUTO_CREATE, report_cleanup_policy, watch_partitions
 from sources.shared_consumer import shared_consumer, size_limits
 from sources.topic_id import cleanup_policy, topic_id
@@ -315,27 +315,37 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if starts < GUARD_AFTER_STARTS or high <= offset or cap_bytes <= 0:
             return None
         until = high if self._end_offset is None else min(high, self._end_offset)
-        log_guarded(self.topic, self.partition, starts, offset, until)
+        log_event(logger, "input-partition-guarded", logging.WARNING, topic=self.topic,
+                  partition=self.partition, starts=starts, offset=offset, until=until,
+                  reason=f"started {starts} times at this offset without progress or a clean"
+                         " stop: reading it through memory-capped child processes up to the"
+                         " high watermark")
         self._next_offset = offset
         return GuardedReader(
             self._consumer_config, self.topic, self.partition, start=offset, until=until,
-            cap_bytes=cap_bytes, backoff=self._backoff, skipped=self._skipped_guarded,
+            cap_bytes=cap_bytes, backoff=self._backoff,
+            skipped=lambda first, end, reason: self._count_undecodable(first, end, first, reason),
             undecodable=lambda base, reason: self._skip_undecodable(base, base, reason))
 
-    def _skipped_guarded(self, first: int, end: int, reason: str) -> None:
-        """A batch that killed a guarded reader's child: skipped, counted, logged at ERROR."""
+    def _count_undecodable(self, first: int, end: int, base: int, reason: str) -> None:
+        """Records ``first`` to ``end`` of the batch at ``base`` are skipped: counted, logged.
+
+        A batch librdkafka refuses (:meth:`_skip_undecodable`), or one that killed a guarded
+        reader's child (:mod:`sources.guarded_read`).
+        """
         INPUT_RECORDS_UNDECODABLE.labels(self.topic, str(self.partition)).inc(end - first)
         log_event(
             logger, "input-records-undecodable", logging.ERROR, topic=self.topic,
             partition=self.partition, from_offset=first, to_offset=end, records=end - first,
-            batch_offset=first, reason=reason,
+            batch_offset=base, reason=reason,
         )
 
     def _guarded_batch(self, guard: GuardedReader) -> list[InputItem]:
         """The next records of a guarded partition; it joins the worker's consumer when done."""
         now = time.monotonic()
         batch: list[InputItem] = []
-        for offset, timestamp, key, value, raw_headers in guard.poll(self._batch_size):
+        records = guard.poll(self._batch_size)
+        for offset, _, key, value, raw_headers in records:
             if raw_headers is None:
                 headers: Any = _unreadable_headers(self.topic, self.partition, offset,
                                                    ValueError("not UTF-8"))
@@ -343,8 +353,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
                 headers = _headers(raw_headers) if raw_headers else ()
             batch.append(SourceRecord(self.topic, self.partition, offset, key, value, headers,
                                       now))
-            if timestamp is not None:
-                self._progress.read(offset + 1, timestamp, time.time())
+        if records and (last_timestamp := records[-1][1]) is not None:
+            self._progress.read(records[-1][0] + 1, last_timestamp, time.time())
         self._next_offset = guard.next_offset
         self._progress.next_offset = guard.next_offset
         self._read_at = now
@@ -573,12 +583,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         first = base if next_offset is None else max(base, next_offset)
         if end <= first:  # nothing of it left to skip (a bounded run's end, an old error)
             return None
-        INPUT_RECORDS_UNDECODABLE.labels(self.topic, str(self.partition)).inc(end - first)
-        log_event(
-            logger, "input-records-undecodable", logging.ERROR, topic=self.topic,
-            partition=self.partition, from_offset=first, to_offset=end, records=end - first,
-            batch_offset=base, reason=reason,
-        )
+        self._count_undecodable(first, end, base, reason)
         self._next_offset = end
         self._progress.next_offset = end
         self._read_at = now  # progress: the stuck check must not take the skip for a stall
