@@ -32,7 +32,9 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   read nothing for ``stuck_after`` seconds asks the broker for its high watermark; if records
   wait past its next offset (moved past control records on empty polls), the worker's consumer is
   replaced by a new one, each partition at its own next offset (nothing skipped, nothing read
-  twice), logged (``kafka-consumer-restarted``) and counted as a retry;
+  twice), logged (``kafka-consumer-restarted``) and counted as a retry. That high watermark is
+  the last stable offset (``read_committed``), so records held back by a transaction open
+  upstream are not taken for a stall: that is said instead (``input-behind-open-transaction``);
 - no crash loop on one batch: a partition started three times at one offset without progress
   or a clean stop (a decompression bomb kills the process before any record of it reaches
   Python) is read through memory-capped child processes up to the high watermark, its bomb
@@ -274,6 +276,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._stuck_after = stuck_after
         self._read_at = time.monotonic()  # when a record was last read (or the consumer made)
         self._stuck_check_at = 0.0  # time.monotonic() of the next stuck check, at the earliest
+        self._behind_transaction = False  # said held back by a transaction open upstream
         self._undecodable_retry_at = 0.0  # time.monotonic() of the next undecodable-batch probe
         self._undecodable_attempts = 0  # failed probes in a row (their back-off)
         self._consumer_config = client_config  # also the undecodable-batch probe's
@@ -489,6 +492,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._next_offset = next_offset
         if last is not None:
             self._read_at = now
+            if self._behind_transaction:
+                self._transaction_ended()
             last_timestamp = last.timestamp()[1]
             if last_timestamp is not None:
                 self._progress.read(self._next_offset or 0, last_timestamp, time.time())
@@ -622,7 +627,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
             self._progress.high_watermark = int(high)
         if polled >= self._batch_size:
             return True
-        return self._next_offset is not None and high > self._next_offset
+        # Blocked by a transaction open upstream: nothing can be read before it ends.
+        return (self._next_offset is not None and high > self._next_offset
+                and not self._behind_transaction)
 
     def kafka_paused(self, attempt: int, error: str) -> None:
         """Every broker is unreachable (:class:`sources.shared_consumer.Member`): health."""
@@ -639,9 +646,15 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         One watermark query (at most 1 s, on the worker thread) per ``stuck_after`` while the
         partition reads nothing; an unanswered query is left to the next check. Caught up
         (the high watermark at the next offset, which empty polls move past control records:
-        :meth:`_passed`) is the normal idle case and changes nothing. A transaction left open
-        upstream for longer than ``stuck_after`` looks stuck too: its consumer is replaced,
-        harmlessly.
+        :meth:`_passed`) is the normal idle case and changes nothing.
+
+        The queried offset is the partition's *last stable offset*: librdkafka asks with the
+        consumer's ``isolation.level`` (``read_committed``), so records behind a transaction
+        left open upstream do not count as waiting (measured on this broker: high watermark 11,
+        query 5, next offset 5), and such a consumer is not replaced. Its records do wait, though,
+        and the lag gauge (from the high watermark, as Kafka's own lag tools count it) climbs
+        and fires the lag alert; so when the last stable offset holds the partition back for
+        ``stuck_after``, that is said once (:meth:`_blocked_by_transaction`).
         """
         self._stuck_check_at = now + self._stuck_after
         try:
@@ -650,6 +663,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         except KafkaException:
             return
         if high <= (low if self._next_offset is None else self._next_offset):
+            self._blocked_by_transaction(high, now)
             return
         stuck = self._shared.replace()  # every partition of the worker reads on at its offset
         # Closed aside: a consumer in that state must not hold the worker up.
@@ -661,6 +675,40 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
             idle_s=round(now - self._read_at, 1),
         )
         self._read_at = now
+
+    def _blocked_by_transaction(self, last_stable: int, now: float) -> None:
+        """Caught up to the last stable offset: say whether an open transaction holds it back.
+
+        When the high watermark as of the last fetch (cached: no broker call) is past the last
+        stable offset, records wait behind a transaction that neither committed nor aborted:
+        they are read once it ends (the producer's ``transaction.timeout.ms`` at most, unless
+        the transaction hangs, which needs ``kafka-transactions.sh``: the runbook). Said once
+        per episode, at WARNING (``input-behind-open-transaction``); its end is said at the
+        next record read, or at the next check once nothing waits any more (an abort with
+        nothing after it).
+        """
+        _, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
+        if high <= last_stable:
+            if self._behind_transaction:
+                self._transaction_ended()
+            return
+        if self._behind_transaction:
+            return
+        self._behind_transaction = True
+        log_event(
+            logger, "input-behind-open-transaction", logging.WARNING, topic=self.topic,
+            partition=self.partition, next_offset=self._next_offset,
+            last_stable_offset=last_stable, high_watermark=high,
+            idle_s=round(now - self._read_at, 1),
+            consequence="the records after a transaction open upstream wait until it commits"
+                        " or aborts; nothing is skipped",
+        )
+
+    def _transaction_ended(self) -> None:
+        """The partition is no longer held back by a transaction: said once."""
+        self._behind_transaction = False
+        log_event(logger, "input-open-transaction-ended", topic=self.topic,
+                  partition=self.partition, next_offset=self._next_offset)
 
     @override
     def next_awake(self) -> datetime | None:

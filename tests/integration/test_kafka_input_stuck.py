@@ -12,7 +12,7 @@ import logging
 import time
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
@@ -70,5 +70,48 @@ def test_an_idle_caught_up_partition_keeps_its_consumer(make_settings: SettingsF
         consumer = part._consumer
         _read(part, 1, 7.0)  # three stuck checks' worth of idle polls: caught up each time
         assert part._consumer is consumer and retries == []
+    finally:
+        part.close()
+
+
+def test_records_behind_a_transaction_open_upstream_keep_the_consumer_and_are_said_once(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A transaction that neither commits nor aborts holds ``read_committed`` consumers back.
+
+    That is no stall of ours: the consumer is kept (before, the docstring expected it replaced
+    every ``stuck_after``), the partition is not said behind (the backlog signal), one WARNING
+    names the last stable offset and the high watermark, and once the transaction aborts
+    the records after it are read, each once, and the end is said.
+    """
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    retries: list[int] = []
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, batch_size=50,
+                      stuck_after=1.0, count_retry=lambda: retries.append(1)).build_part(
+        "input", f"{topic}#0", None)
+    upstream = Producer({**settings.kafka_client_config(), "transactional.id": f"{topic}-tx",
+                         "transaction.timeout.ms": 600_000})
+    try:
+        produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(5)])
+        assert _read(part, 5, 30) == list(range(5))
+        consumer = part._consumer
+        upstream.init_transactions(30)
+        upstream.begin_transaction()
+        upstream.produce(topic, b"{}", key=b"k", partition=0)  # offset 5, left open
+        upstream.flush(30)
+        produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(4)])  # 6-9
+        with caplog.at_level(logging.INFO, logger="sources.kafka_input"):
+            assert _read(part, 1, 5.0) == []  # four stuck checks' worth: held back, not stuck
+            assert part._consumer is consumer and retries == []
+            said = [r for r in caplog.records if r.getMessage() == "input-behind-open-transaction"]
+            assert len(said) == 1
+            assert (said[0].next_offset, said[0].last_stable_offset,  # type: ignore[attr-defined]
+                    said[0].high_watermark) == (5, 5, 10)  # type: ignore[attr-defined]
+            assert not part._behind(0), "said behind while nothing can be read"
+            upstream.abort_transaction(30)
+            assert _read(part, 4, 30) == [6, 7, 8, 9]
+            ended = [r for r in caplog.records if r.getMessage() == "input-open-transaction-ended"]
+            assert len(ended) == 1 and part._consumer is consumer and retries == []
     finally:
         part.close()
