@@ -38,12 +38,18 @@ ONE_BATCH_PER_FETCH = {
     "fetch.max.bytes": 1000,
     "message.max.bytes": 1000,
     "queued.min.messages": 1,
+    "fetch.queue.backoff.ms": 0,
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "enable.partition.eof": False,
     "auto.offset.reset": "earliest",
 }
-"""What makes each fetch one record batch, and this reader leave no trace in the group."""
+"""What makes each fetch one record batch, and this reader leave no trace in the group.
+
+``fetch.queue.backoff.ms`` 0: one batch fills the fetch queue to ``queued.min.messages``, and
+librdkafka would otherwise wait its default 1000 ms before the next fetch: one batch a second
+(measured: 20 records in 20 s with a record a batch; 5,000 in 2.1 s without the wait, and
+200,000 records in batches of about 2,000 in 0.7 s)."""
 
 
 def _headers(msg: Any) -> list[tuple[str, bytes | None]] | None:
