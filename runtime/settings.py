@@ -236,7 +236,7 @@ class Settings(BaseSettings):
 
     # The Bytewax recovery store (`python -m bytewax.run ... -r DIR`).
     recovery_min_free_bytes: int = Field(
-        64 * 1024 * 1024, ge=0,
+        128 * 1024 * 1024, ge=0,
         description="The free space the recovery directory's volume needs: at least the largest"
                     " snapshot twice (the dedup windows, about 21 bytes per id, and their copy in"
                     " SQLite's write-ahead log). With less, the job does not start (one"
