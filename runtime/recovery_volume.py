@@ -122,6 +122,7 @@ def _crash_hook(
         _log_full(directory, space, min_free_bytes, "the job stopped: a snapshot could not be"
                   " written (the traceback follows)")
         previous(kind, error, traceback)
+        logging.shutdown()  # the INFO lines still buffered, as at a normal exit
         sys.stderr.flush()
         os._exit(RECOVERY_VOLUME_FULL)
 
