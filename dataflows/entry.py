@@ -4,12 +4,14 @@
 (which stays free of side effects, so tests run the real flow on Bytewax's testing source and
 sink): the settings (a bad one is one line and exit code 2), JSON logging, the health/metrics
 server, the malloc trimmer, tracing (``OTEL_*``, :mod:`runtime.tracing`), garbage-collector
-tuning, and SIGTERM / Ctrl-C as a clean stop of the whole cluster.
+tuning, SIGTERM / Ctrl-C as a clean stop of the whole cluster, and the recovery volume's watch
+(:mod:`runtime.recovery_volume`: a start on a full volume is one line and exit code 74).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -24,6 +26,7 @@ def flow_attribute(flow_module: str, name: str) -> Any:
     if name == "build_flow":
         return module.build_flow
     if name == "flow":
+        from runtime import recovery_volume
         from runtime.cluster_stop import ClusterStop
         from runtime.configuration import load_settings
         from runtime.gc_tuning import tune_gc
@@ -35,6 +38,12 @@ def flow_attribute(flow_module: str, name: str) -> Any:
 
         settings = load_settings()
         configure_logging(settings.log_level)
+        # Before Bytewax opens its SQLite store: on a full volume it panicked (exit code 1).
+        store = recovery_volume.recovery_directory(sys.argv, os.environ)
+        if store is not None:
+            if not recovery_volume.check_at_start(store, settings.recovery_min_free_bytes):
+                raise SystemExit(recovery_volume.RECOVERY_VOLUME_FULL)
+            recovery_volume.watch(store, settings.recovery_min_free_bytes)
         # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
         # their first poll), never the default kill (exit -15) of a process still starting.
         handled = install_signal_handlers(settings.stop_grace_seconds)

@@ -143,6 +143,16 @@ OUTBOX_STALL_THRESHOLD_SECONDS = Gauge(
     "user_activity_outbox_stall_threshold_seconds",
     "USER_ACTIVITY_OUTBOX_STALL_SECONDS: /readyz is 503 while the oldest unpublished row is older.",
 )
+RECOVERY_VOLUME_FREE_BYTES = Gauge(
+    "user_activity_recovery_volume_free_bytes",
+    "Free bytes of the volume holding the Bytewax recovery store (-r), measured at scrape time;"
+    " a snapshot fails once it is full (runtime.recovery_volume).",
+)
+RECOVERY_VOLUME_MIN_FREE_BYTES = Gauge(
+    "user_activity_recovery_volume_min_free_bytes",
+    "USER_ACTIVITY_RECOVERY_MIN_FREE_BYTES: the job does not start with less free on its"
+    " recovery volume (exit code 74).",
+)
 BACKGROUND_RESTARTS = Counter(
     "user_activity_background_restarts",
     "Restarts of a supervised background loop after an unexpected exception.",

@@ -234,6 +234,16 @@ class Settings(BaseSettings):
                     " ahead, expired ones dropped; one process at a time); `0`: only the"
                     " `user-activity maintain` command (a CronJob) does.")
 
+    # The Bytewax recovery store (`python -m bytewax.run ... -r DIR`).
+    recovery_min_free_bytes: int = Field(
+        128 * 1024 * 1024, ge=0,
+        description="The free space the recovery directory's volume needs: at least the largest"
+                    " snapshot twice (the dedup windows, about 21 bytes per id, and their copy in"
+                    " SQLite's write-ahead log). With less, the job does not start (one"
+                    " `recovery-volume-full` line, exit code 74), and a crash while the volume"
+                    " is that full says so; `user_activity_recovery_volume_free_bytes` below it"
+                    " fires `UserActivityRecoveryVolumeLow`. `0`: never checked.")
+
     # Consumer groups for lag tools only.
     consumer_group_favorites: str = Field(
         "pin-user-activity-favorites",

@@ -16,6 +16,7 @@ Nothing outlives its owner: each job runs in its own process group and under
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -269,7 +270,7 @@ class JobProcess:
                 return HttpAnswer(response.status, response.read())
         except urllib.error.HTTPError as exc:
             return HttpAnswer(exc.code, exc.read())
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):  # a job dying mid-answer
             return None
 
     def scrape(self, timeout: float = 2.0) -> dict[str, float] | None:

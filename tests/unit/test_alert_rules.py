@@ -77,6 +77,7 @@ EXPECTED_ALERTS = {
     "UserActivityInputTopicRecreated",
     "UserActivityInputTopicCompacted",
     "UserActivityBackgroundLoopRestarting",
+    "UserActivityRecoveryVolumeLow",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
 WITHOUT_FOR = {"UserActivityOutboxStalled"}
