@@ -78,11 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "init-recovery":
         from bytewax.recovery import init_db_dir
 
+        from runtime import recovery_volume
+
         if held := sorted(p.name for p in args.directory.glob("part-*.sqlite3")):
             print(f"user-activity init-recovery: {args.directory} already holds a recovery"
                   f" store ({', '.join(held)}); nothing changed", file=sys.stderr)
             return 2
         args.directory.mkdir(parents=True, exist_ok=True)
+        if not recovery_volume.check_at_start(args.directory, settings.recovery_min_free_bytes):
+            return recovery_volume.RECOVERY_VOLUME_FULL  # SQLite panicked in Bytewax (exit 1)
         init_db_dir(args.directory, args.partitions)  # type: ignore[no-untyped-call]
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")
     elif args.command == "replay":

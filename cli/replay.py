@@ -36,6 +36,7 @@ from bytewax.testing import run_main
 from prometheus_client import REGISTRY
 
 from dataflows.session_linking.linking import LinkOutcome
+from runtime import recovery_volume
 from runtime.settings import Settings
 from runtime.shutdown import SHUTDOWN
 from sinks.dry_run import Tally
@@ -150,6 +151,7 @@ _MARKER = "replay.json"
 
 def _recovery_dir(
     recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool, out: TextIO,
+    *, min_free_bytes: int,
 ) -> Path:
     """The replay's recovery store: a new one, or its own earlier one to resume.
 
@@ -178,8 +180,18 @@ def _recovery_dir(
                   f" ({made['start']}), not this one's", file=out, flush=True)
         return recovery_dir
     recovery_dir.mkdir(parents=True, exist_ok=True)
+    _enough_room(recovery_dir, min_free_bytes)  # before the marker: it would fail (ENOSPC)
     marker.write_text(json.dumps(wanted))
     return recovery_dir
+
+
+def _enough_room(directory: Path, min_free_bytes: int) -> None:
+    """Exit 74 with one ``recovery-volume-full`` line when ``directory``'s volume is short.
+
+    Bytewax's SQLite store panicked on a full volume (exit code 1, no path named).
+    """
+    if not recovery_volume.check_at_start(directory, min_free_bytes):
+        raise SystemExit(recovery_volume.RECOVERY_VOLUME_FULL)
 
 
 def replay(
@@ -202,7 +214,9 @@ def replay(
         update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
     )
     tally = Tally() if dry_run else None
-    directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out)
+    directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out,
+                              min_free_bytes=settings.recovery_min_free_bytes)
+    _enough_room(directory, settings.recovery_min_free_bytes)  # a resumed or temporary one
     flow = replayed.build(bounded, start, topics, tally)
     if not any(directory.glob("part-*.sqlite3")):
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]

@@ -10,17 +10,20 @@ once, and the SQLite store is intact. Mounting needs root: skipped otherwise.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devenv.harness.jobs import JobProcess, JobSupervisor, wait_until
+from devenv.harness.env import settings_env
+from devenv.harness.jobs import ROOT, JobProcess, JobSupervisor, wait_until
 from runtime.recovery_volume import RECOVERY_VOLUME_FULL
 from tests.chaos import (
     PacedProducer,
@@ -143,3 +146,29 @@ def test_a_start_on_a_recovery_volume_short_of_the_minimum_ends_with_one_line_an
     assert stop_job(job)["stop_exit_code"] == 0
     assert count_rows(database_url, stream.good_ids) == len(stream.good_ids)
     assert_exact_outcome(settings, database_url, stream, deliveries)
+
+
+def test_the_operator_commands_that_make_a_store_on_a_full_volume_end_with_one_line_and_74(
+    make_settings: SettingsFactory, small_volume: Path,
+) -> None:
+    """``init-recovery`` and ``replay`` open SQLite stores too: on a full volume Bytewax panicked.
+
+    Before: ``init-recovery`` died in a Rust panic (exit 1), ``replay`` likewise. Now each prints
+    the ``recovery-volume-full`` line and exits 74, having written nothing.
+    """
+    settings = make_settings(recovery_min_free_bytes=MIN_FREE)
+    env = settings_env(settings)
+    _fill(small_volume)
+    for command, store in (
+        (["init-recovery", str(small_volume / "store"), "--partitions", "2"], "store"),
+        (["replay", "--from-beginning", "--recovery-dir", str(small_volume / "replay")],
+         "replay"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "cli", *command], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == RECOVERY_VOLUME_FULL, (command, done.stderr[-3000:])
+        assert "panicked" not in done.stderr and "Traceback" not in done.stderr
+        full = [json.loads(line) for line in (done.stdout + done.stderr).splitlines()
+                if '"recovery-volume-full"' in line]
+        assert len(full) == 1 and full[0]["recovery_dir"] == str(small_volume / store)
+        assert not list((small_volume / store).glob("part-*.sqlite3"))
