@@ -541,6 +541,20 @@ def test_dotnet_timestamps_decode_on_both_paths_with_their_offset(
     assert decoded.envelope.payload.occurred_at.isoformat() == expected
 
 
+@pytest.mark.parametrize("depth", [200, 1_000, 100_000])
+def test_a_payload_nested_deeper_than_the_json_parser_reads_is_dead_lettered_as_invalid_json(
+    depth: int,
+) -> None:
+    # 200 levels in a Note, 202 in all: beyond pydantic's parser, which decides on every path
+    value = encoded(favorite_value(Payload__Note=None)).replace(
+        b'"Note": null', b'"Note": ' + b"[" * depth + b"]" * depth)
+
+    decoded = decode_favorite(record(value), ACTION_TYPES)
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.INVALID_JSON
+
+
 def test_a_schema_mismatch_letter_carries_the_ids_that_could_be_read_for_its_log_line() -> None:
     envelope = {
         "MessageId": "01938a4e-7c1a-7cc3-9a55-3f2b1c0d9e11", "Version": 1,
