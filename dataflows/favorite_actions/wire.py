@@ -51,8 +51,12 @@ import msgspec
 from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.favorites import FavoriteEnvelope
 
-_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
-"""The timestamp form parsed here; others go to pydantic (which may still accept them)."""
+_RFC3339 = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:[0-5]\d)", re.ASCII,
+)
+"""The timestamp form parsed here; others go to pydantic (which may still accept them). The
+offset's minutes are 00-59: :meth:`datetime.fromisoformat` reads ``+03:60`` as +04:00, which
+pydantic refuses."""
 
 _CorrelationId = Annotated[str, msgspec.Meta(max_length=MAX_CORRELATION_ID_LENGTH)]
 """:data:`schemas.envelope.CorrelationId`: the same bound, checked by the decoder."""

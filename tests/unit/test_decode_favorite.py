@@ -541,6 +541,18 @@ def test_dotnet_timestamps_decode_on_both_paths_with_their_offset(
     assert decoded.envelope.payload.occurred_at.isoformat() == expected
 
 
+@pytest.mark.parametrize("offset", ["+03:60", "-05:99"])
+def test_an_offset_of_sixty_minutes_or_more_is_a_schema_mismatch_not_a_later_hour(
+    offset: str,
+) -> None:
+    value = favorite_value(Payload__OccurredAt="2026-11-29T11:00:00.1234567" + offset)
+
+    decoded = decode_favorite(record(encoded(value)), ACTION_TYPES)
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.SCHEMA_MISMATCH
+
+
 @pytest.mark.parametrize("depth", [200, 1_000, 100_000])
 def test_a_payload_nested_deeper_than_the_json_parser_reads_is_dead_lettered_as_invalid_json(
     depth: int,
