@@ -5,10 +5,8 @@ from __future__ import annotations
 from enum import StrEnum
 from uuid import UUID
 
-from pydantic import AwareDatetime
-
 from schemas.base import WireModel
-from schemas.envelope import Envelope, Moment
+from schemas.envelope import Envelope, Moment, Timestamp
 
 ACTION_EVENT_AGGREGATE_TYPE = "ActionEvent"
 FAVORITE_AGGREGATE_TYPE = "Favorite"
@@ -48,7 +46,7 @@ class ActionTrackedPayload(WireModel):
     session_id: UUID
     anonymous_id: UUID
     user_id: UUID | None
-    occurred_at: AwareDatetime
+    occurred_at: Timestamp
     property_object_id: UUID
     favorite_id: UUID
 

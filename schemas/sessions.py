@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from pydantic import AwareDatetime
-
 from schemas.base import WireModel
-from schemas.envelope import Envelope, Moment
+from schemas.envelope import Envelope, Moment, Timestamp
 
 SESSION_AGGREGATE_TYPE = "Session"
 USER_AGGREGATE_TYPE = "User"
@@ -39,7 +37,7 @@ class SessionLinkedPayload(WireModel):
     session_id: UUID
     anonymous_id: UUID
     user_id: UUID
-    linked_at: AwareDatetime
+    linked_at: Timestamp
 
 
 class SessionLinkedEnvelope(Envelope[SessionLinkedPayload]):
@@ -52,7 +50,7 @@ class SessionStartedPayload(WireModel):
     session_id: UUID
     anonymous_id: UUID
     user_id: UUID | None
-    started_at: AwareDatetime
+    started_at: Timestamp
 
 
 class SessionStartedEnvelope(Envelope[SessionStartedPayload]):
@@ -65,7 +63,7 @@ class SessionEndedPayload(WireModel):
     session_id: UUID
     anonymous_id: UUID
     user_id: UUID | None
-    ended_at: AwareDatetime
+    ended_at: Timestamp
 
 
 class SessionEndedEnvelope(Envelope[SessionEndedPayload]):

@@ -16,6 +16,14 @@ msgspec first and asks pydantic only when msgspec says no:
   ``±HH:MM``) with :meth:`datetime.fromisoformat`, which truncates like pydantic.
 * Timestamps in years 1 and 9999 are left to pydantic, which refuses those that are no moment of
   years 1-9999 in UTC (:data:`schemas.envelope.Moment`; CreatedAt is not held to it).
+* Parser limits: pydantic's JSON parser (jiter) refuses, as invalid JSON, a document nested more
+  than :data:`_JSON_MAX_DEPTH` levels deep and an integer of more digits than Python converts
+  (``sys.get_int_max_str_digits()``, 4,300); msgspec reads both, in unknown fields too, and
+  raises ``RecursionError`` on a document nested about 1,000 deep. So a value long enough to
+  hold either (:data:`_SHORTEST_TOO_DEEP` bytes, the digit limit) is checked first: more
+  opening brackets than the depth limit, or longer than the digit limit, and pydantic decides
+  (``invalid-json``, as on every other path). A typical envelope (about 450 bytes) is shorter:
+  one length comparison.
 * Bounds: ``CorrelationId`` carries the contract's ``max_length``
   (:data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters, counted as code points by
   both libraries) as ``msgspec.Meta``, so a longer one fails here too and pydantic dead-letters
@@ -33,6 +41,7 @@ msgspec first and asks pydantic only when msgspec says no:
 from __future__ import annotations
 
 import re
+import sys
 from datetime import datetime
 from typing import Annotated
 from uuid import UUID
@@ -42,11 +51,27 @@ import msgspec
 from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.favorites import FavoriteEnvelope
 
-_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
-"""The timestamp form parsed here; others go to pydantic (which may still accept them)."""
+_RFC3339 = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:[0-5]\d)", re.ASCII,
+)
+"""The timestamp form parsed here; others go to pydantic (which may still accept them). The
+offset's minutes are 00-59: :meth:`datetime.fromisoformat` reads ``+03:60`` as +04:00, which
+pydantic refuses."""
 
 _CorrelationId = Annotated[str, msgspec.Meta(max_length=MAX_CORRELATION_ID_LENGTH)]
 """:data:`schemas.envelope.CorrelationId`: the same bound, checked by the decoder."""
+
+_JSON_MAX_DEPTH = 201
+"""The deepest nesting pydantic's JSON parser reads (the envelope's own object is one level)."""
+_SHORTEST_ENVELOPE = 281
+"""The shortest value :func:`decode_fast` decodes: every required field, GUIDs of 32 hex digits,
+times of 20 characters (``2026-11-29T11:00:00Z``), empty strings, no whitespace."""
+_SHORTEST_TOO_DEEP = _SHORTEST_ENVELOPE + 2 * (_JSON_MAX_DEPTH - 1)
+"""No shorter value is both an envelope and nested deeper than pydantic reads: each level beyond
+the envelope's two objects takes two bytes (an opening and a closing bracket)."""
+_MOST_DIGITS = sys.get_int_max_str_digits() or sys.maxsize
+"""pydantic refuses an integer of more digits (Python's int-string limit; 0 means none)."""
+_LONG_VALUE = min(_SHORTEST_TOO_DEEP, _MOST_DIGITS)
 
 _fullmatch = _RFC3339.fullmatch
 _EDGE_YEARS = ("0001-", "9999-")
@@ -112,9 +137,13 @@ def _timestamp(text: str) -> datetime | None:
 
 def decode_fast(value: bytes) -> FavoriteWire | None:
     """``value`` (valid UTF-8) decoded, or None when only pydantic can tell (see module doc)."""
+    if len(value) >= _LONG_VALUE and (  # rare: a typical envelope is about 450 bytes
+        len(value) > _MOST_DIGITS or value.count(b"[") + value.count(b"{") > _JSON_MAX_DEPTH
+    ):
+        return None  # maybe beyond pydantic's parser limits: pydantic decides (module doc)
     try:
         raw = _decode_raw(value)
-    except msgspec.DecodeError:  # also msgspec.ValidationError
+    except (msgspec.DecodeError, RecursionError):  # also msgspec.ValidationError
         return None
     created_at = _timestamp(raw.created_at)
     payload = raw.payload

@@ -5,8 +5,9 @@ Valid favorites of seeded sessions are interleaved with hostile records generate
 broker accepts compressed (a zstd producer whose ``message.max.bytes`` is 20 MB, so values
 several MB large once decompressed reach the broker, whose limit applies to the compressed
 batch), oversized and malformed headers, CorrelationIds over the bound, invalid UTF-8,
-tombstones, empty values, random bytes, JSON of the wrong shape, invalid owners. Then a
-sentinel batch of valid favorites, produced after every hostile record was acknowledged.
+tombstones, empty values, random bytes, JSON of the wrong shape, timestamps in Unix time,
+invalid owners. Then a sentinel batch of valid favorites, produced after every hostile record
+was acknowledged.
 
 Within :data:`DEADLINE` seconds: every valid favorite is recorded exactly once and its
 action-tracked published exactly once (with a valid traceparent or none); every bad record is
@@ -160,6 +161,9 @@ KINDS: dict[str, st.SearchStrategy[Spec]] = {
     "huge-header-poison": st.tuples(st.just("huge-header-poison"),
                                     st.integers(DLQ_REDUCED_MIN, 2_000_000)),
     "big-key-tombstone": st.tuples(st.just("big-key-tombstone"), st.integers(100_000, 200_000)),
+    "unix-time": st.tuples(st.just("unix-time"), st.sampled_from(["CreatedAt", "OccurredAt"]),
+                           st.sampled_from(["1733356800", "1733356800000", "1733356800.5",
+                                            "20241205", "-1"]), st.integers(0, 999)),
     "invalid-owner": st.tuples(st.just("invalid-owner"),
                                st.sampled_from(["both", "neither", "empty-anonymous",
                                                 "empty-message-id"]), st.integers(0, 999)),
@@ -262,6 +266,10 @@ def build(spec: Spec, settings: Settings, owners: Owners, index: int) -> Outgoin
         return poison(b"\xc3\x28", DlqReason.NOT_UTF8, (("junk-padding", b"h" * spec[1]),))
     if kind == "big-key-tombstone":
         return poison(None, DlqReason.TOMBSTONE, key=b"k" * spec[1])
+    if kind == "unix-time":  # pydantic read digits as Unix seconds: must be refused instead
+        envelope = favorite_envelope(anonymous_id=owners.pick(spec[3]))
+        (envelope if spec[1] == "CreatedAt" else envelope["Payload"])[spec[1]] = spec[2]
+        return poison(orjson.dumps(envelope), DlqReason.SCHEMA_MISMATCH)
     if kind == "invalid-owner":
         device = owners.pick(spec[2])
         envelope = {

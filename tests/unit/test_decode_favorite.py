@@ -20,6 +20,7 @@ from dataflows.favorite_actions.decode import (
     decode_favorite,
     uuid_text,
 )
+from dataflows.favorite_actions.wire import decode_fast
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
@@ -498,6 +499,72 @@ def test_json_values_of_the_wrong_type_are_not_coerced_but_dead_lettered(
 
     assert isinstance(decoded, DeadLetter)
     assert decoded.reason is DlqReason.SCHEMA_MISMATCH
+
+
+UNIX_TIMES = ["1733356800", "1733356800000", "1733356800.5", "-1", "0", "20241205", "1.0e-5"]
+"""Unix time as text: pydantic read each as seconds or milliseconds ("20241205": 1970-08-23)."""
+
+
+@pytest.mark.parametrize("field", ["CreatedAt", "Payload__OccurredAt"])
+@pytest.mark.parametrize("text", UNIX_TIMES)
+def test_a_timestamp_written_as_unix_time_is_a_schema_mismatch_not_a_moment(
+    field: str, text: str,
+) -> None:
+    decoded = decode_favorite(record(encoded(favorite_value(**{field: text}))), ACTION_TYPES)
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.SCHEMA_MISMATCH
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-11-29T11:00:00.1234567+03:00", "2026-11-29T11:00:00.123456+03:00"),  # truncated
+        ("2026-11-29T08:00:00.9999999Z", "2026-11-29T08:00:00.999999+00:00"),
+        ("2026-11-29T11:00:00+03:00", "2026-11-29T11:00:00+03:00"),
+        ("2026-11-29T08:00:00Z", "2026-11-29T08:00:00+00:00"),
+    ],
+)
+@pytest.mark.parametrize("path", ["fast", "contract"])
+def test_dotnet_timestamps_decode_on_both_paths_with_their_offset(
+    text: str, expected: str, path: str,
+) -> None:
+    # A braced MessageId is outside the fast subset: the contract (pydantic) decodes it.
+    message_id = str(MESSAGE_ID) if path == "fast" else "{" + str(MESSAGE_ID).upper() + "}"
+    value = favorite_value(MessageId=message_id, CreatedAt=text, Payload__OccurredAt=text)
+
+    decoded = decode_favorite(record(encoded(value)), ACTION_TYPES)
+
+    assert isinstance(decoded, FavoriteMessage)
+    assert (decode_fast(encoded(value)) is not None) is (path == "fast")
+    assert decoded.envelope.created_at.isoformat() == expected
+    assert decoded.envelope.payload.occurred_at.isoformat() == expected
+
+
+@pytest.mark.parametrize("offset", ["+03:60", "-05:99"])
+def test_an_offset_of_sixty_minutes_or_more_is_a_schema_mismatch_not_a_later_hour(
+    offset: str,
+) -> None:
+    value = favorite_value(Payload__OccurredAt="2026-11-29T11:00:00.1234567" + offset)
+
+    decoded = decode_favorite(record(encoded(value)), ACTION_TYPES)
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.SCHEMA_MISMATCH
+
+
+@pytest.mark.parametrize("depth", [200, 1_000, 100_000])
+def test_a_payload_nested_deeper_than_the_json_parser_reads_is_dead_lettered_as_invalid_json(
+    depth: int,
+) -> None:
+    # 200 levels in a Note, 202 in all: beyond pydantic's parser, which decides on every path
+    value = encoded(favorite_value(Payload__Note=None)).replace(
+        b'"Note": null', b'"Note": ' + b"[" * depth + b"]" * depth)
+
+    decoded = decode_favorite(record(value), ACTION_TYPES)
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.INVALID_JSON
 
 
 def test_a_schema_mismatch_letter_carries_the_ids_that_could_be_read_for_its_log_line() -> None:

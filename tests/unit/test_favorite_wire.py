@@ -12,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from dataflows.favorite_actions import wire
 from dataflows.favorite_actions.wire import FavoriteWire, decode_fast, from_model
 from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.favorites import FavoriteEnvelope
@@ -49,8 +50,12 @@ timestamps = st.one_of(
         digits(0, 25), digits(0, 60), digits(0, 61),
         st.one_of(st.just(""), st.text("0123456789", min_size=0, max_size=12).map("."
                                                                                 .__add__)),
-        st.sampled_from(["Z", "z", "", "+03:00", "-00:00", "+0300", "+03", "+24:00", "+23:59",
-                         "-12:30", "+99:99", "+03:00:30"]),
+        st.one_of(
+            st.sampled_from(["Z", "z", "", "+03:00", "-00:00", "+0300", "+03", "+24:00", "+23:59",
+                             "-12:30", "+99:99", "+03:00:30"]),
+            st.builds("{}{:02d}:{:02d}".format, st.sampled_from("+-"), digits(0, 25),
+                      digits(0, 99)),
+        ),
     ),
     st.text(max_size=40),
 )
@@ -159,6 +164,7 @@ def test_fast_path_accepts_only_what_the_contract_accepts_with_the_same_values(
 
 @settings(max_examples=500, deadline=None)
 @given(text=timestamps)
+@example(text="2024-05-01T12:00:00+03:60")  # fromisoformat: +04:00; the contract refuses it
 def test_timestamps_accepted_fast_equal_the_contracts(text: str) -> None:
     value = _valid()
     value["CreatedAt"] = text
@@ -240,6 +246,7 @@ def test_the_usual_forms_take_the_fast_path(text: str) -> None:
         ("Version", 1.0),
         ("Version", "1"),
         ("CreatedAt", "2024-02-30T12:00:00Z"),
+        ("CreatedAt", "2024-05-01T12:00:00+03:60"),  # refused by the contract
     ],
 )
 def test_what_the_fast_path_cannot_prove_goes_to_the_contract(key: str, value: Any) -> None:
@@ -273,3 +280,67 @@ def test_from_model_keeps_every_field() -> None:
     assert wire.payload.anonymous_id == model.payload.anonymous_id
     assert wire.payload.occurred_at == model.payload.occurred_at
     assert wire.correlation_id == "corr-1"
+
+
+def _with_unknown_field(value: dict[str, Any], text: str, *, in_payload: bool) -> bytes:
+    """``value`` encoded with an unknown field ``X`` whose JSON text is ``text``."""
+    encoded = _encoded(value)
+    if in_payload:
+        return encoded.replace(b'"Payload": {', b'"Payload": {"X": ' + text.encode() + b", ", 1)
+    return b'{"X": ' + text.encode() + b", " + encoded[1:]
+
+
+def _nested(depth: int, kind: str) -> str:
+    return "[" * depth + "]" * depth if kind == "[]" else '{"a": ' * depth + "1" + "}" * depth
+
+
+@settings(max_examples=300, deadline=None)
+@given(depth=st.integers(150, 1_200), kind=st.sampled_from(["[]", "{}"]),
+       in_payload=st.booleans(), correlation_id=correlation_ids)
+@example(depth=200, kind="[]", in_payload=False, correlation_id="corr-1")  # 202 levels in all
+@example(depth=1_000, kind="{}", in_payload=True, correlation_id=None)  # msgspec: RecursionError
+def test_an_unknown_field_nested_deeper_than_the_contract_reads_is_left_to_the_contract(
+    depth: int, kind: str, in_payload: bool, correlation_id: Any,
+) -> None:
+    value = _valid()
+    value["CorrelationId"] = correlation_id
+    raw = _with_unknown_field(value, _nested(depth, kind), in_payload=in_payload)
+
+    fast = decode_fast(raw)
+    model = _pydantic(raw)
+
+    if fast is not None:
+        assert model is not None, "msgspec accepted what the contract rejects"
+        _same(fast, model)
+
+
+@pytest.mark.parametrize("digits", [4_300, 4_301, 20_000])
+@pytest.mark.parametrize("form", ["{}", "-{}", "{}.5", "{}e-3"])
+def test_an_unknown_number_of_more_digits_than_the_contract_reads_is_left_to_the_contract(
+    digits: int, form: str,
+) -> None:
+    raw = _with_unknown_field(_valid(), form.format("9" * digits), in_payload=True)
+
+    fast = decode_fast(raw)
+    model = _pydantic(raw)
+
+    if fast is not None:
+        assert model is not None, "msgspec accepted what the contract rejects"
+        _same(fast, model)
+
+
+def test_the_shortest_envelope_the_fast_path_decodes_is_as_long_as_its_depth_gate_assumes() -> None:
+    # The depth check is skipped below _SHORTEST_TOO_DEEP bytes: sound only if no envelope the
+    # fast path decodes is shorter than _SHORTEST_ENVELOPE (every shorter spelling of a field
+    # is refused: a GUID in fewer than 32 hex digits, a time in fewer than 20 characters).
+    guid, time = "0" * 31 + "1", "2026-11-29T11:00:00Z"
+    shortest = orjson.dumps({
+        "MessageId": guid, "CreatedAt": time, "Version": 0, "AggregateId": "",
+        "AggregateType": "", "Payload": {"FavoriteId": guid, "PropertyObjectId": guid,
+                                         "OccurredAt": time},
+    })
+
+    assert decode_fast(shortest) is not None
+    assert len(shortest) == wire._SHORTEST_ENVELOPE
+    assert decode_fast(shortest.replace(guid.encode(), guid[1:].encode(), 1)) is None
+    assert decode_fast(shortest.replace(time.encode(), time[:16].encode() + b"Z", 1)) is None

@@ -116,6 +116,34 @@ def test_a_sign_in_at_the_ends_of_the_utc_range_decodes(signed_in_at: str) -> No
     assert decoded.signed_in_at == datetime.fromisoformat(signed_in_at)
 
 
+@pytest.mark.parametrize("field", ["CreatedAt", "Payload__SignedInAt"])
+@pytest.mark.parametrize("text", ["1733356800", "1733356800000", "1733356800.5", "-1", "20241205",
+                                  "1.0e-5"])
+def test_a_timestamp_written_as_unix_time_is_dead_lettered_as_a_schema_mismatch(
+    field: str, text: str,
+) -> None:
+    decoded = decode(sign_in_value(**{field: text}))
+
+    assert isinstance(decoded, DeadLetter)
+    assert decoded.reason is DlqReason.SCHEMA_MISMATCH
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-11-29T11:00:00.1234567+03:00", "2026-11-29T11:00:00.123456+03:00"),  # truncated
+        ("2026-11-29T11:00:00+03:00", "2026-11-29T11:00:00+03:00"),
+        ("2026-11-29T08:00:00Z", "2026-11-29T08:00:00+00:00"),
+    ],
+)
+def test_a_dotnet_signed_in_at_decodes_with_its_offset(text: str, expected: str) -> None:
+    decoded = decode(sign_in_value(CreatedAt=text, Payload__SignedInAt=text))
+
+    assert isinstance(decoded, SignInMessage)
+    assert decoded.signed_in_at.isoformat() == expected
+    assert decoded.envelope.created_at.isoformat() == expected
+
+
 @pytest.mark.parametrize("field", ["MessageId", "Payload__UserId", "Payload__AnonymousId"])
 def test_an_empty_guid_is_an_invalid_sign_in_not_a_dead_letter(field: str) -> None:
     decoded = decode(sign_in_value(**{field: str(EMPTY_GUID)}))
