@@ -30,7 +30,8 @@ copied into the output   maximum                              over the bound / i
 ``UserId``,
 ``AnonymousId``
 ``OccurredAt``           aware datetime (years 1-9999,        not one: ``schema-mismatch``
-                         written in at most 32 characters)
+                         offset at most ±14:00, written in
+                         at most 32 characters)
 =======================  ===================================  ==================================
 
 Not copied into any output, so bounded only by the record size the broker accepts:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Generic, TypeVar
 from uuid import UUID
 
@@ -73,8 +73,19 @@ Timestamp = Annotated[datetime, _IsoText()]
 time, never a JSON number. Anything else is a ``schema-mismatch``."""
 
 
+MAX_UTC_OFFSET = timedelta(hours=14)
+"""The largest offset from UTC a .NET DateTimeOffset holds (either way): a larger one makes
+``new DateTimeOffset(...)`` throw, and System.Text.Json refuses the text."""
+
+
 def _a_moment_of_years_1_to_9999_in_utc(value: datetime) -> datetime:
-    """``value`` when it is a moment of years 1-9999 in UTC; else the contract is broken."""
+    """``value`` when it is a moment of years 1-9999 in UTC with an offset of at most 14 hours.
+
+    Else the contract is broken (an event carrying it is one a .NET consumer cannot parse).
+    """
+    offset = value.utcoffset()
+    if offset is not None and abs(offset) > MAX_UTC_OFFSET:
+        raise ValueError("an offset from UTC of more than 14 hours")
     try:
         value.astimezone(UTC)
     except OverflowError:

@@ -52,11 +52,14 @@ from schemas.envelope import MAX_CORRELATION_ID_LENGTH
 from schemas.favorites import FavoriteEnvelope
 
 _RFC3339 = re.compile(
-    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:[0-5]\d)", re.ASCII,
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-](?:0\d|1[0-3]):[0-5]\d|[+-]14:00)",
+    re.ASCII,
 )
 """The timestamp form parsed here; others go to pydantic (which may still accept them). The
 offset's minutes are 00-59: :meth:`datetime.fromisoformat` reads ``+03:60`` as +04:00, which
-pydantic refuses."""
+pydantic refuses. The offset is at most 14 hours either way (.NET's DateTimeOffset: see
+:data:`schemas.envelope.MAX_UTC_OFFSET`); a larger one is left to the contract, which refuses it
+in OccurredAt."""
 
 _CorrelationId = Annotated[str, msgspec.Meta(max_length=MAX_CORRELATION_ID_LENGTH)]
 """:data:`schemas.envelope.CorrelationId`: the same bound, checked by the decoder."""

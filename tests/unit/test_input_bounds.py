@@ -123,11 +123,16 @@ def session_linked(message: SignInMessage) -> Any:
 # ---- OccurredAt ------------------------------------------------------------------------------
 
 EDGE_MOMENTS = ["0001-01-01T00:00:00Z", "0001-01-01T03:00:00+03:00", "9999-12-31T23:59:59.999999Z",
-                "9999-12-31T20:59:59-03:00"]
-"""Moments at the ends of years 1-9999 in UTC."""
+                "9999-12-31T20:59:59-03:00", "2026-11-29T11:00:00+14:00",
+                "2026-11-29T11:00:00-14:00", "2026-11-29T11:00:00+05:45"]
+"""Moments at the ends of years 1-9999 in UTC, and at the ends of .NET's offsets."""
 NO_MOMENTS = ["0001-01-01T00:00:00+03:00", "0001-01-01T00:00:00+14:00",
-              "9999-12-31T23:59:59.9999999-14:00", "9999-12-31T23:59:59-00:01"]
-"""Valid local times that are no moment of years 1-9999 in UTC (1 BC, year 10000)."""
+              "9999-12-31T23:59:59.9999999-14:00", "9999-12-31T23:59:59-00:01",
+              "2026-11-29T11:00:00+14:01", "2026-11-29T11:00:00-14:30",
+              "2026-11-29T11:00:00.1234567+15:00", "2026-11-29T11:00:00+23:59"]
+"""Valid local times that are no moment of years 1-9999 in UTC (1 BC, year 10000), or whose
+offset a .NET DateTimeOffset cannot hold (more than 14 hours: both paths accepted +15:00 to
++23:59, and action-tracked carried it to a consumer that cannot parse it)."""
 
 
 def _occurred_at(text: str, *, slow_path: bool) -> dict[str, Any]:

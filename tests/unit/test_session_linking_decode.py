@@ -95,6 +95,9 @@ def test_another_contract_version_is_decoded_and_flagged() -> None:
          DlqReason.SCHEMA_MISMATCH),
         (json.dumps(sign_in_value(Payload__SignedInAt="9999-12-31T23:59:59-03:00")).encode(),
          DlqReason.SCHEMA_MISMATCH),
+        # an offset no .NET DateTimeOffset holds (session-linked would carry it to CRM)
+        (json.dumps(sign_in_value(Payload__SignedInAt="2026-11-29T11:00:00+15:00")).encode(),
+         DlqReason.SCHEMA_MISMATCH),
     ],
 )
 def test_undecodable_records_become_dead_letters_with_a_reason(
