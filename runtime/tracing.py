@@ -63,6 +63,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
+from runtime.logs import log_event
+from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import TRACEPARENT, MessageTrace, valid_traceparent
 
@@ -478,13 +480,36 @@ def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None =
     return True
 
 
-def shutdown() -> None:
-    """Flush and stop tracing (finished spans are exported first); tracing is off after it."""
+SHUTDOWN_FLUSH_SECONDS = 2.0
+"""The longest the spans still queued at exit may take to export: what is not sent by then is
+dropped. The SDK's own shutdown waits up to 30 s for its worker, whose export of a batch to a
+collector that accepts connections and never answers waits the exporter's 10 s time-out, then
+retries: measured, a clean stop with such a collector took 17-20 s and then the harness's
+SIGKILL (Kubernetes' grace is 30 s), instead of about one second."""
+
+
+def shutdown(timeout: float = SHUTDOWN_FLUSH_SECONDS) -> None:
+    """Flush and stop tracing; tracing is off after it. Never waits longer than ``timeout``.
+
+    Finished spans are exported first, within ``timeout`` and within what is left of a stop's
+    grace (:data:`runtime.shutdown.SHUTDOWN`); past it the export is left to a daemon thread,
+    which ends with the process (the spans are lost, never the stop), and that is logged once
+    (``tracing-flush-abandoned``).
+    """
     global _state
     with _state_lock:
         state, _state = _state, None
-    if state is not None:
-        state.processor.shutdown()
+    if state is None:
+        return
+    wait = SHUTDOWN.time_left(timeout)
+    flushing = threading.Thread(target=state.processor.shutdown, name="tracing-flush",
+                                daemon=True)
+    flushing.start()
+    flushing.join(wait)
+    if flushing.is_alive():
+        log_event(logger, "tracing-flush-abandoned", logging.WARNING, waited_s=round(wait, 1),
+                  consequence="spans not exported yet are dropped (the collector did not"
+                              " answer in time); the stop goes on")
 
 
 def enabled() -> bool:

@@ -12,6 +12,9 @@ with an ERROR ``handle`` span (the in-memory exporter, the flow in-process).
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import uuid
 from typing import Any
 
@@ -29,7 +32,15 @@ from devenv.harness.sessions import insert_session
 from devenv.otlp_receiver import OtlpReceiver, ReceivedSpan
 from runtime import tracing
 from runtime.tracing import Sampling
-from tests.chaos import fail_sign_in_batches_of
+from tests.chaos import (
+    PacedProducer,
+    assert_exact_outcome,
+    count_log_events,
+    fail_sign_in_batches_of,
+    good_stream,
+    stop_job,
+    wait_until_drained,
+)
 from tests.conftest import SettingsFactory
 from tests.support import consume_all, envelope_record, produce
 
@@ -180,3 +191,54 @@ def test_a_sampled_sign_in_dead_lettered_by_the_sink_ends_its_trace_with_an_erro
     assert poisoned.status.description == "dead-lettered: processing-error"
     assert linked.attributes["user_activity.outcome"] == "linked"
     assert linked.status.status_code is StatusCode.OK
+
+
+class _SilentCollector:
+    """A TCP listener that accepts connections and never answers: a hung OTLP collector."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._held: list[socket.socket] = []
+        self.endpoint = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self._held.append(self._socket.accept()[0])
+
+    def close(self) -> None:
+        self._socket.close()
+        for held in self._held:
+            held.close()
+
+
+def test_a_collector_that_never_answers_does_not_hold_up_a_clean_stop(
+    make_settings: SettingsFactory, database_url: str, jobs: JobSupervisor,
+) -> None:
+    """The spans queued at exit are flushed for 2 s at most, then dropped; the stop goes on.
+
+    Before: the SDK's shutdown waited for its worker, whose export to this collector waited
+    the exporter's 10 s time-out and retried: the stop took 20 s and ended in the harness's
+    SIGKILL (-9; Kubernetes' grace is 30 s), every message recorded all the same.
+    """
+    settings = make_settings(tail=True)
+    stream = good_stream(settings, database_url, 6_000, seed=31)
+    collector = _SilentCollector()
+    try:
+        job = jobs.job(settings, extra_env={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+                                            "OTEL_SERVICE_NAME": "user-activity-stream-test",
+                                            "OTEL_BSP_SCHEDULE_DELAY": "200"})
+        job.start()
+        producer = PacedProducer(settings, stream.records, rate=2_000)
+        producer.start()
+        deliveries = producer.result()
+        wait_until_drained(job, database_url, stream)
+        stopped = stop_job(job)
+    finally:
+        collector.close()
+    assert stopped["stop_exit_code"] == 0, stopped
+    assert stopped["stop_s"] < 10, stopped
+    wait_until(lambda: count_log_events(job, "tracing-flush-abandoned") == 1, 5,
+               "the abandoned flush said once")
+    assert_exact_outcome(settings, database_url, stream, deliveries)
