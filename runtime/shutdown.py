@@ -20,6 +20,12 @@ of the stop itself (closing consumers, flushing producers, the outbox's final dr
 by the same deadline (:meth:`Shutdown.time_left`), and a stop that had to leave work behind
 (:meth:`Shutdown.unfinished`) also exits 75 once Bytewax has returned.
 
+A call that never returns cannot reach a retry loop: a database or broker that accepts
+connections and does not answer (a frozen server, storage that hangs) keeps the worker in its
+query. Measured with a PostgreSQL stopped by SIGSTOP: SIGTERM, then nothing until the kill at
+40 s. So a process that installed the signal handlers ends itself :data:`DEADLINE_MARGIN`
+seconds after the grace (:func:`abandon`, 75: a SIGKILL with a reason), before Kubernetes' kill.
+
 The job may also stop itself to be started again (:meth:`Shutdown.restart`: an input topic
 gained partitions, :mod:`sources.partition_watch`): a clean stop like SIGTERM's, then exit
 code 75, which every supervisor restarts.
@@ -40,6 +46,10 @@ from runtime.logs import log_event
 
 logger = logging.getLogger(__name__)
 
+DEADLINE_MARGIN = 5.0
+"""Seconds past the grace after which a process with the signal handlers ends a stop that is
+still running (module doc): 20 + 5 s, within Kubernetes' 30 s."""
+
 STOPPED_DURING_OUTAGE = 75
 """The exit code of a stop that an outage kept from finishing (``EX_TEMPFAIL``), and of a clean
 stop the job asked for to be started again: start it again, nothing is lost."""
@@ -55,6 +65,10 @@ class Shutdown:
         """Seconds a stop waits for an outage to end (module doc)."""
         self._requested_at: float | None = None
         self._unfinished: list[str] = []
+        self.deadline = False
+        """Whether a stop ends the process ``grace`` + :data:`DEADLINE_MARGIN` seconds after
+        it was requested, if still running (set by :func:`install_signal_handlers`: never in
+        a test's own process)."""
 
     def requested(self) -> bool:
         """True once a stop was asked for."""
@@ -67,6 +81,13 @@ class Shutdown:
             self._requested_at = time.monotonic()
             self._event.set()
             log_event(logger, "shutdown-requested", logging.WARNING, reason=reason)
+            if self.deadline:
+                limit = self.grace + DEADLINE_MARGIN
+                timer = threading.Timer(limit, abandon, (
+                    f"the stop did not end within {limit:g} s: a call that does not return (a"
+                    " database or broker that accepts connections and does not answer)",))
+                timer.daemon = True
+                timer.start()
 
     def restart(self, reason: str) -> None:
         """Ask for a clean stop after which the process must be started again (exit code 75)."""
@@ -156,10 +177,14 @@ def _handle(signum: int, _frame: FrameType | None) -> None:
 
 
 def install_signal_handlers(grace: float = 20.0) -> bool:
-    """SIGTERM and SIGINT -> :data:`SHUTDOWN` (with ``grace``); False off the main thread."""
+    """SIGTERM and SIGINT -> :data:`SHUTDOWN` (with ``grace`` and the deadline after it).
+
+    False off the main thread (nothing installed).
+    """
     if threading.current_thread() is not threading.main_thread():
         return False
     SHUTDOWN.grace = grace
+    SHUTDOWN.deadline = True
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
     return True

@@ -6,13 +6,16 @@ A stop cannot commit or publish through an outage. Kubernetes kills a pod 30 s a
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import time
 from typing import Any
 
 import pytest
 
 from devenv.harness.jobs import JobSupervisor
+from runtime.shutdown import DEADLINE_MARGIN
 from tests.chaos import (
     PacedProducer,
     assert_exact_outcome,
@@ -105,3 +108,53 @@ def test_sigterm_while_the_job_starts_and_kafka_is_down_exits_within_the_grace(
     assert code == 75, job.log_tail()
     assert took < settings.stop_grace_seconds + 4, (
         f"exit {took:.1f} s after SIGTERM\n{job.log_tail(40)}")
+
+
+def _frozen(postmaster: int) -> list[int]:
+    """The server's processes (the postmaster and its children), stopped with SIGSTOP."""
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(postmaster)],
+                              capture_output=True, text=True, check=True).stdout.split()
+    pids = [postmaster, *map(int, children)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_kill(
+    make_settings: SettingsFactory, jobs: JobSupervisor, postgres_server: Any,
+) -> None:
+    """A frozen server holds the worker in its query, where no retry loop sees the stop.
+
+    The server's processes are stopped with SIGSTOP: its kernel still accepts and acknowledges.
+    Before the deadline, the job was still in its query when the harness killed it (-9 after
+    40 s). Now it ends itself at the grace plus 5 s with 75, and the next start loses nothing
+    and records nothing twice.
+    """
+    if postgres_server is None:
+        pytest.skip("needs the suite's own PostgreSQL (external one configured)")
+    settings = make_settings(stop_grace_seconds=5.0)  # (20 s deployed) a shorter test
+    database_url = settings.database_dsn()
+    stream = good_stream(settings, database_url, 3_000, seed=23)
+    job = jobs.job(settings)
+    job.start()
+    producer = PacedProducer(settings, stream.records, rate=1_000)
+    producer.start()
+    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    frozen = _frozen(postgres_server.pid)
+    try:
+        time.sleep(2)  # the worker is in a query now
+        started = time.monotonic()
+        code = job.terminate(timeout=40, sig=signal.SIGTERM)
+        took = time.monotonic() - started
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert code == 75, job.log_tail()
+    assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
+    assert "stopped-during-outage" in [e.get("event") for e in job.log_events(1)]
+    job.start()
+    deliveries = producer.result()
+    wait_until_drained(job, database_url, stream)
+    assert job.terminate(timeout=25) == 0
+    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    assert counts.rows == counts.tracked_distinct == len(stream.good_ids)

@@ -73,3 +73,28 @@ def test_a_restart_the_job_asks_for_is_a_clean_stop_that_exits_75_at_the_end() -
     assert done.returncode == 75
     assert "stop requested True" in done.stdout  # the stop itself runs to its end first
     assert done.stderr.split() == ["shutdown-requested", "stopped-for-restart"]
+
+
+def test_a_stop_stuck_in_a_call_that_never_returns_ends_at_the_deadline_with_75() -> None:
+    """A worker blocked in a query to a frozen server never reaches a retry loop (module doc)."""
+    done = _exit_code(
+        "import logging, sys, time\n"
+        "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
+        "import runtime.shutdown as shutdown\n"
+        "shutdown.DEADLINE_MARGIN = 0.5\n"
+        "shutdown.install_signal_handlers(grace=0.5)\n"
+        "started = time.monotonic(); shutdown.SHUTDOWN.request('SIGTERM')\n"
+        "time.sleep(30)  # the call that does not return\n"
+        "print('not reached')\n")
+    assert done.returncode == STOPPED_DURING_OUTAGE
+    assert done.stderr.split() == ["shutdown-requested", "stopped-during-outage"]
+    assert "not reached" not in done.stdout
+
+
+def test_without_the_signal_handlers_a_stop_request_never_ends_the_process() -> None:
+    done = _exit_code(
+        "import time\n"
+        "import runtime.shutdown as shutdown\n"
+        "shutdown.DEADLINE_MARGIN = 0.2\n"
+        "s = shutdown.Shutdown(grace=0.0); s.request('test'); time.sleep(1.5); print('ran on')\n")
+    assert done.returncode == 0 and "ran on" in done.stdout
