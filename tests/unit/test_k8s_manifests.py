@@ -17,6 +17,7 @@ import yaml
 
 from cli import replay
 from runtime.settings import ENV_PREFIX, Settings
+from runtime.shutdown import DEADLINE_MARGIN
 from runtime.tracing import Sampling, tracing_wanted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -508,3 +509,11 @@ def test_dockerfile_builds_a_non_root_python_image_from_the_app_directories() ->
     assert "[dev]" not in dockerfile
     for directory in ("schemas", "dataflows", "sinks", "sources", "runtime", "migrations"):
         assert re.search(rf"(?m)^COPY {directory} \./{directory}$", dockerfile), directory
+
+
+@pytest.mark.parametrize("statefulset", STATEFULSETS.values(), ids=list(STATEFULSETS))
+def test_the_pods_grace_outlasts_the_stops_own_deadline(statefulset: Doc) -> None:
+    """A stop ends itself at the grace plus the deadline's margin (exit 75), before the kill."""
+    grace = float(CONFIG["USER_ACTIVITY_STOP_GRACE_SECONDS"])
+    assert statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > (
+        grace + DEADLINE_MARGIN)
