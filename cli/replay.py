@@ -36,7 +36,7 @@ from bytewax.testing import run_main
 from prometheus_client import REGISTRY
 
 from dataflows.session_linking.linking import LinkOutcome
-from runtime import recovery_volume
+from runtime import recovery_store, recovery_volume
 from runtime.settings import Settings
 from runtime.shutdown import SHUTDOWN
 from sinks.dry_run import Tally
@@ -145,8 +145,9 @@ class ReplayRefused(ValueError):
     """A replay that would do something other than what was asked: refused before it reads."""
 
 
-_MARKER = "replay.json"
-"""Written into a recovery directory a replay made: what it replays, from where."""
+_MARKER = recovery_store.REPLAY_MARKER
+"""Written into a recovery directory a replay made: what it replays, from where (the main job
+refuses such a store)."""
 
 
 def _recovery_dir(

@@ -5,7 +5,9 @@
 sink): the settings (a bad one is one line and exit code 2), JSON logging, the health/metrics
 server, the malloc trimmer, tracing (``OTEL_*``, :mod:`runtime.tracing`), garbage-collector
 tuning, SIGTERM / Ctrl-C as a clean stop of the whole cluster, and the recovery volume's watch
-(:mod:`runtime.recovery_volume`: a start on a full volume is one line and exit code 74).
+(:mod:`runtime.recovery_volume`: a start on a full volume is one line and exit code 74), and
+the recovery store's check and lock (:mod:`runtime.recovery_store`: a missing, foreign or shared
+store, or a tailing job without one, is one line and exit code 78).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def flow_attribute(flow_module: str, name: str) -> Any:
     if name == "build_flow":
         return module.build_flow
     if name == "flow":
-        from runtime import recovery_volume
+        from runtime import recovery_store, recovery_volume
         from runtime.cluster_stop import ClusterStop
         from runtime.configuration import load_settings
         from runtime.gc_tuning import tune_gc
@@ -44,6 +46,10 @@ def flow_attribute(flow_module: str, name: str) -> Any:
             if not recovery_volume.check_at_start(store, settings.recovery_min_free_bytes):
                 raise SystemExit(recovery_volume.RECOVERY_VOLUME_FULL)
             recovery_volume.watch(store, settings.recovery_min_free_bytes)
+        # Before Bytewax opens it: a missing, foreign or shared store (recovery_store's list).
+        if not recovery_store.check_at_start(sys.argv, os.environ, _flow_id(flow_module),
+                                             tail=settings.tail):
+            raise SystemExit(recovery_store.RECOVERY_REFUSED)
         # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
         # their first poll), never the default kill (exit -15) of a process still starting.
         handled = install_signal_handlers(settings.stop_grace_seconds)
@@ -63,6 +69,14 @@ def flow_attribute(flow_module: str, name: str) -> Any:
                         tcp_options=settings.database_tcp_options()).start()
         return flow
     raise AttributeError(name)
+
+
+def _flow_id(flow_module: str) -> str:
+    """The flow's Bytewax id, the prefix of its step ids in a recovery store.
+
+    Its package: ``dataflows.favorite_actions.flow`` -> ``favorite_actions``.
+    """
+    return flow_module.split(".")[1]
 
 
 def _consumer_group(settings: Any, flow_module: str) -> str:

@@ -488,7 +488,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
             next_offset = offset + 1
             last = msg
         if not messages:
-            next_offset = self._passed(next_offset, end)
+            next_offset = self._passed(self._expired_unseen(next_offset, end), end)
         self._next_offset = next_offset
         if last is not None:
             self._read_at = now
@@ -526,6 +526,26 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
             partition=self.partition, from_offset=expected, to_offset=lost_to,
             records=lost_to - expected, log_start_offset=low,
         )
+
+    def _expired_unseen(self, next_offset: int | None, end: int | None) -> int | None:
+        """The next offset, moved to the log start when records up to it expired unread.
+
+        :meth:`_gap` sees expired records when the next record arrives past them. When every
+        record after the next offset was deleted (a job stopped longer than the retention, on
+        a partition nothing was written to since), none arrives: the partition sat at its old
+        offset, one lag of records behind, and the loss was counted only once a new record
+        came, on a quiet partition never. An empty poll therefore asks librdkafka's cached
+        log start (no broker call) and counts what lies before it the same way.
+        """
+        if next_offset is None:
+            return next_offset
+        low = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)[0]
+        if end is not None:
+            low = min(low, end)
+        if low <= next_offset:
+            return next_offset
+        self._gap(next_offset, low)
+        return low
 
     def _went_back(self, expected: int, got: int) -> None:
         """A record before the next offset arrived: the partition's offsets were reset.

@@ -137,6 +137,37 @@ def test_records_deleted_before_they_were_read_are_counted_and_logged_as_expired
     assert line.levelno == logging.ERROR
 
 
+def test_records_deleted_up_to_the_partitions_end_while_the_job_was_stopped_are_counted(
+    make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every record after the snapshot (5) deleted, none written since: log start = end = 20.
+
+    No record arrives to show the gap, and the empty polls move the offset to the consumer's
+    position (the log start): the 15 records lost are counted and logged all the same (they
+    were skipped with no signal, the next snapshot at 20).
+    """
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    produce(settings, [Produced(topic, str(i).encode(), b"{}", partition=0) for i in range(20)])
+    admin = AdminClient(settings.kafka_client_config())
+    [future] = admin.delete_records([TopicPartition(topic, 0, 20)]).values()
+    assert future.result(30).low_watermark == 20
+    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+                      stuck_after=0).build_part("input", f"{topic}#0", 5)
+    try:
+        deadline = time.monotonic() + 30
+        while (state := part.snapshot()) != 20 and not (isinstance(state, tuple)
+                                                        and state[0] == 20):
+            assert time.monotonic() < deadline, f"still at {part.snapshot()}"
+            assert [i for i in part.next_batch() if isinstance(i, SourceRecord)] == []
+            time.sleep(0.02)
+    finally:
+        part.close()
+    assert _expired(topic) == 15
+    [line] = [r for r in caplog.records if r.getMessage().startswith("input-records-expired")]
+    assert line.levelno == logging.ERROR
+
+
 def test_a_resume_offset_past_the_partitions_end_reads_from_the_log_start_and_says_so(
     make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
 ) -> None:

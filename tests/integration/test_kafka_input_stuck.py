@@ -95,7 +95,9 @@ def test_records_behind_a_transaction_open_upstream_keep_the_consumer_and_are_sa
     try:
         produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(5)])
         assert _read(part, 5, 30) == list(range(5))
-        consumer = part._consumer
+        # A first fetch slower than stuck_after (a loaded machine) replaces the consumer then,
+        # rightly: what counts is what happens from here on.
+        consumer, retries_before = part._consumer, len(retries)
         upstream.init_transactions(30)
         upstream.begin_transaction()
         upstream.produce(topic, b"{}", key=b"k", partition=0)  # offset 5, left open
@@ -103,7 +105,7 @@ def test_records_behind_a_transaction_open_upstream_keep_the_consumer_and_are_sa
         produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(4)])  # 6-9
         with caplog.at_level(logging.INFO, logger="sources.kafka_input"):
             assert _read(part, 1, 5.0) == []  # four stuck checks' worth: held back, not stuck
-            assert part._consumer is consumer and retries == []
+            assert part._consumer is consumer and len(retries) == retries_before
             said = [r for r in caplog.records if r.getMessage() == "input-behind-open-transaction"]
             assert len(said) == 1
             assert (said[0].next_offset, said[0].last_stable_offset,  # type: ignore[attr-defined]
@@ -112,6 +114,7 @@ def test_records_behind_a_transaction_open_upstream_keep_the_consumer_and_are_sa
             upstream.abort_transaction(30)
             assert _read(part, 4, 30) == [6, 7, 8, 9]
             ended = [r for r in caplog.records if r.getMessage() == "input-open-transaction-ended"]
-            assert len(ended) == 1 and part._consumer is consumer and retries == []
+            assert len(ended) == 1 and part._consumer is consumer
+            assert len(retries) == retries_before
     finally:
         part.close()

@@ -94,7 +94,8 @@ def test_a_port_in_use_is_one_line_and_exit_code_2_not_a_traceback() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         env = {**base_env(), "USER_ACTIVITY_HTTP_HOST": "127.0.0.1",
-               "USER_ACTIVITY_HTTP_PORT": str(port)}
+               "USER_ACTIVITY_HTTP_PORT": str(port),
+               "USER_ACTIVITY_TAIL": "false"}  # no recovery-disabled warning before the line
 
         done = subprocess.run(ENTRY_POINTS["favorites job"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60, check=False)

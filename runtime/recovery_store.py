@@ -1,0 +1,232 @@
+"""The Bytewax recovery store a job is started on: checked before Bytewax opens it, and locked.
+
+Bytewax 0.21.1 keeps no flow name in its store and checks little at start. Operator mistakes
+seen on the real services (``tests/e2e/test_recovery_store.py``):
+
+- a directory with no partitions (no ``init-recovery``), one that does not exist, or a store
+  lacking a partition: a 30-frame Rust backtrace and exit code 1 (``NoPartitionsError``,
+  ``FileNotFoundError``, ``MissingPartitionsError``);
+- another flow's store, or a store ``user-activity replay`` made: the job ran, silently, from
+  no snapshot of its own (the whole retention read again, the other flow's store mixed with
+  this one's snapshots), or from the replay's offsets;
+- two job processes on one store at once: both ran, each reading every input partition, both
+  writing snapshots into the same partitions;
+- ``-s 0``: a snapshot at every activation (about 50 a second).
+
+Each is now refused before anything is read or written: one ``recovery-refused`` ERROR line
+names the directory and the problem, exit code :data:`RECOVERY_REFUSED` (78, ``EX_CONFIG``).
+A tailing job with no store at all (no ``-r``) runs, as the benchmark's steady phase does, but
+says so in one ``recovery-disabled`` WARNING line: every start reads from
+``USER_ACTIVITY_STARTING_OFFSET`` again (``latest``: what arrived while it was stopped is
+skipped), and nothing said so before.
+The store's files are only read (SQLite, read-only). What one process cannot see is left to
+Bytewax: in a cluster a process may hold no partition, so completeness is the cluster's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from runtime.logs import log_event
+
+logger = logging.getLogger(__name__)
+
+RECOVERY_REFUSED = 78
+"""The exit code of a job refused its recovery store or settings (``EX_CONFIG``): nothing was
+read or written; fix what the ``recovery-refused`` line names and start again."""
+
+REPLAY_MARKER = "replay.json"
+"""Written by ``user-activity replay`` into a recovery directory it made."""
+
+_PARTITION_GLOB = "part-*.sqlite3"
+_INIT = "create it with `user-activity init-recovery DIR --partitions N` (N >= the workers)"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``python -m bytewax.run`` was told about recovery and the cluster."""
+
+    recovery_dir: Path | None
+    snapshot_seconds: int | None
+    process_id: int
+    processes: int
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One ``part-N.sqlite3`` file: the index and count it was made with, the steps it holds."""
+
+    name: str
+    index: int | None
+    count: int | None
+    steps: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Store:
+    """What a recovery directory holds (read, not changed)."""
+
+    exists: bool
+    partitions: tuple[Partition, ...] = ()
+    replay_marker: bool = False
+
+
+def run_options(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:
+    """The options of ``python -m bytewax.run`` (arguments, else its variables), as it reads."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("-r", "--recovery-directory")
+    parser.add_argument("-s", "--snapshot-interval")
+    parser.add_argument("-i", "--process-id")
+    parser.add_argument("-a", "--addresses")
+    known, _rest = parser.parse_known_args(list(argv[1:]))
+    directory = known.recovery_directory or environ.get("BYTEWAX_RECOVERY_DIRECTORY")
+    snapshot = known.snapshot_interval or environ.get("BYTEWAX_SNAPSHOT_INTERVAL")
+    process = known.process_id or environ.get("BYTEWAX_PROCESS_ID")
+    if process is None and "BYTEWAX_POD_NAME" in environ and "BYTEWAX_STATEFULSET_NAME" in environ:
+        process = environ["BYTEWAX_POD_NAME"].replace(environ["BYTEWAX_STATEFULSET_NAME"] + "-", "")
+    addresses = known.addresses or environ.get("BYTEWAX_ADDRESSES")
+    if process is not None and addresses is None and environ.get("BYTEWAX_HOSTFILE_PATH"):
+        try:
+            addresses = ";".join(line.strip() for line in Path(
+                environ["BYTEWAX_HOSTFILE_PATH"]).read_text().splitlines() if line.strip())
+        except OSError:
+            addresses = None
+    processes = len([a for a in addresses.split(";") if a]) if addresses else 1
+    return RunOptions(
+        Path(directory) if directory else None,
+        int(snapshot) if snapshot is not None and snapshot.strip().isdigit() else None,
+        int(process) if process is not None and str(process).strip().isdigit() else 0,
+        max(processes, 1),
+    )
+
+
+def read_store(directory: Path) -> Store:
+    """The partitions in ``directory``, each opened read-only; nothing is written."""
+    if not directory.is_dir():
+        return Store(exists=False)
+    partitions = tuple(_read_partition(path) for path in sorted(directory.glob(_PARTITION_GLOB)))
+    return Store(True, partitions, (directory / REPLAY_MARKER).exists())
+
+
+def _read_partition(path: Path) -> Partition:
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("SELECT part_index, part_count FROM parts").fetchone()
+            steps = frozenset(step for (step,) in conn.execute(
+                "SELECT DISTINCT step_id FROM snaps"))
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return Partition(path.name, None, None)
+    if row is None:
+        return Partition(path.name, None, None, steps)
+    return Partition(path.name, int(row[0]), int(row[1]), steps)
+
+
+def problems(options: RunOptions, store: Store | None, flow_id: str) -> list[str]:
+    """Why the job must not start on this store (empty: it may). Pure: no I/O.
+
+    ``store`` is None when no recovery directory was given (nothing to refuse: a tailing job
+    is warned, :func:`check_at_start`).
+    """
+    directory = options.recovery_dir
+    if directory is None or store is None:
+        return []
+    found: list[str] = []
+    if options.snapshot_seconds == 0:
+        found.append("-s 0 (BYTEWAX_SNAPSHOT_INTERVAL) snapshots at every activation, dozens a"
+                     " second: give the snapshot interval in whole seconds >= 1 (-s 30)")
+    if not store.exists:
+        return [*found, f"the recovery directory does not exist: {_INIT}"]
+    if store.replay_marker:
+        found.append(f"this store was made by `user-activity replay` ({REPLAY_MARKER}): the job"
+                     " would resume from the replay's offsets; give the job its own store")
+    unreadable = [p.name for p in store.partitions if p.index is None]
+    if unreadable:
+        found.append(f"not Bytewax recovery partitions: {', '.join(unreadable)}")
+    others = sorted({step.partition(".")[0] for p in store.partitions for step in p.steps}
+                    - {flow_id})
+    if others:
+        found.append(f"the store holds snapshots of the flow {', '.join(others)}, not {flow_id}:"
+                     " each flow needs its own store (the job would start from no snapshot,"
+                     " silently, and mix its snapshots into the other flow's)")
+    counts = sorted({p.count for p in store.partitions if p.count is not None})
+    if len(counts) > 1:
+        found.append(f"partitions of different stores (made with {counts} partitions):"
+                     " a store's partitions come from one `init-recovery`")
+    elif counts and options.processes == 1:
+        missing = sorted(set(range(counts[0])) - {p.index for p in store.partitions})
+        if missing:
+            found.append(f"partitions {missing} of {counts[0]} are missing: the job cannot"
+                         " resume without them; restore them from the volume they were moved"
+                         " to or from a backup (k8s/README.md, Scaling)")
+    if not store.partitions and options.processes == 1:
+        found.append(f"the recovery directory holds no recovery partitions: {_INIT}")
+    return found
+
+
+_held: list[IO[bytes]] = []
+"""The locks this process holds (kept open for its life; the kernel releases them at exit)."""
+
+
+def lock(directory: Path, process_id: int) -> str | None:
+    """Hold this process's lock on ``directory``; the reason when another process holds it.
+
+    One lock file per cluster process id (``.job-lock-<id>``): two processes of one cluster may
+    share a directory, two jobs (or two clusters) started on it may not. None when locked, or
+    when the lock file cannot be made (Bytewax then says why the store cannot be used).
+    """
+    path = directory / f".job-lock-{process_id}"
+    try:
+        handle = path.open("a+b")
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().decode(errors="replace").strip() or "?"
+        handle.close()
+        return (f"another job process (pid {holder}) runs on this store as process"
+                f" {process_id}: two jobs on one store each read every input and overwrite each"
+                " other's snapshots; stop one, or give each its own store")
+    handle.truncate(0)
+    handle.write(str(os.getpid()).encode())
+    handle.flush()
+    _held.append(handle)
+    return None
+
+
+def check_at_start(argv: Sequence[str], environ: Mapping[str, str], flow_id: str, *,
+                   tail: bool) -> bool:
+    """Whether the job may start: False (one ``recovery-refused`` ERROR line logged) if not."""
+    options = run_options(argv, environ)
+    directory = options.recovery_dir
+    store = None if directory is None else read_store(directory)
+    if directory is None and tail:
+        log_event(logger, "recovery-disabled", logging.WARNING, flow=flow_id,
+                  problem="the job tails its input with no recovery store (-r DIR or"
+                          " BYTEWAX_RECOVERY_DIRECTORY)",
+                  consequence="every start reads from USER_ACTIVITY_STARTING_OFFSET again"
+                              " (earliest: the whole retention; latest: what arrived while it"
+                              " was stopped is skipped); run it with -r DIR -s 30 -b 300")
+    found = problems(options, store, flow_id)
+    if not found and directory is not None and (held := lock(directory, options.process_id)):
+        found = [held]
+    if not found:
+        return True
+    log_event(logger, "recovery-refused", logging.ERROR,
+              recovery_dir=None if directory is None else str(directory), flow=flow_id,
+              problem="; ".join(found),
+              consequence="the job does not start; nothing was read or written",
+              exit_code=RECOVERY_REFUSED)
+    return False
