@@ -30,11 +30,12 @@ Replaces Bytewax's ``KafkaSource`` (unmaintained upstream) to own these behaviou
   and never resume, with no error (confluentinc/librdkafka#5153; seen here once in a CI run of
   the broker-restart chaos test: one partition of twelve read nothing more). A partition that
   read nothing for ``stuck_after`` seconds asks the broker for its high watermark; if records
-  wait past its next offset (moved past control records on empty polls), the worker's consumer is
-  replaced by a new one, each partition at its own next offset (nothing skipped, nothing read
-  twice), logged (``kafka-consumer-restarted``) and counted as a retry. That high watermark is
-  the last stable offset (``read_committed``), so records held back by a transaction open
-  upstream are not taken for a stall: that is said instead (``input-behind-open-transaction``);
+  wait past its next offset (moved past control records on empty polls) at two such checks in a
+  row, the worker's consumer is replaced by a new one, each partition at its own next offset
+  (nothing skipped, nothing read twice), logged (``kafka-consumer-restarted``) and counted as a
+  retry. That high watermark is the last stable offset (``read_committed``), so records held
+  back by a transaction open upstream are not taken for a stall: that is said instead
+  (``input-behind-open-transaction``);
 - no crash loop on one batch: a partition started three times at one offset without progress
   or a clean stop (a decompression bomb kills the process before any record of it reaches
   Python) is read through memory-capped child processes up to the high watermark, its bomb
@@ -277,6 +278,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._read_at = time.monotonic()  # when a record was last read (or the consumer made)
         self._stuck_check_at = 0.0  # time.monotonic() of the next stuck check, at the earliest
         self._behind_transaction = False  # said held back by a transaction open upstream
+        self._held_at: int | None = None  # the last stable offset a check found holding it back
+        self._waiting_at: int | None = None  # the next offset a check found records waiting at
         self._undecodable_retry_at = 0.0  # time.monotonic() of the next undecodable-batch probe
         self._undecodable_attempts = 0  # failed probes in a row (their back-off)
         self._consumer_config = client_config  # also the undecodable-batch probe's
@@ -492,6 +495,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._next_offset = next_offset
         if last is not None:
             self._read_at = now
+            self._held_at = self._waiting_at = None
             if self._behind_transaction:
                 self._transaction_ended()
             last_timestamp = last.timestamp()[1]
@@ -536,15 +540,23 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         offset, one lag of records behind, and the loss was counted only once a new record
         came, on a quiet partition never. An empty poll therefore asks librdkafka's cached
         log start (no broker call) and counts what lies before it the same way.
+
+        Only when nothing is left after the log start (log start = high watermark): when
+        records remain, the next one arrives and :meth:`_gap` counts exactly; counting here
+        could also take records prefetched before the deletion, still queued behind other
+        partitions' records, for lost ones.
         """
         if next_offset is None:
             return next_offset
-        low = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)[0]
+        low, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
+        if high > low:
+            return next_offset
         if end is not None:
             low = min(low, end)
         if low <= next_offset:
             return next_offset
         self._gap(next_offset, low)
+        self._progress.next_offset = low  # the lag gauge: caught up, not behind the loss
         return low
 
     def _went_back(self, expected: int, got: int) -> None:
@@ -664,7 +676,12 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         """Nothing read for ``stuck_after`` s: replace the consumer if records wait (module doc).
 
         One watermark query (at most 1 s, on the worker thread) per ``stuck_after`` while the
-        partition reads nothing; an unanswered query is left to the next check. Caught up
+        partition reads nothing; an unanswered query is left to the next check. Records must
+        be found waiting at the same next offset by two checks in a row: the idle time counts
+        from the last record read, so one check could find records that arrived a moment ago
+        (seen: the records after a transaction open for 5 s, checked just after its abort, got
+        the consumer replaced). A consumer that stopped fetching is so replaced within two to
+        three ``stuck_after``. Caught up
         (the high watermark at the next offset, which empty polls move past control records:
         :meth:`_passed`) is the normal idle case and changes nothing.
 
@@ -673,8 +690,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         left open upstream do not count as waiting (measured on this broker: high watermark 11,
         query 5, next offset 5), and such a consumer is not replaced. Its records do wait, though,
         and the lag gauge (from the high watermark, as Kafka's own lag tools count it) climbs
-        and fires the lag alert; so when the last stable offset holds the partition back for
-        ``stuck_after``, that is said once (:meth:`_blocked_by_transaction`).
+        and fires the lag alert; so when the last stable offset holds the partition back at two
+        checks, that is said once (:meth:`_blocked_by_transaction`).
         """
         self._stuck_check_at = now + self._stuck_after
         try:
@@ -682,9 +699,17 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
                 self._partition_handle, timeout=1.0, cached=False)
         except KafkaException:
             return
-        if high <= (low if self._next_offset is None else self._next_offset):
+        floor = low if self._next_offset is None else self._next_offset
+        if high <= floor:
+            self._waiting_at = None
             self._blocked_by_transaction(high, now)
             return
+        if self._waiting_at != floor:
+            # Seen waiting once: records that came a moment ago (a quiet partition's first
+            # record, a transaction that just ended) are fetched before the next check.
+            self._waiting_at = floor
+            return
+        self._waiting_at = None
         stuck = self._shared.replace()  # every partition of the worker reads on at its offset
         # Closed aside: a consumer in that state must not hold the worker up.
         threading.Thread(target=stuck.close, name="close-stuck-consumer", daemon=True).start()
@@ -703,16 +728,21 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         stable offset, records wait behind a transaction that neither committed nor aborted:
         they are read once it ends (the producer's ``transaction.timeout.ms`` at most, unless
         the transaction hangs, which needs ``kafka-transactions.sh``: the runbook). Said once
-        per episode, at WARNING (``input-behind-open-transaction``); its end is said at the
-        next record read, or at the next check once nothing waits any more (an abort with
-        nothing after it).
+        per episode, at WARNING (``input-behind-open-transaction``), when two checks
+        ``stuck_after`` apart find the same last stable offset holding it back (a transaction
+        of a few milliseconds open at one check is no news); its end is said at the next record
+        read, or at the next check once nothing waits any more (an abort with nothing after it).
         """
         _, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
         if high <= last_stable:
+            self._held_at = None
             if self._behind_transaction:
                 self._transaction_ended()
             return
         if self._behind_transaction:
+            return
+        if self._held_at != last_stable:
+            self._held_at = last_stable  # seen once: said if the next check sees it still
             return
         self._behind_transaction = True
         log_event(
@@ -727,6 +757,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
     def _transaction_ended(self) -> None:
         """The partition is no longer held back by a transaction: said once."""
         self._behind_transaction = False
+        self._held_at = None
         log_event(logger, "input-open-transaction-ended", topic=self.topic,
                   partition=self.partition, next_offset=self._next_offset)
 
