@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" store ({', '.join(held)}); nothing changed", file=sys.stderr)
             return 2
         args.directory.mkdir(parents=True, exist_ok=True)
-        if not recovery_volume.check_at_start(args.directory, settings.recovery_min_free_bytes):
-            return recovery_volume.RECOVERY_VOLUME_FULL  # SQLite panicked in Bytewax (exit 1)
+        recovery_volume.require_room(args.directory, settings.recovery_min_free_bytes)
         init_db_dir(args.directory, args.partitions)  # type: ignore[no-untyped-call]
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")
     elif args.command == "replay":

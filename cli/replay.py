@@ -160,12 +160,17 @@ def _recovery_dir(
     end (a dry run given a directory saved its offsets there, and the run meant to resume it
     then read nothing). A
     directory a replay did not make (the main job's store) is refused: resuming from it reads
-    from the main job's offsets, not from the start asked for, and moves them.
+    from the main job's offsets, not from the start asked for, and moves them. Every store but
+    a dry run's needs the room of the job's (:func:`runtime.recovery_volume.require_room`:
+    exit 74 before anything is written).
     """
     if dry_run and recovery_dir is not None:
         print(f"a dry run keeps no recovery store: {recovery_dir} is not used", file=out,
               flush=True)
-    if recovery_dir is None or dry_run:
+    if dry_run:
+        return Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
+    if recovery_dir is None:
+        recovery_volume.require_room(Path(tempfile.gettempdir()), min_free_bytes)
         return Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     wanted = {"flow": flow_name, "start": repr(start)}
     marker = recovery_dir / _MARKER
@@ -179,20 +184,12 @@ def _recovery_dir(
         if made["start"] != wanted["start"]:
             print(f"resuming the replay in {recovery_dir}: its first run's start applies"
                   f" ({made['start']}), not this one's", file=out, flush=True)
+        recovery_volume.require_room(recovery_dir, min_free_bytes)
         return recovery_dir
     recovery_dir.mkdir(parents=True, exist_ok=True)
-    _enough_room(recovery_dir, min_free_bytes)  # before the marker: it would fail (ENOSPC)
+    recovery_volume.require_room(recovery_dir, min_free_bytes)  # before the marker (ENOSPC)
     marker.write_text(json.dumps(wanted))
     return recovery_dir
-
-
-def _enough_room(directory: Path, min_free_bytes: int) -> None:
-    """Exit 74 with one ``recovery-volume-full`` line when ``directory``'s volume is short.
-
-    Bytewax's SQLite store panicked on a full volume (exit code 1, no path named).
-    """
-    if not recovery_volume.check_at_start(directory, min_free_bytes):
-        raise SystemExit(recovery_volume.RECOVERY_VOLUME_FULL)
 
 
 def replay(
@@ -217,7 +214,6 @@ def replay(
     tally = Tally() if dry_run else None
     directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out,
                               min_free_bytes=settings.recovery_min_free_bytes)
-    _enough_room(directory, settings.recovery_min_free_bytes)  # a resumed or temporary one
     flow = replayed.build(bounded, start, topics, tally)
     if not any(directory.glob("part-*.sqlite3")):
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]

@@ -7,7 +7,7 @@ server, the malloc trimmer, tracing (``OTEL_*``, :mod:`runtime.tracing`), garbag
 tuning, SIGTERM / Ctrl-C as a clean stop of the whole cluster, and the recovery volume's watch
 (:mod:`runtime.recovery_volume`: a start on a full volume is one line and exit code 74), and
 the recovery store's check and lock (:mod:`runtime.recovery_store`: a missing, foreign or shared
-store, or a tailing job without one, is one line and exit code 78).
+store is one line and exit code 78; a tailing job without one, one WARNING).
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         settings = load_settings()
         configure_logging(settings.log_level)
         # Before Bytewax opens its SQLite store: on a full volume it panicked (exit code 1).
-        store = recovery_volume.recovery_directory(sys.argv, os.environ)
+        store = recovery_store.run_options(sys.argv, os.environ).recovery_dir
         if store is not None:
-            if not recovery_volume.check_at_start(store, settings.recovery_min_free_bytes):
-                raise SystemExit(recovery_volume.RECOVERY_VOLUME_FULL)
+            recovery_volume.require_room(store, settings.recovery_min_free_bytes)
             recovery_volume.watch(store, settings.recovery_min_free_bytes)
         # Before Bytewax opens it: a missing, foreign or shared store (recovery_store's list).
         if not recovery_store.check_at_start(sys.argv, os.environ, _flow_id(flow_module),

@@ -118,7 +118,8 @@ def read_store(directory: Path) -> Store:
 
 def _read_partition(path: Path) -> Partition:
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        # as a URI: a path with ?, # or % in it must not be read as the URI's query or fragment
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
         try:
             row = conn.execute("SELECT part_index, part_count FROM parts").fetchone()
             steps = frozenset(step for (step,) in conn.execute(

@@ -30,11 +30,10 @@ next large one fails, so the job does not start on it.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -48,9 +47,6 @@ RECOVERY_VOLUME_FULL = 74
 """The exit code of a process whose recovery volume is (nearly) full (``EX_IOERR``): free space
 on it, or grow it, and start again; nothing is lost."""
 
-_ENV_DIRECTORY = "BYTEWAX_RECOVERY_DIRECTORY"
-"""Where ``python -m bytewax.run`` takes the directory from when ``-r`` is not given."""
-
 
 @dataclass(frozen=True)
 class VolumeSpace:
@@ -58,20 +54,6 @@ class VolumeSpace:
 
     free_bytes: int
     size_bytes: int
-
-
-def recovery_directory(argv: Sequence[str], environ: Mapping[str, str]) -> Path | None:
-    """The recovery directory ``python -m bytewax.run`` was given (``-r`` or its variable).
-
-    None when the job runs without recovery (then there is nothing to watch).
-    """
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("-r", "--recovery-directory", type=Path)
-    known, _rest = parser.parse_known_args(list(argv[1:]))
-    if known.recovery_directory is not None:
-        return Path(known.recovery_directory)
-    value = environ.get(_ENV_DIRECTORY)
-    return Path(value) if value else None
 
 
 def is_short(space: VolumeSpace, min_free_bytes: int) -> bool:
@@ -95,6 +77,16 @@ def check_at_start(directory: Path, min_free_bytes: int) -> bool:
         return True
     _log_full(directory, space, min_free_bytes, "the job does not start")
     return False
+
+
+def require_room(directory: Path, min_free_bytes: int) -> None:
+    """:func:`check_at_start`, ending the process with :data:`RECOVERY_VOLUME_FULL` if short.
+
+    For every command that opens a SQLite store there (the job, ``init-recovery``,
+    ``replay``): on a full volume Bytewax panicked (exit code 1, no path named).
+    """
+    if not check_at_start(directory, min_free_bytes):
+        raise SystemExit(RECOVERY_VOLUME_FULL)
 
 
 def watch(directory: Path, min_free_bytes: int) -> None:

@@ -65,10 +65,6 @@ class Shutdown:
         """Seconds a stop waits for an outage to end (module doc)."""
         self._requested_at: float | None = None
         self._unfinished: list[str] = []
-        self.deadline = False
-        """Whether a stop ends the process ``grace`` + :data:`DEADLINE_MARGIN` seconds after
-        it was requested, if still running (set by :func:`install_signal_handlers`: never in
-        a test's own process)."""
 
     def requested(self) -> bool:
         """True once a stop was asked for."""
@@ -81,13 +77,6 @@ class Shutdown:
             self._requested_at = time.monotonic()
             self._event.set()
             log_event(logger, "shutdown-requested", logging.WARNING, reason=reason)
-            if self.deadline:
-                limit = self.grace + DEADLINE_MARGIN
-                timer = threading.Timer(limit, abandon, (
-                    f"the stop did not end within {limit:g} s: a call that does not return (a"
-                    " database or broker that accepts connections and does not answer)",))
-                timer.daemon = True
-                timer.start()
 
     def restart(self, reason: str) -> None:
         """Ask for a clean stop after which the process must be started again (exit code 75)."""
@@ -165,6 +154,15 @@ def _exit_now() -> None:
     os._exit(STOPPED_DURING_OUTAGE)
 
 
+def _deadline() -> None:
+    """End the process :data:`DEADLINE_MARGIN` s after a stop's grace if it still runs."""
+    SHUTDOWN.wait()
+    limit = SHUTDOWN.grace + DEADLINE_MARGIN
+    time.sleep(limit)
+    abandon(f"the stop did not end within {limit:g} s: a call that does not return (a database"
+            " or broker that accepts connections and does not answer)")
+
+
 def _handle(signum: int, _frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
@@ -184,7 +182,9 @@ def install_signal_handlers(grace: float = 20.0) -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     SHUTDOWN.grace = grace
-    SHUTDOWN.deadline = True
+    # Started here, not in the handler: a thread started from a signal handler can deadlock on
+    # threading's own lock when the signal lands while the main thread starts a thread.
+    threading.Thread(target=_deadline, name="stop-deadline", daemon=True).start()
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
     return True

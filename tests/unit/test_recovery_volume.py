@@ -14,13 +14,13 @@ from pathlib import Path
 import orjson
 import pytest
 
+from runtime.recovery_store import run_options
 from runtime.recovery_volume import (
     RECOVERY_VOLUME_FULL,
     VolumeSpace,
     check_at_start,
     is_short,
     measure,
-    recovery_directory,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ RUN = "/venv/lib/python3.11/site-packages/bytewax/run.py"
 def test_the_recovery_directory_is_the_one_bytewax_run_reads(
     argv: list[str], environ: dict[str, str], expected: str | None
 ) -> None:
-    found = recovery_directory(argv, environ)
+    found = run_options(argv, environ).recovery_dir  # the one parser of Bytewax's options
 
     assert found == (None if expected is None else Path(expected))
 
