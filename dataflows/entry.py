@@ -41,13 +41,12 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         settings = load_settings()
         configure_logging(settings.log_level)
         # Before Bytewax opens its SQLite store: on a full volume it panicked (exit code 1).
-        store = recovery_store.run_options(sys.argv, os.environ).recovery_dir
-        if store is not None:
-            recovery_volume.require_room(store, settings.recovery_min_free_bytes)
-            recovery_volume.watch(store, settings.recovery_min_free_bytes)
+        options = recovery_store.run_options(sys.argv, os.environ)
+        if options.recovery_dir is not None:
+            recovery_volume.require_room(options.recovery_dir, settings.recovery_min_free_bytes)
+            recovery_volume.watch(options.recovery_dir, settings.recovery_min_free_bytes)
         # Before Bytewax opens it: a missing, foreign or shared store (recovery_store's list).
-        if not recovery_store.check_at_start(sys.argv, os.environ, _flow_id(flow_module),
-                                             tail=settings.tail):
+        if not recovery_store.check_at_start(options, _flow_id(flow_module), tail=settings.tail):
             raise SystemExit(recovery_store.RECOVERY_REFUSED)
         # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
         # their first poll), never the default kill (exit -15) of a process still starting.

@@ -207,10 +207,11 @@ def lock(directory: Path, process_id: int) -> str | None:
     return None
 
 
-def check_at_start(argv: Sequence[str], environ: Mapping[str, str], flow_id: str, *,
-                   tail: bool) -> bool:
-    """Whether the job may start: False (one ``recovery-refused`` ERROR line logged) if not."""
-    options = run_options(argv, environ)
+def check_at_start(options: RunOptions, flow_id: str, *, tail: bool) -> bool:
+    """Whether the job may start: False (one ``recovery-refused`` ERROR line logged) if not.
+
+    ``options``: :func:`run_options` of this process (parsed once by the entry point).
+    """
     directory = options.recovery_dir
     store = None if directory is None else read_store(directory)
     if directory is None and tail:
