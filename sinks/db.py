@@ -2,6 +2,9 @@
 
 Each sink partition and the outbox publisher own one connection: a single-threaded step gains
 nothing from a pool, and a dead connection is replaced on the next attempt of the retry loop.
+Every wait of the connection for the server is watched (:mod:`runtime.call_watch`): a call with
+no answer for the statement timeout plus ``SLOW_MARGIN_SECONDS`` pauses its step on
+``postgres`` (``/readyz`` 503) and is logged, where nothing else of ours would notice it.
 """
 
 from __future__ import annotations
@@ -11,10 +14,31 @@ from typing import Any
 
 import psycopg
 
+from runtime.call_watch import Watched
 from runtime.settings import Settings
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 """A psycopg connection returning tuple rows."""
+
+SLOW_MARGIN_SECONDS = 5.0
+"""A call is said not answering this long after the statement timeout should have ended it."""
+
+
+class WatchedConnection(psycopg.Connection[tuple[Any, ...]]):
+    """A connection whose every wait for the server (a statement, a commit, a fetch) is watched.
+
+    psycopg's blocking calls all go through :meth:`wait`; connecting does not (it has its own
+    ``connect_timeout``).
+    """
+
+    watched: Watched | None = None
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - psycopg's
+        watched = self.watched
+        if watched is None:
+            return super().wait(*args, **kwargs)
+        with watched:
+            return super().wait(*args, **kwargs)
 
 SESSION_OPTIONS = "-c jit=off"
 """Every job connection's session settings (besides its statement timeout). jit off: the batch
@@ -40,16 +64,20 @@ class Database:
             f"-c statement_timeout={statement_timeout_ms}", SESSION_OPTIONS,
             self._tcp_options.pop("options", ""))))
         self._conn: Connection | None = None
+        self._watched = Watched(application_name, "postgres",
+                                statement_timeout_ms / 1000 + SLOW_MARGIN_SECONDS)
 
     def connection(self) -> Connection:
         """The open connection, connecting first if needed (raises OperationalError if down)."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             self.reset()
-            conn = self._conn = psycopg.connect(
+            watched = WatchedConnection.connect(
                 self._dsn, autocommit=True, connect_timeout=5,
                 application_name=self._application_name, **self._tcp_options,
                 options=self._options)
+            watched.watched = self._watched
+            conn = self._conn = watched
         return conn
 
     def reset(self) -> None:
