@@ -3,6 +3,10 @@
 ``USER_ACTIVITY_TEST_DATABASE_URL`` / ``USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS`` point the
 suite at existing services instead (the DSN's role must be allowed to create a database).
 Each test owns its topics (unique names) and its rows (unique ids), so order does not matter.
+
+Property tests draw the same examples on every run (Hypothesis ``derandomize``): the suite is a
+gate, and a gate must not pass or fail by the draw. ``HYPOTHESIS_PROFILE=explore`` draws new
+examples each run (and keeps failing ones in ``.hypothesis/``) to look for new failures.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
 from devenv.harness.jobs import JobSupervisor, supervised_jobs
 from runtime.settings import Settings
+
+hypothesis_settings.register_profile("suite", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("explore", print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture(scope="session")
