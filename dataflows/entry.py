@@ -7,7 +7,8 @@ server, the malloc trimmer, tracing (``OTEL_*``, :mod:`runtime.tracing`), garbag
 tuning, SIGTERM / Ctrl-C as a clean stop of the whole cluster, and the recovery volume's watch
 (:mod:`runtime.recovery_volume`: a start on a full volume is one line and exit code 74), and
 the recovery store's check and lock (:mod:`runtime.recovery_store`: a missing, foreign or shared
-store is one line and exit code 78; a tailing job without one, one WARNING).
+store is one line and exit code 78; a tailing job without one, one WARNING), and the wall
+clock's watch (:mod:`runtime.clock_watch`: a step back of more than 30 s is exit code 75).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def flow_attribute(flow_module: str, name: str) -> Any:
         return module.build_flow
     if name == "flow":
         from runtime import recovery_store, recovery_volume
+        from runtime.clock_watch import ClockWatch
         from runtime.cluster_stop import ClusterStop
         from runtime.configuration import load_settings
         from runtime.gc_tuning import tune_gc
@@ -59,6 +61,7 @@ def flow_attribute(flow_module: str, name: str) -> Any:
                   f" USER_ACTIVITY_HTTP_PORT): {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         start_trimmer(settings.malloc_trim_interval_seconds)
+        ClockWatch().start()  # a long step back of the wall clock: exit 75, to start again
         configure_from_env(_consumer_group(settings, flow_module))
         flow = module.build_flow(settings)
         tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
