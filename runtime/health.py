@@ -63,7 +63,8 @@ class Health:
     def __init__(self, stall_seconds: float = 300.0) -> None:
         self._lock = threading.Lock()
         self._stall_seconds = stall_seconds
-        self._paused: dict[str, tuple[str, float, int, str]] = {}  # waiter -> dependency, ...
+        # waiter -> (dependency, wall time it began, attempt, error, monotonic time it began)
+        self._paused: dict[str, tuple[str, float, int, str, float]] = {}
         self._stalled: dict[str, str] = {}
         self._last_progress = time.monotonic()
 
@@ -79,8 +80,11 @@ class Health:
         """
         with self._lock:
             began = self._paused.get(waiter)
-            since = time.time() if began is None else began[1]
-            self._paused[waiter] = (dependency, since, attempt, error)
+            if began is None:
+                since, since_monotonic = time.time(), time.monotonic()
+            else:
+                since, since_monotonic = began[1], began[4]
+            self._paused[waiter] = (dependency, since, attempt, error, since_monotonic)
         self.beat()
         self.refresh_gauge()
 
@@ -108,7 +112,7 @@ class Health:
             stalled = tuple(sorted(self._stalled.items()))
         idle = time.monotonic() - self._last_progress
         if paused:
-            dependency, since, attempt, error = min(paused.values(), key=lambda v: v[1])
+            dependency, since, attempt, error, _ = min(paused.values(), key=lambda v: v[4])
             waiting = tuple(sorted((waiter, v[0]) for waiter, v in paused.items()))
             return HealthSnapshot("paused", dependency, since, attempt, error, idle, stalled,
                                   waiting)
@@ -118,10 +122,14 @@ class Health:
         return HealthSnapshot(state, None, None, 0, None, idle, stalled)
 
     def refresh_gauge(self) -> None:
-        """Bring the paused-seconds gauge up to date (on each change and each scrape)."""
+        """Bring the paused-seconds gauge up to date (on each change and each scrape).
+
+        On the monotonic clock: a step of the wall clock would add its size to a pause (a false
+        ``UserActivityStreamPausedTooLong``) or make it negative.
+        """
         with self._lock:
-            since = min((v[1] for v in self._paused.values()), default=None)
-        PAUSED_SECONDS.set(0 if since is None else time.time() - since)
+            since = min((v[4] for v in self._paused.values()), default=None)
+        PAUSED_SECONDS.set(0 if since is None else time.monotonic() - since)
 
 
 HEALTH = Health()

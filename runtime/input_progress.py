@@ -7,7 +7,8 @@ record's CreateTime). The collector registered here turns that into gauges at th
 
 - ``user_activity_input_records_behind{topic,partition}``: high watermark - next offset;
 - ``user_activity_input_seconds_since_progress{topic,partition}``: seconds since a record was
-  last read, while records are behind (0 when caught up);
+  last read, while records are behind (0 when caught up); measured on the monotonic clock, so
+  a step of the wall clock does not move it;
 - ``user_activity_input_lag_seconds{topic,partition}``: now - CreateTime of the last record read
   (the producer's stamp, i.e. the envelope's CreatedAt to within the producer's linger), while
   records are behind (0 when caught up; the partition's start time if nothing was read yet);
@@ -50,13 +51,17 @@ class PartitionProgress:
     high_watermark: int = -1
     last_read: float = field(default_factory=time.time)
     """Wall time a record was last read (the partition's start until then)."""
+    last_read_monotonic: float = field(default_factory=time.monotonic)
+    """The same moment on the monotonic clock (what :meth:`stalled_for` measures from)."""
     last_record_time: float | None = None
     """CreateTime (seconds) of the last record read."""
 
-    def read(self, next_offset: int, record_time_ms: int | None, now: float) -> None:
-        """A poll returned records up to ``next_offset - 1``."""
+    def read(self, next_offset: int, record_time_ms: int | None, now: float,
+             monotonic: float | None = None) -> None:
+        """A poll returned records up to ``next_offset - 1`` (at wall time ``now``)."""
         self.next_offset = next_offset
         self.last_read = now
+        self.last_read_monotonic = time.monotonic() if monotonic is None else monotonic
         if record_time_ms is not None and record_time_ms > 0:
             self.last_record_time = record_time_ms / 1000.0
 
@@ -73,9 +78,13 @@ class PartitionProgress:
         since = self.last_record_time if self.last_record_time is not None else self.last_read
         return max(0.0, now - since)
 
-    def stalled_for(self, now: float) -> float:
-        """Seconds without a record read while records wait (0 while caught up)."""
-        return max(0.0, now - self.last_read) if self.behind() else 0.0
+    def stalled_for(self, monotonic_now: float) -> float:
+        """Seconds without a record read while records wait (0 while caught up).
+
+        On the monotonic clock: a step of the wall clock would add its size (a false
+        ``UserActivityInputStalled``) or hide a stall.
+        """
+        return max(0.0, monotonic_now - self.last_read_monotonic) if self.behind() else 0.0
 
 
 class InputProgress(Collector):
@@ -105,7 +114,7 @@ class InputProgress(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The gauges, computed now."""
-        now = time.time()
+        now, monotonic_now = time.time(), time.monotonic()
         labels = ["topic", "partition"]
         behind = GaugeMetricFamily(
             "user_activity_input_records_behind",
@@ -125,7 +134,7 @@ class InputProgress(Collector):
             values = [part.topic, str(part.partition)]
             part_lag = part.lag(now)
             behind.add_metric(values, part.behind())
-            stalled.add_metric(values, part.stalled_for(now))
+            stalled.add_metric(values, part.stalled_for(monotonic_now))
             lag.add_metric(values, part_lag)
             if part.flow in flow_lag:
                 flow_lag[part.flow] = max(flow_lag[part.flow], part_lag)

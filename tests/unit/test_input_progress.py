@@ -22,20 +22,27 @@ def _samples(progress: InputProgress) -> dict[str, float]:
 
 def test_a_caught_up_partition_reports_no_lag_however_old_its_last_record() -> None:
     part = PartitionProgress("favorites", "t", 0, next_offset=10, high_watermark=10)
-    part.read(10, record_time_ms=1_000, now=2_000.0)  # a record from long ago, then nothing
+    part.read(10, record_time_ms=1_000, now=2_000.0, monotonic=2_000.0)  # long ago, then nothing
     assert part.behind() == 0
     assert part.lag(now=5_000.0) == 0.0
-    assert part.stalled_for(now=5_000.0) == 0.0
+    assert part.stalled_for(5_000.0) == 0.0
 
 
 def test_a_stopped_partition_with_a_backlog_reports_growing_lag_and_no_progress_time() -> None:
     part = PartitionProgress("favorites", "t", 3)
-    part.read(100, record_time_ms=1_000_000, now=1_001.0)
+    part.read(100, record_time_ms=1_000_000, now=1_001.0, monotonic=1_001.0)
     part.high_watermark = 500
     assert part.behind() == 400
     assert part.lag(now=1_060.0) == 60.0
     assert part.lag(now=1_600.0) == 600.0  # nothing is read, the gauge still rises
-    assert part.stalled_for(now=1_600.0) == 599.0
+    assert part.stalled_for(1_600.0) == 599.0
+
+
+def test_a_step_of_the_wall_clock_does_not_move_the_time_since_progress() -> None:
+    """Read at wall 1,001 s (monotonic 50 s), then the wall clock jumps an hour ahead."""
+    part = PartitionProgress("favorites", "t", 3, high_watermark=500)
+    part.read(100, record_time_ms=1_000_000, now=1_001.0, monotonic=50.0)
+    assert part.stalled_for(60.0) == 10.0  # not 3,610 (no false UserActivityInputStalled)
 
 
 def test_a_partition_that_never_read_a_record_measures_from_its_start() -> None:
