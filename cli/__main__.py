@@ -61,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
 
     if args.command == "migrate":
-        from cli.migrate import MigrationRefused, apply_migrations
+        from cli.migrate import MigrationBusy, MigrationRefused, apply_migrations
 
         try:
             applied = apply_migrations(settings.database_dsn())
         except MigrationRefused as exc:
             print(f"user-activity migrate: {exc}", file=sys.stderr)
             return 2
+        except MigrationBusy as exc:
+            print(f"user-activity migrate: {exc}", file=sys.stderr)
+            return 75
         print(f"applied {len(applied)} migration(s): {', '.join(applied) or '-'}")
     elif args.command == "create-topics":
         from cli.topics import ensure_topics
