@@ -183,8 +183,8 @@ def _recovery_dir(
     if recovery_dir.is_dir() and (held := recovery_store.lock(recovery_dir, 0)):
         # two replays on one store each read the whole range (measured: 80,000 messages read
         # twice, the second all duplicates) and overwrite each other's snapshots
-        raise ReplayRefused(f"{recovery_dir} is in use by another replay ({_pid(held)}): wait"
-                            " for it to end (the same directory then resumes it), or pass"
+        raise ReplayRefused(f"{recovery_dir} is in use by another process ({_pid(held)}: a"
+                            " replay, or the job on its own store): wait for it to end, or pass"
                             " another directory")
     if any(recovery_dir.glob("part-*.sqlite3")):
         if not marker.exists():

@@ -103,7 +103,7 @@ def test_a_replay_refuses_a_recovery_dir_another_replay_runs_on(tmp_path: Path) 
             check=False)
     assert refused.returncode == 2, refused.stderr[-1000:]
     [line] = [line for line in refused.stderr.splitlines() if line.startswith("user-activity")]
-    assert line == (f"user-activity replay: {store} is in use by another replay (pid 4242): wait"
-                    " for it to end (the same directory then resumes it), or pass another"
+    assert line == (f"user-activity replay: {store} is in use by another process (pid 4242: a"
+                    " replay, or the job on its own store): wait for it to end, or pass another"
                     " directory")
     assert not any(store.glob("part-*"))
