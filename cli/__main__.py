@@ -1,7 +1,11 @@
 """Operator commands: ``user-activity migrate|create-topics|init-recovery|replay|outbox|maintain``.
 
 Also ``python -m cli …``. Settings come from ``USER_ACTIVITY_*``; a bad one stops the command with
-one line naming the variable and exit code 2.
+one line naming the variable and exit code 2. PostgreSQL or Kafka unreachable, or not answering
+within :data:`CONNECT_TIMEOUT_S` (a server that accepts connections and never answers), stops
+``migrate``, ``maintain``, ``outbox`` and ``create-topics`` with one line naming the service and
+exit code 75 (run it again: each is idempotent). Before, ``maintain`` and ``outbox`` waited for
+ever without a word on a frozen server, and every command ended in a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,12 @@ from uuid import UUID
 
 from runtime.configuration import load_settings
 from runtime.logs import configure_logging
+from runtime.settings import Settings
+
+CONNECT_TIMEOUT_S = 10
+"""How long a command waits for PostgreSQL or Kafka to answer its first call."""
+UNAVAILABLE = 75
+"""The exit code of a command its service did not answer: run it again (EX_TEMPFAIL)."""
 
 
 def _at_least_one(text: str) -> int:
@@ -59,15 +69,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = load_settings()
     configure_logging(settings.log_level)
+    if args.command == "replay":  # its flow waits out outages itself (paused, said)
+        return replay.run(args, settings)
+    import psycopg
+    from confluent_kafka import KafkaException
 
+    command = " ".join(filter(None, (args.command, getattr(args, "outbox_command", None))))
+    try:
+        return _run(args, settings)
+    except psycopg.OperationalError as exc:
+        reason = (f"no answer within {CONNECT_TIMEOUT_S} s (the server accepts connections and"
+                  " does not answer)" if isinstance(exc, psycopg.errors.ConnectionTimeout)
+                  else " ".join(str(exc).split()))
+        print(f"user-activity {command}: PostgreSQL: {reason}; run it again once it answers",
+              file=sys.stderr, flush=True)
+    except (KafkaException, TimeoutError) as exc:
+        error = exc.args[0] if exc.args else "no answer"
+        print(f"user-activity {command}: Kafka ({settings.kafka_bootstrap_servers}):"
+              f" {getattr(error, 'str', lambda: error)()}; run it again once it answers",
+              file=sys.stderr, flush=True)
+    return UNAVAILABLE
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "migrate":
-        from cli.migrate import MigrationRefused, apply_migrations
+        from cli.migrate import MigrationBusy, MigrationRefused, apply_migrations
 
         try:
             applied = apply_migrations(settings.database_dsn())
         except MigrationRefused as exc:
             print(f"user-activity migrate: {exc}", file=sys.stderr)
             return 2
+        except MigrationBusy as exc:
+            print(f"user-activity migrate: {exc}", file=sys.stderr)
+            return UNAVAILABLE
         print(f"applied {len(applied)} migration(s): {', '.join(applied) or '-'}")
     elif args.command == "create-topics":
         from cli.topics import ensure_topics
@@ -88,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         recovery_volume.require_room(args.directory, settings.recovery_min_free_bytes)
         init_db_dir(args.directory, args.partitions)  # type: ignore[no-untyped-call]
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")
-    elif args.command == "replay":
-        return replay.run(args, settings)
     elif args.command == "outbox":
         from cli import outbox as outbox_command
 

@@ -18,7 +18,7 @@ def run(settings: Settings) -> int:
     """Run :func:`sinks.retention.maintain` once and print what it did; the exit code."""
     with psycopg.connect(settings.database_dsn(), autocommit=True,
                          application_name="user-activity-maintain",
-                         **settings.database_tcp_options()) as conn:
+                         connect_timeout=10, **settings.database_tcp_options()) as conn:
         report = maintain(conn, settings.retention_days)
     if not report.ran:
         print("another maintenance run holds the lock: nothing done")

@@ -12,8 +12,13 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 def ensure_topics(client_config: Mapping[str, Any], topics: Sequence[str], partitions: int = 6,
                   replication_factor: int = 1, timeout: float = 60.0) -> None:
-    """Create the missing ``topics`` and wait until every one is visible in the metadata."""
+    """Create the missing ``topics`` and wait until every one is visible in the metadata.
+
+    A broker that does not answer within 10 s is a :class:`KafkaException` (before, the first
+    topic's future waited ``timeout`` and raised a bare ``TimeoutError``).
+    """
     admin = AdminClient(dict(client_config))
+    admin.list_topics(timeout=10)  # KafkaException when no broker answers
     futures = admin.create_topics(
         [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor)
          for t in topics],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,24 @@ def test_init_recovery_refuses_an_existing_store_and_a_store_of_no_partitions(
     assert {p.name: p.read_bytes() for p in store.iterdir()} == files
     assert empty.returncode == 2 and "expected a whole number >= 1" in empty.stderr
     assert not (tmp_path / "empty").exists()
+
+
+def test_a_replay_refuses_a_recovery_dir_another_replay_runs_on(tmp_path: Path) -> None:
+    # Two replays on one --recovery-dir both ran, each reading the whole range (measured on
+    # the real services: 80,000 messages read twice, the second run all duplicates).
+    store = tmp_path / "replay"
+    store.mkdir()
+    with (store / ".job-lock-0").open("a+b") as held:  # what a running replay holds
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(b"4242")
+        held.flush()
+        refused = subprocess.run(
+            [sys.executable, "-m", "cli", "replay", "--from-beginning", "--recovery-dir",
+             str(store)], cwd=ROOT, env=base_env(), capture_output=True, text=True, timeout=20,
+            check=False)
+    assert refused.returncode == 2, refused.stderr[-1000:]
+    [line] = [line for line in refused.stderr.splitlines() if line.startswith("user-activity")]
+    assert line == (f"user-activity replay: {store} is in use by another process (pid 4242: a"
+                    " replay, or the job on its own store): wait for it to end, or pass another"
+                    " directory")
+    assert not any(store.glob("part-*"))
