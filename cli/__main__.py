@@ -5,7 +5,9 @@ one line naming the variable and exit code 2. PostgreSQL or Kafka unreachable, o
 within :data:`CONNECT_TIMEOUT_S` (a server that accepts connections and never answers), stops
 ``migrate``, ``maintain``, ``outbox`` and ``create-topics`` with one line naming the service and
 exit code 75 (run it again: each is idempotent). Before, ``maintain`` and ``outbox`` waited for
-ever without a word on a frozen server, and every command ended in a traceback.
+ever without a word on a frozen server, and every command ended in a traceback. A server that
+stops answering after they connected is said by ``dependency-not-answering`` (their connections'
+waits are watched like the job's: :func:`sinks.db.connect_watched`).
 """
 
 from __future__ import annotations

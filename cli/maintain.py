@@ -8,17 +8,17 @@ the lock (nothing to do then).
 
 from __future__ import annotations
 
-import psycopg
-
 from runtime.settings import Settings
+from sinks.db import SLOW_MARGIN_SECONDS, connect_watched
 from sinks.retention import maintain
 
 
 def run(settings: Settings) -> int:
     """Run :func:`sinks.retention.maintain` once and print what it did; the exit code."""
-    with psycopg.connect(settings.database_dsn(), autocommit=True,
-                         application_name="user-activity-maintain",
-                         connect_timeout=10, **settings.database_tcp_options()) as conn:
+    with connect_watched(settings.database_dsn(), "user-activity-maintain",
+                         settings.db_statement_timeout_ms / 1000 + SLOW_MARGIN_SECONDS,
+                         autocommit=True, connect_timeout=10,
+                         **settings.database_tcp_options()) as conn:
         report = maintain(conn, settings.retention_days)
     if not report.ran:
         print("another maintenance run holds the lock: nothing done")

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-import psycopg
-
 from runtime.settings import Settings
+from sinks.db import SLOW_MARGIN_SECONDS, connect_watched
 from sinks.outbox_parked import parked_rows, requeue_parked
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """List parked rows (``parked``) or requeue them (``requeue --id ID | --all``); exit code."""
-    with psycopg.connect(settings.database_dsn(), autocommit=True,
-                         connect_timeout=10, **settings.database_tcp_options()) as conn:
+    with connect_watched(settings.database_dsn(), "user-activity-outbox",
+                         settings.db_statement_timeout_ms / 1000 + SLOW_MARGIN_SECONDS,
+                         autocommit=True, connect_timeout=10,
+                         **settings.database_tcp_options()) as conn:
         if args.outbox_command == "parked":
             rows = parked_rows(conn, limit=1000)
             print(f"{'id':<38}{'topic':<45}{'attempts':>9}  {'error':<24}{'parked at':<34}bytes")

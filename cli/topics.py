@@ -9,6 +9,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from runtime.logs import LIBRDKAFKA_LOGGER
+
 
 def ensure_topics(client_config: Mapping[str, Any], topics: Sequence[str], partitions: int = 6,
                   replication_factor: int = 1, timeout: float = 60.0) -> None:
@@ -17,8 +19,14 @@ def ensure_topics(client_config: Mapping[str, Any], topics: Sequence[str], parti
     A broker that does not answer within 10 s is a :class:`KafkaException` (before, the first
     topic's future waited ``timeout`` and raised a bare ``TimeoutError``).
     """
-    admin = AdminClient(dict(client_config))
-    admin.list_topics(timeout=10)  # KafkaException when no broker answers
+    # librdkafka's own lines through Python logging (JSON, repeats throttled): with the broker
+    # down it wrote about 200 raw lines to stderr in the 10 s before the one line that matters
+    config: dict[str, Any] = {**client_config, "logger": LIBRDKAFKA_LOGGER}
+    admin = AdminClient(config)
+    try:
+        admin.list_topics(timeout=10)  # KafkaException when no broker answers
+    finally:
+        admin.poll(0)  # serves librdkafka's lines (the reason: refused, TLS, SASL) to the log
     futures = admin.create_topics(
         [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor)
          for t in topics],

@@ -46,6 +46,18 @@ statements' row estimates (CTEs over 1,000-2,000 unnested rows) pass ``jit_above
 compiling them took ~34 ms of a 108 ms statement of 2,000 rows (docs/performance.md)."""
 
 
+def connect_watched(dsn: str, application_name: str, slow_after: float,
+                    **kwargs: Any) -> WatchedConnection:
+    """A connection whose waits are watched: one with no answer for ``slow_after`` s is said.
+
+    What :class:`Database` uses, and the operator commands (``maintain``, ``outbox``): a server
+    that froze after they connected made them wait for ever without a word.
+    """
+    conn = WatchedConnection.connect(dsn, application_name=application_name, **kwargs)
+    conn.watched = Watched(application_name, "postgres", slow_after)
+    return conn
+
+
 class Database:
     """A lazily opened autocommit connection; transactions are explicit (``conn.transaction()``)."""
 
@@ -64,20 +76,16 @@ class Database:
             f"-c statement_timeout={statement_timeout_ms}", SESSION_OPTIONS,
             self._tcp_options.pop("options", ""))))
         self._conn: Connection | None = None
-        self._watched = Watched(application_name, "postgres",
-                                statement_timeout_ms / 1000 + SLOW_MARGIN_SECONDS)
+        self._slow_after = statement_timeout_ms / 1000 + SLOW_MARGIN_SECONDS
 
     def connection(self) -> Connection:
         """The open connection, connecting first if needed (raises OperationalError if down)."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             self.reset()
-            watched = WatchedConnection.connect(
-                self._dsn, autocommit=True, connect_timeout=5,
-                application_name=self._application_name, **self._tcp_options,
-                options=self._options)
-            watched.watched = self._watched
-            conn = self._conn = watched
+            conn = self._conn = connect_watched(
+                self._dsn, self._application_name, self._slow_after, autocommit=True,
+                connect_timeout=5, **self._tcp_options, options=self._options)
         return conn
 
     def reset(self) -> None:
