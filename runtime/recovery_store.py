@@ -183,10 +183,14 @@ def lock(directory: Path, process_id: int) -> str | None:
     """Hold this process's lock on ``directory``; the reason when another process holds it.
 
     One lock file per cluster process id (``.job-lock-<id>``): two processes of one cluster may
-    share a directory, two jobs (or two clusters) started on it may not. None when locked, or
-    when the lock file cannot be made (Bytewax then says why the store cannot be used).
+    share a directory, two jobs (or two clusters) started on it may not. None when locked (also
+    when this process holds it already), or when the lock file cannot be made (Bytewax then says
+    why the store cannot be used).
     """
     path = directory / f".job-lock-{process_id}"
+    if any(Path(held.name).resolve() == path.resolve() for held in _held):
+        return None  # held by this process already (a flock is per open file: asking twice
+        # from one process found itself the holder)
     try:
         handle = path.open("a+b")
     except OSError:

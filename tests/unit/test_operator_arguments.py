@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,21 @@ def test_a_replay_refuses_a_recovery_dir_another_replay_runs_on(tmp_path: Path) 
                     " replay, or the job on its own store): wait for it to end, or pass another"
                     " directory")
     assert not any(store.glob("part-*"))
+
+
+def test_a_replay_takes_a_recovery_dir_that_exists_and_holds_no_store(tmp_path: Path) -> None:
+    """An empty directory (made by the operator or a volume mount) is a new replay's store.
+
+    Before: the replay locked it once as an existing directory, then again once it made it,
+    and a flock being per open file, it found itself the holder: "in use by another replay
+    (pid <its own>)", exit 2, also on every resume of a replay stopped before its first store.
+    """
+    store = tmp_path / "replay"
+    store.mkdir()
+    out = io.StringIO()
+    chosen = replay._recovery_dir(store, "favorites", "beginning", False, out,  # type: ignore[arg-type]
+                                  min_free_bytes=0)
+    assert chosen == store
+    assert (store / "replay.json").exists()
+    assert replay._recovery_dir(store, "favorites", "beginning", False, out,  # type: ignore[arg-type]
+                                min_free_bytes=0) == store  # taken again by the same process
