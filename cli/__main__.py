@@ -6,8 +6,10 @@ within :data:`CONNECT_TIMEOUT_S` (a server that accepts connections and never an
 ``migrate``, ``maintain``, ``outbox`` and ``create-topics`` with one line naming the service and
 exit code 75 (run it again: each is idempotent). Before, ``maintain`` and ``outbox`` waited for
 ever without a word on a frozen server, and every command ended in a traceback. A server that
-stops answering after they connected is said by ``dependency-not-answering`` (their connections'
-waits are watched like the job's: :func:`sinks.db.connect_watched`).
+stops answering after ``maintain`` or ``outbox`` connected is said by ``dependency-not-answering``
+(their connections' waits are watched like the job's: :func:`sinks.db.connect_watched`). Kafka
+refusing (authentication, authorization, a replication factor above its brokers) is one line
+and exit code 2; a PostgreSQL error that is no outage (:func:`_postgres_unavailable`) is raised.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, settings)
     except psycopg.OperationalError as exc:
+        if not _postgres_unavailable(exc):
+            raise  # not the service's state (e.g. a program limit): a bug to see whole
         reason = (f"no answer within {CONNECT_TIMEOUT_S} s (the server accepts connections and"
                   " does not answer)" if isinstance(exc, psycopg.errors.ConnectionTimeout)
                   else " ".join(str(exc).split()))
@@ -87,10 +91,49 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
     except (KafkaException, TimeoutError) as exc:
         error = exc.args[0] if exc.args else "no answer"
+        text = getattr(error, "str", lambda: error)()
+        if isinstance(exc, KafkaException) and not _kafka_unavailable(exc):
+            print(f"user-activity {command}: Kafka ({settings.kafka_bootstrap_servers}) refused:"
+                  f" {text}; fix the settings or the grants", file=sys.stderr, flush=True)
+            return 2
         print(f"user-activity {command}: Kafka ({settings.kafka_bootstrap_servers}):"
-              f" {getattr(error, 'str', lambda: error)()}; run it again once it answers",
-              file=sys.stderr, flush=True)
+              f" {text}; run it again once it answers", file=sys.stderr, flush=True)
     return UNAVAILABLE
+
+
+def _postgres_unavailable(exc: BaseException) -> bool:
+    """Whether a PostgreSQL error says the service is not there (run it again), not a bug.
+
+    A failed connect has no SQLSTATE (libpq's reason, e.g. refused, a time-out, or a role or
+    database that does not exist, is in the line); otherwise the job's infrastructure classes
+    (:func:`sinks.errors.is_infrastructure_error`: connection, resources, operator
+    intervention, lock and serialization failures), not class 42 (the SQL of a migration).
+    """
+    from sinks.errors import is_infrastructure_error
+
+    state = getattr(exc, "sqlstate", None)
+    return state is None or (is_infrastructure_error(exc) and not state.startswith("42"))
+
+
+def _kafka_unavailable(exc: BaseException) -> bool:
+    """Whether a Kafka error says the broker is not there or not answering (run it again).
+
+    Anything else (authentication, authorization, a replication factor above the brokers, a
+    policy) is refused: running it again cannot help (exit 2).
+    """
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return True
+    return error.code() in {
+        KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+        KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER, KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.BROKER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION,
+        KafkaError._WAIT_COORD, KafkaError._DESTROY,
+    }
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
