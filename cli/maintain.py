@@ -9,14 +9,14 @@ the lock (nothing to do then).
 from __future__ import annotations
 
 from runtime.settings import Settings
-from sinks.db import SLOW_MARGIN_SECONDS, connect_watched
+from sinks.db import COMMAND_SLOW_SECONDS, connect_watched
 from sinks.retention import maintain
 
 
 def run(settings: Settings) -> int:
     """Run :func:`sinks.retention.maintain` once and print what it did; the exit code."""
     with connect_watched(settings.database_dsn(), "user-activity-maintain",
-                         settings.db_statement_timeout_ms / 1000 + SLOW_MARGIN_SECONDS,
+                         COMMAND_SLOW_SECONDS,
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:
         report = maintain(conn, settings.retention_days)

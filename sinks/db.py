@@ -23,6 +23,10 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 SLOW_MARGIN_SECONDS = 5.0
 """A call is said not answering this long after the statement timeout should have ended it."""
 
+COMMAND_SLOW_SECONDS = 60.0
+"""When an operator command's call is said not answering: their sessions have no statement
+timeout (a partition's drop or a requeue may take long), so the job's bound does not apply."""
+
 
 class WatchedConnection(psycopg.Connection[tuple[Any, ...]]):
     """A connection whose every wait for the server (a statement, a commit, a fetch) is watched.
