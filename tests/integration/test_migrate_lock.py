@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -71,3 +76,109 @@ def test_two_migrates_at_once_apply_each_migration_once_and_a_held_lock_is_said(
                 apply_migrations(dsn, lock_wait_seconds=1.0)
         assert apply_migrations(dsn) == []  # the holder's session ended: free again
 
+
+
+@contextmanager
+def _analyst(dsn: str, seconds: float, statement: str) -> Iterator[int]:
+    """An open transaction on action_events (``statement``), ended after ``seconds``; its pid."""
+    conn = psycopg.connect(dsn, application_name="analyst")
+    conn.execute(statement)
+    pid = conn.info.backend_pid
+    timer = threading.Timer(seconds, conn.rollback)
+    timer.start()
+    try:
+        yield pid
+    finally:
+        timer.join()
+        conn.close()
+
+
+def _with_migration(tmp_path: Path, sql: str) -> Path:
+    directory = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS_DIR, directory)
+    (directory / "0999_under_test.sql").write_text(sql)
+    return directory
+
+
+def test_a_migration_behind_a_long_transaction_holds_the_job_at_most_its_lock_timeout(
+    database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ALTER TABLE queued behind an analyst's 8 s transaction, while the job reads and writes.
+
+    Measured before: ``migrate`` waited the whole transaction without a word, and every
+    statement of the job on the table queued behind its lock request (8 s here; with a longer
+    transaction, the job's 30 s statement timeout, a retry, and the same again). Now each attempt
+    gives up after the 5 s lock timeout, says who blocks it, and is tried again after a back-off.
+    """
+    directory = _with_migration(
+        tmp_path, "ALTER TABLE user_activity.action_events ADD COLUMN under_test text;\n")
+    with scratch_database(database_url, "blocked_migration") as dsn:
+        apply_migrations(dsn)
+        latencies: list[float] = []
+        done = threading.Event()
+
+        def job() -> None:  # any statement on the table queues behind the ALTER's request
+            with psycopg.connect(dsn, autocommit=True, options="-c statement_timeout=30000") as c:
+                while not done.is_set():
+                    started = time.monotonic()
+                    c.execute("SELECT count(*) FROM user_activity.action_events").fetchone()
+                    latencies.append(time.monotonic() - started)
+                    time.sleep(0.05)
+
+        runner = threading.Thread(target=job, daemon=True)
+        runner.start()
+        with caplog.at_level("WARNING", logger="cli.migrate"), \
+                _analyst(dsn, 8.0, "SELECT count(*) FROM user_activity.action_events") as pid:
+            started = time.monotonic()
+            assert apply_migrations(dsn, directory) == ["0999_under_test"]
+            took = time.monotonic() - started
+        done.set()
+        runner.join(35)
+        assert 8.0 <= took < 20, took
+        assert max(latencies) < 6.5, f"the job was held {max(latencies):.1f} s"
+        said = [r for r in caplog.records if r.getMessage() == "migrate-lock-timeout"]
+        assert said, "the lock timeout was not said"
+        assert getattr(said[0], "migration", None) == "0999_under_test"
+        assert f"server pid {pid}, analyst from" in getattr(said[0], "blocked_by", "")
+
+
+def test_a_migration_blocked_for_longer_than_its_wait_is_rolled_back_with_one_line(
+    database_url: str, tmp_path: Path,
+) -> None:
+    directory = _with_migration(
+        tmp_path, "ALTER TABLE user_activity.outbox ADD COLUMN under_test text;\n")
+    with scratch_database(database_url, "blocked_for_good") as dsn:
+        apply_migrations(dsn)
+        with _analyst(dsn, 2.0, "SELECT count(*) FROM user_activity.outbox") as pid, \
+                pytest.raises(MigrationBusy, match=rf"0999_under_test could not take its locks"
+                              rf" within 0.5 s in 1 attempt.*server pid {pid}, analyst from"):
+            apply_migrations(dsn, directory, lock_timeout_seconds=0.5, blocked_wait_seconds=0.1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            column = conn.execute("SELECT EXISTS (SELECT FROM information_schema.columns"
+                                  " WHERE column_name = 'under_test')").fetchone()
+        assert column == (False,)
+        assert apply_migrations(dsn, directory) == ["0999_under_test"]  # nothing half done
+
+
+def test_a_concurrent_index_build_waits_for_writers_without_the_lock_timeout(
+    database_url: str, tmp_path: Path,
+) -> None:
+    """CREATE INDEX CONCURRENTLY (``transactional: false``) runs without the lock timeout.
+
+    It waits for older writers' transactions: with the timeout it would fail, leaving an invalid
+    index.
+    """
+    directory = _with_migration(
+        tmp_path, "-- transactional: false\nCREATE INDEX CONCURRENTLY ix_under_test"
+                  " ON user_activity.action_events (occurred_at);\n")
+    with scratch_database(database_url, "concurrent_index") as dsn:
+        apply_migrations(dsn)
+        with _analyst(dsn, 2.0, "LOCK TABLE user_activity.action_events IN ROW EXCLUSIVE MODE"):
+            started = time.monotonic()
+            assert apply_migrations(dsn, directory, lock_timeout_seconds=0.5) == [
+                "0999_under_test"]
+            assert time.monotonic() - started >= 1.5  # it did wait for the writer
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            valid = conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid ="
+                                 " 'user_activity.ix_under_test'::regclass").fetchone()
+        assert valid == (True,)
