@@ -141,7 +141,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         from cli.migrate import MigrationBusy, MigrationRefused, apply_migrations
 
         try:
-            applied = apply_migrations(settings.database_dsn())
+            applied = apply_migrations(settings.database_dsn(),
+                                       connect_options=settings.database_tcp_options())
         except MigrationRefused as exc:
             print(f"user-activity migrate: {exc}", file=sys.stderr)
             return 2

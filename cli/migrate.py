@@ -37,7 +37,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -89,10 +89,19 @@ def _holder(conn: psycopg.Connection[Any]) -> str:
 
 
 @contextmanager
-def migration_lock(dsn: str, wait_seconds: float = 600.0) -> Iterator[None]:
-    """Hold :data:`LOCK` on a connection of its own; wait for it at most ``wait_seconds``."""
+def migration_lock(dsn: str, wait_seconds: float = 600.0,
+                   connect_options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Hold :data:`LOCK` on a connection of its own; wait for it at most ``wait_seconds``.
+
+    ``connect_options``: the settings' TCP options (``Settings.database_tcp_options``), so the
+    server ends the session, and the lock with it, soon after a migrate pod's node is lost
+    (with the OS's defaults it held it about two hours: every later run waited its 600 s and
+    stopped). The session must stay while the run lasts: a server or pooler that ends idle
+    sessions (``idle_session_timeout``, transaction pooling) would let a second run in.
+    """
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10,
-                         application_name="user-activity-migrate") as conn:
+                         application_name="user-activity-migrate",
+                         **dict(connect_options or {})) as conn:
         started = time.monotonic()
         next_line = 0.0
         take = "SELECT pg_try_advisory_lock(%s::int4, %s::int4)"
@@ -151,6 +160,7 @@ def check_rights(dsn: str) -> None:
 
 
 def apply_migrations(dsn: str, directory: Path = MIGRATIONS_DIR, *,
+                     connect_options: Mapping[str, Any] | None = None,
                      lock_wait_seconds: float = 600.0,
                      lock_timeout_seconds: float = LOCK_TIMEOUT_SECONDS,
                      blocked_wait_seconds: float = 240.0) -> list[str]:
@@ -163,7 +173,7 @@ def apply_migrations(dsn: str, directory: Path = MIGRATIONS_DIR, *,
     sessions (each attempt waits ``lock_timeout_seconds``) for ``blocked_wait_seconds``.
     """
     check_rights(dsn)
-    with migration_lock(dsn, lock_wait_seconds):
+    with migration_lock(dsn, lock_wait_seconds, connect_options):
         return _apply(dsn, directory, lock_timeout_seconds, blocked_wait_seconds)
 
 
