@@ -11,7 +11,10 @@ flight longer than its ``slow_after`` seconds is said by the watch thread:
 
 - the waiter (``<name>: call``) is paused on the dependency, so ``/readyz`` is 503 naming it, the
   paused-seconds gauge counts (``UserActivityStreamPausedTooLong``), and ``/livez`` stays 200
-  (restarting the pod does not make a frozen server answer);
+  (restarting the pod does not make a frozen server answer), until the call has lasted the
+  liveness limit (``Health.stall_seconds``, 300 s): then the pause is withdrawn and liveness
+  judges as it did before this watch (no progress: ``/livez`` 503, the pod restarted), since a
+  connection the OS cannot see dead (keepalives off) ends only that way;
 - a ``dependency-not-answering`` WARNING is logged, and again every ``REPEAT_SECONDS`` while the
   call lasts.
 
@@ -88,7 +91,11 @@ class Watched:
             if started is None or now - started <= self.slow_after:
                 return
             seconds = now - started
-            HEALTH.paused(self.dependency, 0, f"no answer for {seconds:.0f}s", waiter=self.waiter)
+            if seconds > HEALTH.stall_seconds:  # liveness decides from here (module doc)
+                HEALTH.resumed(waiter=self.waiter, progress=False)
+            else:
+                HEALTH.paused(self.dependency, 0, f"no answer for {seconds:.0f}s",
+                              waiter=self.waiter, progress=False)
             said = self._said_at
             if said is not None and now - said < REPEAT_SECONDS:
                 return

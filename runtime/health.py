@@ -68,15 +68,22 @@ class Health:
         self._stalled: dict[str, str] = {}
         self._last_progress = time.monotonic()
 
+    @property
+    def stall_seconds(self) -> float:
+        """How long without progress, not paused, before ``/livez`` says dead."""
+        return self._stall_seconds
+
     def beat(self) -> None:
         """Record progress (a poll, a batch, an idle loop): the process is alive."""
         self._last_progress = time.monotonic()
 
-    def paused(self, dependency: str, attempt: int, error: str, *, waiter: str) -> None:
+    def paused(self, dependency: str, attempt: int, error: str, *, waiter: str,
+               progress: bool = True) -> None:
         """Record that ``waiter`` waits for ``dependency`` (retry ``attempt``, error class).
 
         The pause keeps the time it began across attempts, also when the waiter's dependency
-        changes (the outbox publisher may wait for PostgreSQL, then for Kafka).
+        changes (the outbox publisher may wait for PostgreSQL, then for Kafka). A retry loop's
+        attempt is progress (``progress``); a call seen hanging from outside is not.
         """
         with self._lock:
             began = self._paused.get(waiter)
@@ -85,14 +92,19 @@ class Health:
             else:
                 since, since_monotonic = began[1], began[4]
             self._paused[waiter] = (dependency, since, attempt, error, since_monotonic)
-        self.beat()
+        if progress:
+            self.beat()
         self.refresh_gauge()
 
-    def resumed(self, *, waiter: str) -> None:
-        """Record that ``waiter``'s dependency answers again (harmless if it never paused)."""
+    def resumed(self, *, waiter: str, progress: bool = True) -> None:
+        """Record that ``waiter``'s dependency answers again (harmless if it never paused).
+
+        ``progress`` False: the pause is only withdrawn (liveness judges from the last progress).
+        """
         with self._lock:
             self._paused.pop(waiter, None)
-        self.beat()
+        if progress:
+            self.beat()
         self.refresh_gauge()
 
     def stalled(self, component: str, reason: str) -> None:

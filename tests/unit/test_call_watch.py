@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from runtime import call_watch
 from runtime.call_watch import REPEAT_SECONDS, Watched
-from runtime.health import HEALTH
+from runtime.health import HEALTH, Health
 
 
 @pytest.fixture
@@ -114,3 +115,24 @@ def test_the_watch_thread_says_a_call_without_being_asked(caplog: pytest.LogCapt
 def test_slow_after_must_be_positive() -> None:
     with pytest.raises(ValueError, match="slow_after"):
         Watched("unit-call-watch-bad", "postgres", slow_after=0)
+
+
+def test_a_call_hanging_past_the_liveness_limit_leaves_liveness_to_judge(
+    watched: Watched, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paused (livez 200) until the limit, then withdrawn without a beat: livez says dead.
+
+    A connection the OS cannot see dead (keepalives off) ends only by the pod's restart; before
+    the watch, liveness restarted it after the limit, and a pause kept for ever would not.
+    """
+    health = Health(stall_seconds=300.0)
+    monkeypatch.setattr(call_watch, "HEALTH", health)
+    with watched:
+        start = time.monotonic()
+        watched.check(start + 10)
+        assert health.snapshot().state == "paused"
+        monkeypatch.setattr(health, "_last_progress", start - 301)  # no progress since
+        watched.check(start + 301)
+        snap = health.snapshot()
+        assert watched.waiter not in dict(snap.waiting)
+        assert snap.state == "dead"
