@@ -180,19 +180,19 @@ def _recovery_dir(
         return Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     wanted = {"flow": flow_name, "start": repr(start)}
     marker = recovery_dir / _MARKER
-    if recovery_dir.is_dir() and (held := recovery_store.lock(recovery_dir, 0)):
-        # two replays on one store each read the whole range (measured: 80,000 messages read
-        # twice, the second all duplicates) and overwrite each other's snapshots
-        raise ReplayRefused(f"{recovery_dir} is in use by another process ({_pid(held)}: a"
-                            " replay, or the job on its own store): wait for it to end, or pass"
-                            " another directory")
     if any(recovery_dir.glob("part-*.sqlite3")):
-        if not marker.exists():
+        if not marker.exists():  # refused before anything is written into it (not even a lock)
             raise ReplayRefused(f"{recovery_dir} holds a recovery store no replay made (the main"
                                 " job's?): a replay resumes only its own; pass a new directory")
         made = json.loads(marker.read_text())
         if made["flow"] != flow_name:
             raise ReplayRefused(f"{recovery_dir} is a replay of {made['flow']}, not {flow_name}")
+        if held := recovery_store.lock(recovery_dir, 0):
+            # two replays on one store each read the whole range (measured: 80,000 messages
+            # read twice, the second all duplicates) and overwrite each other's snapshots
+            raise ReplayRefused(f"{recovery_dir} is in use by another process ({_pid(held)}: a"
+                                " replay, or the job on its own store): wait for it to end, or"
+                                " pass another directory")
         if made["start"] != wanted["start"]:
             print(f"resuming the replay in {recovery_dir}: its first run's start applies"
                   f" ({made['start']}), not this one's", file=out, flush=True)
@@ -200,8 +200,9 @@ def _recovery_dir(
         return recovery_dir
     recovery_dir.mkdir(parents=True, exist_ok=True)
     recovery_volume.require_room(recovery_dir, min_free_bytes)  # before the marker (ENOSPC)
-    if held := recovery_store.lock(recovery_dir, 0):  # another replay made it just now
-        raise ReplayRefused(f"{recovery_dir} is in use by another replay ({_pid(held)}): pass"
+    if held := recovery_store.lock(recovery_dir, 0):  # another replay is making it
+        raise ReplayRefused(f"{recovery_dir} is in use by another process ({_pid(held)}: a"
+                            " replay, or the job on its own store): wait for it to end, or pass"
                             " another directory")
     marker.write_text(json.dumps(wanted))
     return recovery_dir
