@@ -114,6 +114,9 @@ class Exactness:
     tracked_records: int
     rows_announced_once: int
     unpublished: int
+    rows_announced_twice: int = 0
+    """Rows with more than one action-tracked record: a duplicate, whenever it is counted (the
+    rows and the topic are read one after the other, so the counts of each may differ)."""
 
     @property
     def exact(self) -> bool:
@@ -143,6 +146,7 @@ def exactness(dsn: str, bootstrap: str, topic: str, message_ids: Sequence[uuid.U
         tracked_records=len(tracked),
         rows_announced_once=sum(1 for r in row_ids if per_row[r] == 1),
         unpublished=unpublished(dsn, topic),
+        rows_announced_twice=sum(1 for count in per_row.values() if count > 1),
     )
 
 
