@@ -45,6 +45,8 @@ from typing import Any
 import psycopg
 from yoyo import get_backend, read_migrations
 
+from runtime.logs import log_event
+
 LOCK = (1970496882, 1835624306)
 """The migrations' session advisory lock (``pg_locks``: ``classid``, ``objid``): "user", "migr"."""
 
@@ -113,8 +115,8 @@ def migration_lock(dsn: str, wait_seconds: float = 600.0,
                     f" does ({_holder(conn)}): nothing was applied; run it again once that one"
                     f" ended (or end that session)")
             if waited >= next_line:
-                _LOG.warning("migrate-waiting-for-lock",
-                             extra={"holder": _holder(conn), "waited_s": round(waited)})
+                log_event(_LOG, "migrate-waiting-for-lock", logging.WARNING,
+                          holder=_holder(conn), waited_s=round(waited))
                 next_line += 10.0
             time.sleep(0.5)
         yield  # the lock goes with the connection's session
@@ -125,8 +127,8 @@ def _remove_stale_yoyo_lock(backend: Any) -> None:
     rows = backend.execute(f"SELECT pid, ctime FROM {backend.lock_table_quoted}").fetchall()
     if rows:
         backend.break_lock()
-        _LOG.warning("migrate-stale-lock-removed",
-                     extra={"left_by_client_pid": rows[0][0], "since": str(rows[0][1])})
+        log_event(_LOG, "migrate-stale-lock-removed", logging.WARNING,
+                  left_by_client_pid=rows[0][0], since=str(rows[0][1]))
 
 
 _RIGHTS = """
@@ -218,9 +220,9 @@ def _apply_bounded(backend: Any, migration: Any, lock_timeout: float, blocked_wa
                     f" it was rolled back; end those sessions (or wait for them) and run migrate"
                     f" again") from None
             delay = min(lock_timeout * 2 ** (attempt - 1), 60.0)
-            _LOG.warning("migrate-lock-timeout", extra={
-                "migration": migration.id, "attempt": attempt, "lock_timeout_s": lock_timeout,
-                "retry_in_s": delay, "blocked_by": blocked_by})
+            log_event(_LOG, "migrate-lock-timeout", logging.WARNING, migration=migration.id,
+                      attempt=attempt, lock_timeout_s=lock_timeout, retry_in_s=delay,
+                      blocked_by=blocked_by)
             time.sleep(delay)
 
 

@@ -150,9 +150,17 @@ _MARKER = recovery_store.REPLAY_MARKER
 refuses such a store)."""
 
 
-def _pid(held: str) -> str:
-    """``pid N`` from :func:`runtime.recovery_store.lock`'s reason."""
-    return held.partition("(")[2].partition(")")[0] or "pid ?"
+def _refuse_if_in_use(recovery_dir: Path) -> None:
+    """Lock ``recovery_dir`` for this replay (the job's ``.job-lock-0``), or refuse it.
+
+    Two replays on one store each read the whole range (measured: 80,000 messages read twice,
+    the second all duplicates) and overwrite each other's snapshots.
+    """
+    if held := recovery_store.lock(recovery_dir, 0):
+        pid = held.partition("(")[2].partition(")")[0] or "pid ?"  # the lock's reason names it
+        raise ReplayRefused(f"{recovery_dir} is in use by another process ({pid}: a replay, or"
+                            " the job on its own store): wait for it to end, or pass another"
+                            " directory")
 
 
 def _recovery_dir(
@@ -187,12 +195,7 @@ def _recovery_dir(
         made = json.loads(marker.read_text())
         if made["flow"] != flow_name:
             raise ReplayRefused(f"{recovery_dir} is a replay of {made['flow']}, not {flow_name}")
-        if held := recovery_store.lock(recovery_dir, 0):
-            # two replays on one store each read the whole range (measured: 80,000 messages
-            # read twice, the second all duplicates) and overwrite each other's snapshots
-            raise ReplayRefused(f"{recovery_dir} is in use by another process ({_pid(held)}: a"
-                                " replay, or the job on its own store): wait for it to end, or"
-                                " pass another directory")
+        _refuse_if_in_use(recovery_dir)
         if made["start"] != wanted["start"]:
             print(f"resuming the replay in {recovery_dir}: its first run's start applies"
                   f" ({made['start']}), not this one's", file=out, flush=True)
@@ -200,10 +203,7 @@ def _recovery_dir(
         return recovery_dir
     recovery_dir.mkdir(parents=True, exist_ok=True)
     recovery_volume.require_room(recovery_dir, min_free_bytes)  # before the marker (ENOSPC)
-    if held := recovery_store.lock(recovery_dir, 0):  # another replay is making it
-        raise ReplayRefused(f"{recovery_dir} is in use by another process ({_pid(held)}: a"
-                            " replay, or the job on its own store): wait for it to end, or pass"
-                            " another directory")
+    _refuse_if_in_use(recovery_dir)  # another replay may be making it
     marker.write_text(json.dumps(wanted))
     return recovery_dir
 
