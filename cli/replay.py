@@ -169,13 +169,15 @@ def _recovery_dir(
 ) -> Path:
     """The replay's recovery store: a new one, or its own earlier one to resume.
 
-    A dry run writes nothing, its recovery store neither: it keeps a temporary one, removed at its
-    end (a dry run given a directory saved its offsets there, and the run meant to resume it
-    then read nothing). A directory another replay runs on is refused (its lock, as the job's
-    ``.job-lock-0``): before, both read the whole range. A
-    directory a replay did not make (the main job's store) is refused: resuming from it reads
-    from the main job's offsets, not from the start asked for, and moves them. Every store but
-    a dry run's needs the room of the job's (:func:`runtime.recovery_volume.require_room`:
+    Without ``recovery_dir`` a replay keeps a temporary store, removed when the replay reaches its
+    end (kept, and named, when it is stopped or fails: it resumes the replay; before, every
+    replay left one in the temporary directory). A dry run writes nothing, its recovery store
+    neither: it keeps a temporary one, removed at its end (a dry run given a directory saved its
+    offsets there, and the run meant to resume it then read nothing). A directory another replay
+    runs on is refused (its lock, as the job's ``.job-lock-0``): before, both read the whole
+    range. A directory a replay did not make (the main job's store) is refused: resuming from it
+    reads from the main job's offsets, not from the start asked for, and moves them. Every store
+    but a dry run's needs the room of the job's (:func:`runtime.recovery_volume.require_room`:
     exit 74 before anything is written).
     """
     if dry_run and recovery_dir is not None:
@@ -260,17 +262,22 @@ def replay(
 
     reporter = threading.Thread(target=report_progress, daemon=True)
     reporter.start()
+    ended = False
     try:
         run_main(  # type: ignore[no-untyped-call]
             flow,
             epoch_interval=None,
             recovery_config=RecoveryConfig(str(directory)),  # type: ignore[no-untyped-call]
         )
+        ended = not SHUTDOWN.requested()
     finally:
         done.set()
         reporter.join()
-        if dry_run:
+        if dry_run or (ended and recovery_dir is None):
             shutil.rmtree(directory, ignore_errors=True)  # nothing to resume
+        elif not ended and not SHUTDOWN.requested():  # failed: the summary below is not printed
+            print(f"replay of {flow_name} failed before its end: --recovery-dir {directory}"
+                  " resumes it", file=out, flush=True)
     result = counts()
     elapsed = time.monotonic() - started
     title = f"DRY RUN of {flow_name} (nothing written)" if dry_run else f"replay of {flow_name}"
@@ -315,8 +322,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "recorded, duplicate, invalid owner, no session, dead-lettered; "
                              "session linking: linked, already-linked, relinked, started, ...)")
     parser.add_argument("--recovery-dir", type=Path,
-                        help="the replay's own recovery store (default: a new temporary one); "
-                             "pass the same directory to resume an interrupted replay")
+                        help="the replay's own recovery store (default: a new temporary one, "
+                             "removed when the replay ends); pass the same directory to resume "
+                             "an interrupted replay")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

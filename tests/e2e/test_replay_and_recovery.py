@@ -7,6 +7,7 @@ import logging
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -86,8 +87,10 @@ def test_replaying_an_already_processed_range_writes_no_row_and_publishes_nothin
 
 
 def test_replay_restores_exactly_the_rows_that_were_lost(
-    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the temporary stores go
     settings = make_settings()
     envelopes = _backlog(settings, db, 20)
     run_main(build_flow(settings))
@@ -111,6 +114,9 @@ def test_replay_restores_exactly_the_rows_that_were_lost(
     assert {r["id"] for r in rows if r["source_message_id"] not in lost} == kept_ids
     tracked = consume_all(settings, settings.topic_action_tracked, expect_at_least=25)
     assert len({t.json()["MessageId"] for t in tracked}) == 25
+    # both ran to their end on a temporary recovery store: neither is left behind (every
+    # replay without --recovery-dir left one in the temporary directory)
+    assert list(tmp_path.glob("user-activity-replay-*")) == []
 
 
 def test_dry_run_reports_would_be_outcomes_and_writes_nothing(
