@@ -3,14 +3,15 @@
 Creates the daily partitions ahead and drops the expired ones (marks; outbox partitions whose
 rows are all published). Safe to run at any time and from several places at once (a CronJob and
 the job's own periodic run): one run at a time, idempotent. Exit 0 also when another run held
-the lock (nothing to do then).
+the lock (nothing to do then). Its last line is the partitions' census (what the job exports as
+``user_activity_storage_*``): expired partitions left, days ready ahead.
 """
 
 from __future__ import annotations
 
 from runtime.settings import Settings
 from sinks.db import COMMAND_SLOW_SECONDS, connect_watched
-from sinks.retention import maintain
+from sinks.retention import maintain, storage_census
 
 
 def run(settings: Settings) -> int:
@@ -20,11 +21,15 @@ def run(settings: Settings) -> int:
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:
         report = maintain(conn, settings.retention_days)
+        counted = storage_census(conn, settings.retention_days)
     if not report.ran:
         print("another maintenance run holds the lock: nothing done")
-        return 0
-    print(f"partitions created: {report.created}; dropped: {len(report.dropped)}"
-          f" ({', '.join(report.dropped) or '-'}); kept with unpublished rows:"
-          f" {', '.join(report.kept) or '-'}; rows deleted: {report.deleted_rows}"
-          f" (retention {settings.retention_days} days)")
+    else:
+        print(f"partitions created: {report.created}; dropped: {len(report.dropped)}"
+              f" ({', '.join(report.dropped) or '-'}); kept with unpublished rows:"
+              f" {', '.join(report.kept) or '-'}; rows deleted: {report.deleted_rows}"
+              f" (retention {settings.retention_days} days)")
+    print("storage: " + "; ".join(
+        f"{table}: {c.expired} expired partition(s) left, {c.days_ready} day(s) ready"
+        for table, c in counted.items()))
     return 0

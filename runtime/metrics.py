@@ -153,6 +153,21 @@ RECOVERY_VOLUME_MIN_FREE_BYTES = Gauge(
     "USER_ACTIVITY_RECOVERY_MIN_FREE_BYTES: the job does not start with less free on its"
     " recovery volume (exit code 74).",
 )
+STORAGE_EXPIRED_PARTITIONS = Gauge(
+    "user_activity_storage_expired_partitions",
+    "Daily partitions of the table past USER_ACTIVITY_RETENTION_DAYS and still there, as the job's"
+    " maintenance last counted them (hourly): 1 for up to an hour after midnight UTC, then 0;"
+    " more for longer means storage is no longer bounded (drops fail, or an outbox partition"
+    " waits for its rows to be published).",
+    ["table"],
+)
+STORAGE_PARTITION_DAYS_READY = Gauge(
+    "user_activity_storage_partition_days_ready",
+    "Consecutive UTC days from today on that have their daily partition of the table, as the"
+    " job's maintenance last counted them (normally 4: today and 3 ahead); at 0 today's rows"
+    " land in the DEFAULT partition, which only chunked DELETEs shrink.",
+    ["table"],
+)
 BACKGROUND_RESTARTS = Counter(
     "user_activity_background_restarts",
     "Restarts of a supervised background loop after an unexpected exception.",

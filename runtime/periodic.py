@@ -36,9 +36,10 @@ class Periodic(ABC):
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop and join the thread."""
+        """Stop and join the thread (if it was started)."""
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         failures = 0

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
@@ -38,6 +39,7 @@ import psycopg
 from psycopg import sql
 
 from runtime.logs import log_event
+from runtime.metrics import STORAGE_EXPIRED_PARTITIONS, STORAGE_PARTITION_DAYS_READY
 from runtime.periodic import Periodic
 from runtime.settings import Settings
 from sinks.db import Connection, Database
@@ -131,6 +133,44 @@ def maintain(conn: Connection, retention_days: int, today: date | None = None
     return report
 
 
+PARENTS = ("consumer_idempotency_marks", "outbox")
+"""The daily-partitioned tables, by their name in ``user_activity``."""
+
+
+@dataclass(frozen=True)
+class PartitionCensus:
+    """What storage looks like for one partitioned table, as of a UTC ``today``."""
+
+    expired: int
+    """Day partitions past the retention that are still there (0 right after a good run)."""
+    days_ready: int
+    """Consecutive days from today on that have their partition (1 + PARTITIONS_AHEAD_DAYS
+    after a run; 0: today's rows land in the DEFAULT partition)."""
+
+
+def census(names: Iterable[str], today: date, retention_days: int) -> PartitionCensus:
+    """The census of one table's partition ``names`` (``..._pYYYYMMDD``; others are ignored).
+
+    A partition of day D is expired when D + 1 day <= today - ``retention_days``, as
+    :func:`maintain` drops them.
+    """
+    days = {day for day in map(_day_of, names) if day is not None}
+    newest_expired = today - timedelta(days=retention_days + 1)
+    ready = 0
+    while today + timedelta(days=ready) in days:
+        ready += 1
+    return PartitionCensus(expired=sum(d <= newest_expired for d in days), days_ready=ready)
+
+
+def storage_census(conn: Connection, retention_days: int, today: date | None = None
+                   ) -> dict[str, PartitionCensus]:
+    """:func:`census` of each partitioned table, read from the catalog (no lock, no row read)."""
+    today = today or datetime.now(UTC).date()
+    return {parent: census((name for (name,) in conn.execute(
+                _PARTITIONS, (f"user_activity.{parent}",)).fetchall()), today, retention_days)
+            for parent in PARENTS}
+
+
 def _create_ahead(conn: Connection, today: date) -> int:
     """Create the missing partitions of today and the days ahead; how many (0: lock timeout)."""
     try:
@@ -146,12 +186,21 @@ def _create_ahead(conn: Connection, today: date) -> int:
     return int(created[0]) if created else 0
 
 
+def _day_of(name: str) -> date | None:
+    """The day of partition ``name`` (``..._pYYYYMMDD``); None for any other name."""
+    found = _DAY.search(name)
+    try:
+        return datetime.strptime(found[1], "%Y%m%d").date() if found else None
+    except ValueError:  # eight digits that are no date: not one of ours
+        return None
+
+
 def _expired(conn: Connection, parent: str, newest_expired: date) -> list[str]:
     """The day partitions of ``parent`` whose day is at or before ``newest_expired``."""
     names = []
     for (name,) in conn.execute(_PARTITIONS, (f"user_activity.{parent}",)).fetchall():
-        found = _DAY.search(name)
-        if found and datetime.strptime(found[1], "%Y%m%d").date() <= newest_expired:
+        day = _day_of(name)
+        if day is not None and day <= newest_expired:
             names.append(name)
     return names
 
@@ -217,13 +266,22 @@ class PeriodicMaintenance(Periodic):
         self._last_run: float | None = None
 
     def tick(self) -> bool:
-        """Run :func:`maintain` when due."""
+        """Run :func:`maintain` when due, then count the partitions (whoever held the lock).
+
+        The census sets ``user_activity_storage_*`` (alerted: storage that is no longer bounded,
+        partitions missing ahead). It is taken after every run, also one that found another
+        process's run holding the lock, so every job process exports it.
+        """
         now = time.monotonic()
         if self._last_run is not None and now - self._last_run < self._every:
             return True
         self._last_run = now
         try:
-            maintain(self._db.connection(), self._retention_days)
+            conn = self._db.connection()
+            maintain(conn, self._retention_days)
+            for parent, counted in storage_census(conn, self._retention_days).items():
+                STORAGE_EXPIRED_PARTITIONS.labels(parent).set(counted.expired)
+                STORAGE_PARTITION_DAYS_READY.labels(parent).set(counted.days_ready)
         except psycopg.Error:
             self._db.reset()
             raise

@@ -9,6 +9,7 @@ window arrive meanwhile.
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import uuid
@@ -82,10 +83,16 @@ def test_cleanup_while_the_job_runs_with_redeliveries_and_a_replay_loses_and_dou
     job.wait_until(lambda: unpublished(database_url, old_topic) == 0, 30, "the old rows sent")
     job.wait_until(lambda: f"outbox_p{suffix}" not in partitions(db, "outbox"), 30,
                    "the job's maintenance to drop the expired outbox partition")
+    # ... and its census says storage is bounded again (the alerts' gauges)
+    job.wait_until(lambda: job.metric('user_activity_storage_expired_partitions{table="outbox"}',
+                                      -1) == 0, 30, "the census to count no expired partition")
+    assert job.metric('user_activity_storage_partition_days_ready{table="outbox"}') == 4
     code = job.terminate(timeout=25)
 
     assert code == 0, job.log_tail()
     assert "partitions created" in maintained.stdout or "holds the lock" in maintained.stdout
+    assert re.search(r"(?m)^storage: consumer_idempotency_marks: \d+ expired partition\(s\) left,"
+                     r" 4 day\(s\) ready; outbox: \d+ expired", maintained.stdout)  # racing the job
     assert f"consumer_idempotency_marks_p{suffix}" not in partitions(
         db, "consumer_idempotency_marks")
     left = db.execute("SELECT count(*) FROM user_activity.consumer_idempotency_marks"

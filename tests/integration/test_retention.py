@@ -15,9 +15,18 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from cli.migrate import apply_migrations
-from sinks.retention import MAINTENANCE_KEY, PARTITIONS_AHEAD_DAYS, maintain
+from runtime.settings import Settings
+from sinks.retention import (
+    MAINTENANCE_KEY,
+    PARTITIONS_AHEAD_DAYS,
+    PartitionCensus,
+    PeriodicMaintenance,
+    maintain,
+    storage_census,
+)
 from tests.support import partitions, scratch_database
 
 pytestmark = pytest.mark.integration
@@ -262,3 +271,44 @@ def test_writes_go_on_while_partitions_are_dropped(
 
     assert f"consumer_idempotency_marks_p{_day(days.migrated)}" in report.dropped
     assert written
+
+
+def test_the_census_counts_expired_partitions_kept_and_the_days_ready(
+    fdb: psycopg.Connection[Any], days: Days,
+) -> None:
+    # Storage that stopped being bounded (a partition kept for unpublished rows, drops that
+    # failed, a CronJob that never ran) was said only by warning lines: no gauge, no alert.
+    _outbox(fdb, days.migrated)  # committed, not yet behind the watermark: its partition stays
+    maintain(fdb, RETENTION_DAYS, today=days.expired)
+
+    counted = storage_census(fdb, RETENTION_DAYS, today=days.expired)
+
+    ready = PARTITIONS_AHEAD_DAYS + 1
+    assert counted == {"consumer_idempotency_marks": PartitionCensus(expired=0, days_ready=ready),
+                       "outbox": PartitionCensus(expired=1, days_ready=ready)}
+    later = days.expired + timedelta(days=PARTITIONS_AHEAD_DAYS + 1)  # no run since: no partition
+    assert storage_census(fdb, RETENTION_DAYS, today=later)["outbox"].days_ready == 0
+
+
+def test_the_jobs_maintenance_exports_the_census_after_each_run(
+    fdb: psycopg.Connection[Any], fresh: str,
+) -> None:
+    today = datetime.now(UTC).date()
+    old = today - timedelta(days=RETENTION_DAYS + 5)
+    fdb.execute("SELECT user_activity.ensure_daily_partitions(%s, %s)", (old, old))
+    _outbox(fdb, old)  # unpublished: the job's run keeps its partition
+    settings = Settings(database_url=fresh, kafka_bootstrap_servers="127.0.0.1:9",
+                        retention_days=RETENTION_DAYS)
+    periodic = PeriodicMaintenance(settings)
+    try:
+        assert periodic.tick()
+    finally:
+        periodic.stop()
+
+    def gauge(name: str, table: str) -> float | None:
+        return REGISTRY.get_sample_value(f"user_activity_storage_{name}", {"table": table})
+
+    assert gauge("expired_partitions", "outbox") == 1
+    assert gauge("expired_partitions", "consumer_idempotency_marks") == 0  # dropped
+    assert gauge("partition_days_ready", "outbox") == PARTITIONS_AHEAD_DAYS + 1
+    assert gauge("partition_days_ready", "consumer_idempotency_marks") == PARTITIONS_AHEAD_DAYS + 1

@@ -78,6 +78,8 @@ EXPECTED_ALERTS = {
     "UserActivityInputTopicCompacted",
     "UserActivityBackgroundLoopRestarting",
     "UserActivityRecoveryVolumeLow",
+    "UserActivityStorageNotReclaimed",
+    "UserActivityPartitionsMissingAhead",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
 WITHOUT_FOR = {"UserActivityOutboxStalled"}
