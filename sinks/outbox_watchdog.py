@@ -25,16 +25,38 @@ from runtime.settings import Settings
 from sinks.db import Database
 
 # Pending: committed after the watermark (the first such transaction's rows stand for the
-# oldest; txids follow transaction start closely), or requeued. Index probes only.
+# oldest; txids follow transaction start closely), or requeued. A window under way (a backlog
+# sent page by page: `target` and the cursor `after_*` set) has sent its rows up to the cursor:
+# pending are the rows after the cursor and the transactions in progress at `target` (committed
+# since, sent by a later window). So the age falls as a backlog drains, instead of staying at
+# the backlog's oldest row until its last page. Index probes only; the generation says whether
+# the publisher moved the watermark since the last measurement. The rows past the watermark's
+# xmax are read from ONE lower bound (start_*: the cursor, or just before that xmax): with two,
+# the btree scan starts at the lower row bound and reads the published rows before it.
 _OLDEST_UNPUBLISHED = """
-SELECT extract(epoch FROM now() - min(created_at))::float8 FROM (
+WITH m AS (SELECT delivered, coalesce(target, delivered) AS target,
+                  coalesce(after_txid, '0'::xid8) AS after_txid,
+                  coalesce(after_id, '00000000-0000-0000-0000-000000000000'::uuid) AS after_id,
+                  (pg_snapshot_xmax(delivered)::text::numeric - 1)::text::xid8 AS before_xmax,
+                  generation
+             FROM user_activity.outbox_watermark WHERE id = 1),
+     w AS (SELECT m.*,
+                  CASE WHEN after_txid > before_xmax THEN after_txid ELSE before_xmax END
+                      AS start_txid,
+                  CASE WHEN after_txid > before_xmax THEN after_id
+                       ELSE 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid END AS start_id
+             FROM m)
+SELECT extract(epoch FROM now() - min(created_at))::float8, (SELECT generation FROM w) FROM (
     SELECT o.created_at FROM user_activity.outbox o
-     WHERE o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(delivered)
-                                 FROM user_activity.outbox_watermark))
+     WHERE o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(target) FROM w))
+    UNION ALL
+    SELECT o.created_at FROM user_activity.outbox o
+     WHERE o.txid = ANY (ARRAY(SELECT pg_snapshot_xip(delivered) FROM w))
+       AND (o.txid, o.id) > ((SELECT after_txid FROM w), (SELECT after_id FROM w))
     UNION ALL
     (SELECT o.created_at FROM user_activity.outbox o
-      WHERE o.txid >= (SELECT pg_snapshot_xmax(delivered) FROM user_activity.outbox_watermark)
-      ORDER BY o.txid LIMIT 1)
+      WHERE (o.txid, o.id) > ((SELECT start_txid FROM w), (SELECT start_id FROM w))
+      ORDER BY o.txid, o.id LIMIT 1)
     UNION ALL
     SELECT requeued_at FROM user_activity.outbox_parked WHERE requeued_at IS NOT NULL
 ) pending
@@ -60,6 +82,7 @@ class OutboxWatchdog(Periodic):
         # (when, age) of the last measurement; before the first one, the start counts as one
         # that found nothing (so a query blocked from the start is reported all the same)
         self._measured: tuple[float, float] = (time.monotonic(), 0.0)
+        self._generation: int | None = None  # the watermark's, at the last measurement
         OUTBOX_STALL_THRESHOLD_SECONDS.set(self._threshold)
 
     def tick(self) -> bool:
@@ -77,7 +100,13 @@ class OutboxWatchdog(Periodic):
             return True
         age = max(0.0, float(row[0])) if row is not None and row[0] is not None else 0.0
         self._measured = (time.monotonic(), age)
-        self._report(age, "oldest unpublished outbox row is")
+        generation = None if row is None else row[1]
+        moving = self._generation is not None and generation != self._generation
+        self._generation = generation
+        # a backlog being sent says so: a stall and a drain read alike otherwise
+        self._report(age, "draining: the publisher moved the watermark since the last check;"
+                          " oldest unpublished outbox row is" if moving
+                     else "oldest unpublished outbox row is")
         return True
 
     def _report(self, age: float, what: str) -> None:

@@ -257,11 +257,11 @@ def test_an_exception_inside_the_publish_loop_is_logged_counted_and_the_loop_res
     original = publisher.publish_committed
     calls = {"n": 0}
 
-    def failing_once(grace: float = 0.0) -> int:
+    def failing_once(grace: float = 0.0, *, slice_seconds: float | None = None) -> int:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected fault inside the publish loop")
-        return original(grace)
+        return original(grace, slice_seconds=slice_seconds)
 
     publisher.publish_committed = failing_once  # type: ignore[method-assign]
     restarts = BACKGROUND_RESTARTS.labels(thread="outbox-publisher")
