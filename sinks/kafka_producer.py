@@ -215,27 +215,15 @@ def _produce_and_wait(
         assert settled is not None
         settled[index] = True
 
-    produce = producer.produce
-    for index, record in enumerate(records):
-        callback: Any = on_failure if settled is None else functools.partial(on_report, index)
-        headers: Any = record.headers  # a list or a dict is passed on as it is, not copied
-        if headers and not isinstance(headers, _PASSED_AS_IS):
-            headers = _confluent_headers(headers)
-        while True:
-            try:
-                if headers:
-                    produce(record.topic, record.value, record.key, on_delivery=callback,
-                            headers=headers)
-                else:
-                    produce(record.topic, record.value, record.key, on_delivery=callback)
-                break
-            except BufferError:
-                producer.poll(0.05)  # local queue full: serve delivery reports, then retry
-            except KafkaException as exc:  # refused before queueing: this record's result
-                results[index] = _error_of(exc)
-                if settled is not None:
-                    settled[index] = True
-                break
+    def refused(index: int, err: KafkaError) -> None:
+        results[index] = err
+        if settled is not None:
+            settled[index] = True
+
+    if settled is None:
+        _hand_over(producer, records, lambda _index: on_failure, refused)
+    else:
+        _hand_over(producer, records, lambda index: functools.partial(on_report, index), refused)
     deadline = time.monotonic() + timeout
     left = producer.flush(min(timeout, 1.0))  # as soon as all is settled, in steps of a second
     while left > 0 and (rest := SHUTDOWN.time_left(deadline - time.monotonic())) > 0:
@@ -252,11 +240,65 @@ def _produce_and_wait(
     return results, settled
 
 
+def _hand_over(
+    producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
+    refused: Callable[[int, KafkaError], None],
+) -> None:
+    """``produce()`` each record with ``callback_of(index)`` as its delivery callback.
+
+    A full local queue (``BufferError``) is served and the record retried; a record the client
+    refuses before queueing (``KafkaException``) goes to ``refused(index, error)``.
+    """
+    produce = producer.produce
+    for index, record in enumerate(records):
+        callback = callback_of(index)
+        headers: Any = record.headers  # a list or a dict is passed on as it is, not copied
+        if headers and not isinstance(headers, _PASSED_AS_IS):
+            headers = _confluent_headers(headers)
+        while True:
+            try:
+                if headers:
+                    produce(record.topic, record.value, record.key, on_delivery=callback,
+                            headers=headers)
+                else:
+                    produce(record.topic, record.value, record.key, on_delivery=callback)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: serve delivery reports, then retry
+            except KafkaException as exc:  # refused before queueing: this record's result
+                refused(index, _error_of(exc))
+                break
+
+
 def _error_of(exc: KafkaException) -> KafkaError:
     """The ``KafkaError`` a ``KafkaException`` carries (a generic ``_FAIL`` if none)."""
     if exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return KafkaError(KafkaError._FAIL, str(exc))
+
+
+@dataclass(eq=False, slots=True)
+class Sending:
+    """Records handed to a producer by :meth:`KafkaProducer.send`, and their reports so far.
+
+    librdkafka's callbacks fill ``results`` and ``settled`` in, also after the call that handed
+    the records over returned. A record not ``settled`` is still the client's (queued, or in
+    flight to a broker that has not answered): it must be waited for, never produced again. A
+    second copy is a second record: the idempotent producer de-duplicates its own retries (the
+    same sequence number), not a record produced twice.
+    """
+
+    producer: Producer | None
+    """The client the records were handed to (None: refused before any client had them)."""
+    results: list[KafkaError | None]
+    """Per record: ``None`` acknowledged (once settled), else its error."""
+    settled: list[bool]
+    """Per record: its report came (or it was refused, or given up with a dead client)."""
+
+    @property
+    def done(self) -> bool:
+        """Every record is settled."""
+        return all(self.settled)
 
 
 ProducerFactory = Callable[..., Producer]
@@ -334,6 +376,56 @@ class KafkaProducer:
             else:
                 out.append(retry)
         return out
+
+    def send(self, records: Sequence[Producible]) -> Sending:
+        """Hand ``records`` over; their reports come into the returned :class:`Sending`.
+
+        For a producer with ``exact_reports``. Use :meth:`wait` for the reports: a record whose
+        report has not come by then is still in flight and is waited for again, not sent again
+        (with ``message.timeout.ms`` 0 librdkafka retries it with its sequence number until the
+        broker answers, and the broker writes it once whatever it had received before).
+        """
+        if not self._exact:
+            raise RuntimeError("send() needs a producer with exact_reports")
+        producer = self.producer
+        count = len(records)
+        sending = Sending(producer, [None] * count, [False] * count)
+
+        def on_report(index: int, err: KafkaError | None, _msg: Message | None = None) -> None:
+            sending.results[index] = err
+            sending.settled[index] = True
+
+        _hand_over(producer, records, lambda index: functools.partial(on_report, index),
+                   on_report)
+        return sending
+
+    def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:
+        """Serve ``sending``'s reports for up to ``timeout`` s (less past a stop's grace).
+
+        One result per record: ``None`` acknowledged, a record error or a service error from its
+        report, ``_TIMED_OUT`` while it has no report yet (``sending.settled`` stays False: still
+        in flight, wait again). When the client went fatal, its records with no report are
+        given up (settled, ``_FATAL``: send them again; the client is replaced before the next
+        call, its queue purged).
+        """
+        producer = sending.producer
+        if producer is not None and not sending.done:
+            deadline = time.monotonic() + timeout
+            while (not sending.done and
+                   (rest := SHUTDOWN.time_left(deadline - time.monotonic())) > 0):
+                producer.flush(min(rest, 1.0))
+        fatal = None if producer is None else fatal_error_of(producer)
+        if fatal is not None and not sending.done:
+            if producer is self._producer:
+                self._dead = fatal
+            retry = KafkaError(KafkaError._FATAL, f"producer died ({fatal.name()}): send again")
+            for index, done in enumerate(sending.settled):
+                if not done:
+                    sending.results[index] = retry
+                    sending.settled[index] = True
+        timed_out = KafkaError(KafkaError._TIMED_OUT)
+        return [err if done else timed_out
+                for err, done in zip(sending.results, sending.settled, strict=True)]
 
     def flush(self, timeout: float = 10.0) -> int:
         """Wait up to ``timeout`` for queued records; return how many are still queued."""

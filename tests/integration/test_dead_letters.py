@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -262,4 +263,45 @@ def test_letters_published_while_the_broker_is_down_wait_and_land_once_unreduced
     got = _by_offset(dlq.records(4))
     assert sorted(got) == [0, 1, 2, 3]
     assert all(r.header(HEADER_TRUNCATED) is None for r in got.values())
+    assert dlq.counted == 4
+
+
+def test_letters_sent_to_a_frozen_broker_are_written_once_when_it_resumes(
+    kafka_broker: Any, kafka_bootstrap: str
+) -> None:
+    """A broker that took the request and does not answer writes it when it resumes: once.
+
+    The broker's JVM is stopped with SIGSTOP: its kernel still accepts and acknowledges, so the
+    letters' request waits in its socket. Before, the letters timed out in flight after the
+    producer's 30 s message timeout, were produced again, and the resumed broker wrote both
+    copies (measured here: 6 records for 3 letters; in a job, 9 of 300 letters twice after a
+    60 s freeze). Now a letter in flight is waited for, never produced again.
+    """
+    if kafka_broker is None or kafka_broker.pid is None:
+        pytest.skip("an external broker cannot be frozen by the suite")
+    dlq = Dlq(kafka_bootstrap)
+    dlq.publisher.publish([_letter(b"first", 0)])  # connected, the limit read
+    letters = [_letter(b"frozen-%d" % i, i) for i in range(1, 4)]
+    errors: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            dlq.publisher.publish(letters)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=publish, daemon=True)
+    pid = kafka_broker.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        thread.start()
+        time.sleep(33)  # past the 30 s message timeout the letters had
+        assert thread.is_alive()  # waiting, not dead-lettering into the void
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    thread.join(90)
+
+    assert not thread.is_alive() and errors == []
+    got = _by_offset(dlq.records(4))  # fails on a letter written twice
+    assert sorted(got) == [0, 1, 2, 3]
     assert dlq.counted == 4

@@ -31,7 +31,7 @@ from schemas.dlq_letter import (
 )
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterPublisher, is_kafka_unreachable
-from sinks.kafka_producer import OutgoingRecord
+from sinks.kafka_producer import OutgoingRecord, Sending
 
 LIMIT = 1_000_000
 FAILED_AT = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
@@ -178,6 +178,13 @@ class FakeDlqProducer:
         self.calls.append(list(records))
         return [answer(i, r) for i, r in enumerate(records)]
 
+    def send(self, records: Sequence[OutgoingRecord]) -> Sending:
+        """Every record settled at once with its answer (this stand-in has nothing in flight)."""
+        return Sending(None, self.produce_and_wait(records), [True] * len(records))
+
+    def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:
+        return list(sending.results)
+
     def close(self, timeout: float = 10.0) -> None:
         pass
 
@@ -317,3 +324,35 @@ def test_publishing_nothing_builds_nothing() -> None:
     )
     pub.publish([])
     assert pub.limit is None
+
+
+class InFlightProducer(FakeDlqProducer):
+    """The first call's letters get no report for ``silent_waits`` waits (a frozen broker)."""
+
+    def __init__(self, silent_waits: int) -> None:
+        super().__init__([ok])
+        self._silent = silent_waits
+        self.waits = 0
+
+    def send(self, records: Sequence[OutgoingRecord]) -> Sending:
+        self.calls.append(list(records))
+        return Sending(None, [None] * len(records), [False] * len(records))
+
+    def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:
+        self.waits += 1
+        if self.waits > self._silent:
+            sending.settled[:] = [True] * len(sending.settled)
+        timed_out = KafkaError(KafkaError._TIMED_OUT)
+        return [None if done else timed_out for done in sending.settled]
+
+
+def test_a_letter_still_in_flight_is_waited_for_and_never_sent_twice() -> None:
+    fake = InFlightProducer(silent_waits=2)
+    pub, registry = publisher(fake)
+
+    pub.publish([letter(b"a", offset=1), letter(b"b", offset=2)])
+
+    assert [offsets(c) for c in fake.calls] == [[b"1", b"2"]]  # handed over once
+    assert fake.waits == 3
+    assert registry.get_sample_value("retries_total") == 2  # each silent wait: a back-off
+    assert registry.get_sample_value("dlq_total") == 2
