@@ -233,6 +233,20 @@ def test_an_unreadable_topic_limit_falls_back_to_one_million_with_a_warning(
     assert warning.code == "UNKNOWN_TOPIC_OR_PART"
 
 
+def _publishing(dlq: Dlq, letters: list[DeadLetter]
+                ) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread (not started) publishing ``letters``, and the exceptions it raised."""
+    errors: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            dlq.publisher.publish(letters)
+        except BaseException as exc:  # reported by the test's assertion
+            errors.append(exc)
+
+    return threading.Thread(target=publish, daemon=True), errors
+
+
 def test_letters_published_while_the_broker_is_down_wait_and_land_once_unreduced(
     kafka_broker: Any, kafka_bootstrap: str
 ) -> None:
@@ -240,18 +254,10 @@ def test_letters_published_while_the_broker_is_down_wait_and_land_once_unreduced
         pytest.skip("an external broker cannot be stopped by the suite")
     dlq = Dlq(kafka_bootstrap)
     dlq.publisher.publish([_letter(b"first", 0)])  # reads the limit while the broker is up
-    letters = [_letter(b"during-%d" % i, i) for i in range(1, 4)]
-    errors: list[BaseException] = []
-
-    def publish() -> None:
-        try:
-            dlq.publisher.publish(letters)
-        except BaseException as exc:  # reported by the assertion below
-            errors.append(exc)
+    thread, errors = _publishing(dlq, [_letter(b"during-%d" % i, i) for i in range(1, 4)])
 
     kafka_broker.stop()
     try:
-        thread = threading.Thread(target=publish, daemon=True)
         thread.start()
         time.sleep(3)
         assert thread.is_alive()  # waiting, not dead-lettering into the void
@@ -281,16 +287,7 @@ def test_letters_sent_to_a_frozen_broker_are_written_once_when_it_resumes(
         pytest.skip("an external broker cannot be frozen by the suite")
     dlq = Dlq(kafka_bootstrap)
     dlq.publisher.publish([_letter(b"first", 0)])  # connected, the limit read
-    letters = [_letter(b"frozen-%d" % i, i) for i in range(1, 4)]
-    errors: list[BaseException] = []
-
-    def publish() -> None:
-        try:
-            dlq.publisher.publish(letters)
-        except BaseException as exc:  # reported by the assertion below
-            errors.append(exc)
-
-    thread = threading.Thread(target=publish, daemon=True)
+    thread, errors = _publishing(dlq, [_letter(b"frozen-%d" % i, i) for i in range(1, 4)])
     pid = kafka_broker.pid
     os.kill(pid, signal.SIGSTOP)
     try:
