@@ -183,6 +183,13 @@ def page_start(delivered: str, after: tuple[str, UUID]) -> tuple[str, UUID]:
     if int(after[0]) >= xmax:
         return after
     return (str(xmax - 1), _MAX_UUID)
+def _page_params(window: _Window, after: tuple[str, UUID]) -> dict[str, Any]:
+    """The parameters of :data:`_PAGE` (but ``limit``) for ``window`` past the cursor ``after``."""
+    start = page_start(window.delivered, after)
+    return {"delivered": window.delivered, "target": window.target, "after_txid": after[0],
+            "after_id": after[1], "start_txid": start[0], "start_id": start[1]}
+
+
 _ROWS = """
 SELECT o.txid, o.id, o.topic, o.key, o.value, o.headers, o.created_at,
        o.action_event_id, o.correlation_id, o.occurred_offset, e.id, e.action_type,
@@ -505,12 +512,8 @@ class OutboxPublisher:
         settled = visible_in(aged) if aged is not None else None
         began = time.monotonic()
         while True:
-            start = page_start(window.delivered, after)
-            rows: list[tuple[Any, ...]] = conn.execute(_PAGE, {
-                "delivered": window.delivered, "target": window.target,
-                "after_txid": after[0], "after_id": after[1], "limit": limit,
-                "start_txid": start[0], "start_id": start[1],
-            }).fetchall()
+            rows: list[tuple[Any, ...]] = conn.execute(
+                _PAGE, {**_page_params(window, after), "limit": limit}).fetchall()
             held = False
             if grace > 0:  # stop before a recent row of ours the fast path has not sent (yet)
                 expected = self._expected
@@ -562,12 +565,8 @@ class OutboxPublisher:
                 return delivered_rows
             after = (str(rows[-1][0]), rows[-1][1])
             if slice_seconds is not None and time.monotonic() - began >= slice_seconds:
-                start = page_start(window.delivered, after)
-                self._progress.sliced(conn, {
-                    "delivered": window.delivered, "target": window.target,
-                    "after_txid": after[0], "after_id": after[1],
-                    "start_txid": start[0], "start_id": start[1]}, delivered_rows,
-                    next((r[6] for r in reversed(whole)), None))
+                self._progress.sliced(conn, _page_params(window, after), delivered_rows,
+                                      next((r[6] for r in reversed(whole)), None))
                 return delivered_rows
 
     @staticmethod
