@@ -310,7 +310,13 @@ class Settings(BaseSettings):
         """Librdkafka settings shared by every client (connection, TLS, SASL)."""
         config: dict[str, Any] = {"bootstrap.servers": self.kafka_bootstrap_servers,
                                   "security.protocol": self.kafka_security_protocol,
-                                  "client.id": self.kafka_client_id}
+                                  "client.id": self.kafka_client_id,
+                                  # Java's client's request and connection set-up time-outs
+                                  # (librdkafka: 60 s and 30 s): a request to a broker that
+                                  # accepts and never answers fails sooner, so its partitions'
+                                  # leadership moves sooner, and producers see it sooner
+                                  "socket.timeout.ms": 30_000,
+                                  "socket.connection.setup.timeout.ms": 10_000}
         optional: dict[str, str | SecretStr | None] = {
             "sasl.mechanism": self.kafka_sasl_mechanism,
             "sasl.username": self.kafka_sasl_username,

@@ -676,14 +676,16 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         """Nothing read for ``stuck_after`` s: replace the consumer if records wait (module doc).
 
         One watermark query (at most 1 s, on the worker thread) per ``stuck_after`` while the
-        partition reads nothing; an unanswered query is left to the next check. Records must
-        be found waiting at the same next offset by two checks in a row: the idle time counts
-        from the last record read, so one check could find records that arrived a moment ago
-        (seen: the records after a transaction open for 5 s, checked just after its abort, got
-        the consumer replaced). A consumer that stopped fetching is so replaced within two to
-        three ``stuck_after``. Caught up
-        (the high watermark at the next offset, which empty polls move past control records:
-        :meth:`_passed`) is the normal idle case and changes nothing.
+        partition reads nothing. A query with no answer within the second pauses the worker's
+        partitions on kafka (:meth:`SharedConsumer.not_answering`): a broker that accepts and
+        never answers is so said within ``stuck_after`` plus a second, not librdkafka's minute.
+        Records must be found waiting at the same next offset by two checks in a row: the idle
+        time counts from the last record read, so one check could find records that arrived a
+        moment ago (seen: the records after a transaction open for 5 s, checked just after its
+        abort, got the consumer replaced). A consumer that stopped fetching is so replaced
+        within two to three ``stuck_after``. Caught up (the high watermark at the next offset,
+        which empty polls move past control records: :meth:`_passed`) is the normal idle case
+        and changes nothing.
 
         The queried offset is the partition's *last stable offset*: librdkafka asks with the
         consumer's ``isolation.level`` (``read_committed``), so records behind a transaction
@@ -697,7 +699,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         try:
             low, high = self._consumer.get_watermark_offsets(
                 self._partition_handle, timeout=1.0, cached=False)
-        except KafkaException:
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT:
+                self._shared.not_answering(error.name())  # asked, no answer: paused on kafka
             return
         floor = low if self._next_offset is None else self._next_offset
         if high <= floor:

@@ -200,3 +200,56 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
     assert job.terminate(timeout=25) == 0
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
+
+
+def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck_check(
+    make_settings: SettingsFactory, jobs: JobSupervisor, kafka_broker: Any, record_property: Any,
+) -> None:
+    """A frozen broker pauses the job on kafka at its partitions' next check, not a minute later.
+
+    The broker's JVM is stopped with SIGSTOP: its kernel still accepts and acknowledges, so no
+    connection fails and no request is answered. librdkafka says every broker is down only
+    after a request's time-out and then a reconnection's: ``/readyz`` said running for 60.6 s
+    of such a freeze (the frozen-broker probe), 31 s and over 45 s with the 30 s request
+    time-out (librdkafka: 60 s) this job now sets, and 31.1 s in this test without the check. Now a
+    partition that read nothing for ``source_stuck_seconds`` asks for its watermarks, and a
+    query with no answer within a second pauses the worker on kafka (3 s here, 30 s deployed,
+    as PostgreSQL's statement timeout plus 5 s): ``/readyz`` 503, ``/livez`` 200; a stop ends
+    within the grace, and the next start loses nothing and records nothing twice.
+    """
+    if kafka_broker is None or kafka_broker.pid is None:
+        pytest.skip("an external broker cannot be frozen by the suite")
+    settings = make_settings(source_stuck_seconds=3.0, stop_grace_seconds=5.0,
+                             retry_initial_seconds=0.5, retry_max_seconds=2.0)
+    database_url = settings.database_dsn()
+    stream = good_stream(settings, database_url, 3_000, seed=25)
+    job = jobs.job(settings)
+    job.start()
+    producer = PacedProducer(settings, stream.records, rate=1_000)
+    producer.start()
+    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    pid = kafka_broker.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        frozen_at = time.monotonic()
+        job.wait_until(lambda: _paused_on(job, "kafka"), 45, "/readyz paused on kafka")
+        said_after = time.monotonic() - frozen_at
+        livez = job.get("/livez")
+        assert livez is not None and livez.status == 200, "a frozen broker is no reason to restart"
+        started = time.monotonic()
+        code = job.terminate(timeout=40, sig=signal.SIGTERM)
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    report(record_property, "frozen-broker", {"said_after_s": round(said_after, 1),
+                                              "stop_s": round(took, 1), "exit_code": code})
+    # nothing read for 3 s, then a query unanswered for 1 s, then a poll of /readyz
+    assert said_after < settings.source_stuck_seconds + 1 + 3, f"{said_after:.1f} s"
+    assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
+    assert code in {0, 75}, job.log_tail()
+    job.start()
+    deliveries = producer.result()
+    wait_until_drained(job, database_url, stream)
+    assert job.terminate(timeout=25) == 0
+    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    assert counts.rows == counts.tracked_distinct == len(stream.good_ids)

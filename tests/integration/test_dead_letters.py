@@ -14,7 +14,8 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client import CollectorRegistry, Counter
 
@@ -45,7 +46,18 @@ def _dlq_topic(bootstrap: str, **config: str) -> str:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(name, 3, 1, config=config)]).values():
         future.result(30)
-    return name
+    # Created is not yet described: asked at once, the broker could still answer "unknown
+    # topic", and the publisher then fell back to its default limit (seen after other tests).
+    resource = ConfigResource("topic", name)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.describe_configs([resource])[resource].result(10)
+            return name
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 class Dlq:

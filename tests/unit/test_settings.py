@@ -148,6 +148,8 @@ def test_plaintext_client_config_carries_no_sasl_or_tls_settings() -> None:
         "bootstrap.servers": "127.0.0.1:9092",
         "security.protocol": "PLAINTEXT",
         "client.id": "user-activity-stream",
+        "socket.timeout.ms": 30_000,
+        "socket.connection.setup.timeout.ms": 10_000,
     }
 
 
@@ -162,6 +164,8 @@ def test_client_config_includes_sasl_and_tls_settings_when_given(
         "bootstrap.servers": "kafka-0:9093,kafka-1:9093",
         "security.protocol": "SASL_SSL",
         "client.id": "user-activity-stream",
+        "socket.timeout.ms": 30_000,
+        "socket.connection.setup.timeout.ms": 10_000,
         "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "svc-user-activity",
         "sasl.password": SASL_PASSWORD,
