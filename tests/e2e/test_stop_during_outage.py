@@ -16,10 +16,13 @@ from typing import Any
 
 import pytest
 
-from devenv.harness.jobs import JobSupervisor
+from devenv.harness.jobs import JobProcess, JobSupervisor
+from runtime.settings import Settings
 from runtime.shutdown import DEADLINE_MARGIN
 from tests.chaos import (
+    Counts,
     PacedProducer,
+    Stream,
     assert_exact_outcome,
     count_rows,
     good_stream,
@@ -52,6 +55,30 @@ def _events(job: Any) -> list[str]:
     return [str(e.get("event")) for e in job.log_events(1)]
 
 
+def _streaming(settings: Settings, jobs: JobSupervisor, seed: int
+               ) -> tuple[JobProcess, Stream, PacedProducer]:
+    """A job running on 3,000 good records paced at 1,000/s, 500 of them recorded."""
+    database_url = settings.database_dsn()
+    stream = good_stream(settings, database_url, 3_000, seed=seed)
+    job = jobs.job(settings)
+    job.start()
+    producer = PacedProducer(settings, stream.records, rate=1_000)
+    producer.start()
+    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    return job, stream, producer
+
+
+def _restarted_exactly_once(settings: Settings, job: JobProcess, stream: Stream,
+                            producer: PacedProducer) -> Counts:
+    """Start ``job`` again after its stop: every record of ``stream`` is in, once, and said once."""
+    database_url = settings.database_dsn()
+    job.start()
+    deliveries = producer.result()
+    wait_until_drained(job, database_url, stream)
+    assert job.terminate(timeout=25) == 0
+    return assert_exact_outcome(settings, database_url, stream, deliveries)
+
+
 @pytest.mark.parametrize("down", ["postgres", "kafka"])
 def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_loses_nothing(
     make_settings: SettingsFactory, jobs: JobSupervisor, record_property: Any, down: str,
@@ -62,12 +89,7 @@ def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_lose
         pytest.skip("needs the suite's own services (external ones configured)")
     settings = make_settings(retry_initial_seconds=0.5, retry_max_seconds=4.0)
     database_url = settings.database_dsn()
-    stream = good_stream(settings, database_url, 3_000, seed=21)
-    job = jobs.job(settings)
-    job.start()
-    producer = PacedProducer(settings, stream.records, rate=1_000)
-    producer.start()
-    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    job, stream, producer = _streaming(settings, jobs, seed=21)
     server.stop()
     try:
         job.wait_until(lambda: _paused_on(job, down), 60, f"/readyz paused on {down}")
@@ -93,11 +115,7 @@ def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_lose
         assert code == 0, (code, job.log_tail())
         assert "stopped-during-outage" not in events
     rows_before = count_rows(database_url, stream.good_ids)
-    job.start()
-    deliveries = producer.result()
-    wait_until_drained(job, database_url, stream)
-    assert job.terminate(timeout=25) == 0
-    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids) >= rows_before
 
 
@@ -172,13 +190,7 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
         pytest.skip("needs the suite's own PostgreSQL (external one configured)")
     # (20 s and 30 s deployed) a shorter test: a call is said after 1 + 5 s without an answer
     settings = make_settings(stop_grace_seconds=5.0, db_statement_timeout_ms=1_000)
-    database_url = settings.database_dsn()
-    stream = good_stream(settings, database_url, 3_000, seed=23)
-    job = jobs.job(settings)
-    job.start()
-    producer = PacedProducer(settings, stream.records, rate=1_000)
-    producer.start()
-    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    job, stream, producer = _streaming(settings, jobs, seed=23)
     with _frozen(postgres_server.pid):
         frozen_at = time.monotonic()
         job.wait_until(lambda: _not_answering(job), 30, "/readyz paused: postgres not answering")
@@ -194,11 +206,7 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
     assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
     assert "stopped-during-outage" in [e.get("event") for e in job.log_events(1)]
     assert said_after < 1 + 5 + 10, f"said {said_after:.1f} s after the freeze"
-    job.start()
-    deliveries = producer.result()
-    wait_until_drained(job, database_url, stream)
-    assert job.terminate(timeout=25) == 0
-    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
 
 
@@ -221,13 +229,7 @@ def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck
         pytest.skip("an external broker cannot be frozen by the suite")
     settings = make_settings(source_stuck_seconds=3.0, stop_grace_seconds=5.0,
                              retry_initial_seconds=0.5, retry_max_seconds=2.0)
-    database_url = settings.database_dsn()
-    stream = good_stream(settings, database_url, 3_000, seed=25)
-    job = jobs.job(settings)
-    job.start()
-    producer = PacedProducer(settings, stream.records, rate=1_000)
-    producer.start()
-    wait_for_rows(job, database_url, stream, 500, timeout=60)
+    job, stream, producer = _streaming(settings, jobs, seed=25)
     pid = kafka_broker.pid
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -247,9 +249,5 @@ def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck
     assert said_after < settings.source_stuck_seconds + 1 + 3, f"{said_after:.1f} s"
     assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
     assert code in {0, 75}, job.log_tail()
-    job.start()
-    deliveries = producer.result()
-    wait_until_drained(job, database_url, stream)
-    assert job.terminate(timeout=25) == 0
-    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
+    counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
