@@ -183,6 +183,8 @@ def page_start(delivered: str, after: tuple[str, UUID]) -> tuple[str, UUID]:
     if int(after[0]) >= xmax:
         return after
     return (str(xmax - 1), _MAX_UUID)
+
+
 def _page_params(window: _Window, after: tuple[str, UUID]) -> dict[str, Any]:
     """The parameters of :data:`_PAGE` (but ``limit``) for ``window`` past the cursor ``after``."""
     start = page_start(window.delivered, after)

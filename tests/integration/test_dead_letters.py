@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from confluent_kafka.cimpl import NewTopic
 from prometheus_client import CollectorRegistry, Counter
 
+from devenv.harness.jobs import wait_until
 from runtime.settings import Settings
 from schemas.dlq import (
     DLQ_HEADERS,
@@ -49,15 +50,16 @@ def _dlq_topic(bootstrap: str, **config: str) -> str:
     # Created is not yet described: asked at once, the broker could still answer "unknown
     # topic", and the publisher then fell back to its default limit (seen after other tests).
     resource = ConfigResource("topic", name)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def described() -> bool:
         try:
             admin.describe_configs([resource])[resource].result(10)
-            return name
         except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            return False
+        return True
+
+    wait_until(described, 30, f"topic {name} described", interval=0.1)
+    return name
 
 
 class Dlq:
