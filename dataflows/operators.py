@@ -23,6 +23,7 @@ from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
 from runtime.settings import Settings, StartingOffset
 from schemas.kafka_record import ConsumerError, SourceRecord
+from sources.alignment import EventTimeAlignment
 from sources.kafka_input import InputItem, KafkaInput, StartPosition
 
 logger = logging.getLogger(__name__)
@@ -60,13 +61,15 @@ def kafka_inputs(
     *,
     flow_name: str,
     consumer_group: str,
+    alignment: EventTimeAlignment | None = None,
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
     ``retries`` counts every retry of an unreachable Kafka. The consumer of this stream passes
     every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
     ``flow_name`` names the flow's lag gauge; snapshotted offsets are also committed to
-    ``consumer_group`` (informational; empty: not at all).
+    ``consumer_group`` (informational; empty: not at all). ``alignment``: the inputs' partitions
+    pass records on in event-time order (:mod:`sources.alignment`).
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
@@ -87,6 +90,7 @@ def kafka_inputs(
                 count_retry=retries.inc,
                 consumer_group=consumer_group,
                 flow=flow_name,
+                alignment=alignment,
             ),
         )
         for step_id, topic in inputs
@@ -103,11 +107,12 @@ def kafka_records(
     *,
     flow_name: str,
     consumer_group: str,
+    alignment: EventTimeAlignment | None = None,
 ) -> Stream[SourceRecord]:
     """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
     consumed = kafka_inputs(
         flow, settings, inputs, start, retries, flow_name=flow_name,
-        consumer_group=consumer_group,
+        consumer_group=consumer_group, alignment=alignment,
     )
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)

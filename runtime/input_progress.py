@@ -12,8 +12,11 @@ record's CreateTime). The collector registered here turns that into gauges at th
 - ``user_activity_input_lag_seconds{topic,partition}``: now - CreateTime of the last record read
   (the producer's stamp, i.e. the envelope's CreatedAt to within the producer's linger), while
   records are behind (0 when caught up; the partition's start time if nothing was read yet);
-- ``user_activity_favorites_lag_seconds`` / ``user_activity_session_linking_lag_seconds``: the
-  largest partition lag of that flow (SPEC §6: now - CreatedAt).
+- ``user_activity_favorites_lag_seconds`` / ``user_activity_session_linking_lag_seconds``
+  (SPEC §6, now - CreatedAt): now minus the envelope CreatedAt of the oldest message the flow's
+  sink holds (read, not yet committed: a stalled sink's batch ages); holding none, while records
+  wait behind an input partition, now minus CreatedAt of the newest message it finished (before
+  the first, the partition lag above); else 0 (docs/spec.md, issue 41).
 """
 
 from __future__ import annotations
@@ -22,21 +25,17 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+_FLOW_LAG = ("Now minus the envelope CreatedAt of the oldest {what} the sink holds; holding"
+             " none while records wait, of the newest it finished; else 0.")
 FLOW_LAG_METRICS = {
-    "favorites": (
-        "user_activity_favorites_lag_seconds",
-        "Now minus CreatedAt of the last record read, largest over the favorites input"
-        " partitions that have records waiting (0 when caught up).",
-    ),
-    "session-linking": (
-        "user_activity_session_linking_lag_seconds",
-        "Now minus CreatedAt of the last record read, largest over the user-signed-in input"
-        " partitions that have records waiting (0 when caught up).",
-    ),
+    "favorites": ("user_activity_favorites_lag_seconds", _FLOW_LAG.format(what="favorite")),
+    "session-linking": ("user_activity_session_linking_lag_seconds",
+                        _FLOW_LAG.format(what="sign-in")),
 }
 
 
@@ -93,6 +92,23 @@ class InputProgress(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], PartitionProgress] = {}
+        self._held: dict[tuple[str, str], float] = {}
+        """(flow, sink partition) -> the oldest CreatedAt (epoch s) of what it holds."""
+        self._finished: dict[str, float] = {}
+        """flow -> the newest CreatedAt (epoch s) its sinks finished."""
+
+    def holding(self, flow: str, part: str, oldest: datetime) -> None:
+        """A sink partition of ``flow`` took messages, the oldest created at ``oldest``."""
+        with self._lock:
+            self._held[(flow, part)] = min(oldest.timestamp(),
+                                           self._held.get((flow, part), float("inf")))
+
+    def finished(self, flow: str, part: str, newest: datetime | None) -> None:
+        """The sink partition finished all it held; the newest was created at ``newest``."""
+        with self._lock:
+            self._held.pop((flow, part), None)
+            if newest is not None:
+                self._finished[flow] = max(newest.timestamp(), self._finished.get(flow, 0.0))
 
     def track(self, flow: str, topic: str, partition: int) -> PartitionProgress:
         """The (new) progress record of ``topic[partition]`` read by ``flow``."""
@@ -130,14 +146,21 @@ class InputProgress(Collector):
             " read while records wait behind the high watermark (0 while caught up).",
             labels=labels)
         flow_lag: dict[str, float] = dict.fromkeys(FLOW_LAG_METRICS, 0.0)
+        with self._lock:
+            held, finished = dict(self._held), dict(self._finished)
         for part in self.partitions():
             values = [part.topic, str(part.partition)]
             part_lag = part.lag(now)
             behind.add_metric(values, part.behind())
             stalled.add_metric(values, part.stalled_for(monotonic_now))
             lag.add_metric(values, part_lag)
-            if part.flow in flow_lag:
-                flow_lag[part.flow] = max(flow_lag[part.flow], part_lag)
+            if part.flow in flow_lag and part_lag:
+                newest = finished.get(part.flow)
+                flow_lag[part.flow] = max(flow_lag[part.flow],
+                                          part_lag if newest is None else now - newest)
+        for (flow, _part), oldest in held.items():
+            if flow in flow_lag:
+                flow_lag[flow] = max(flow_lag[flow], now - oldest)
         yield from (behind, stalled, lag)
         for flow, (name, documentation) in FLOW_LAG_METRICS.items():
             yield GaugeMetricFamily(name, documentation, value=flow_lag[flow])

@@ -38,6 +38,12 @@ FAVORITES_SKIPPED = Counter(
     "Favorites messages acknowledged without a row, by reason.",
     ["reason"],
 )
+FAVORITES_SESSION_WAITS = Counter(
+    "user_activity_favorites_session_waits",
+    "Favorites whose owner had no session yet, by outcome: `started` to wait, then"
+    " `recorded` once a session appeared, or `skipped` (no-session) at the end of the wait.",
+    ["outcome"],
+)
 FAVORITES_RETRIES = Counter(
     "user_activity_favorites_retries",
     "Retries after an infrastructure failure (PostgreSQL or Kafka unavailable, timeout).",

@@ -149,6 +149,13 @@ class Settings(BaseSettings):
         2, ge=1,
         description="Fixed sink partitions (one connection each), spread over all workers;"
                     " keep it at least the total worker count.")
+    favorites_session_wait_seconds: int = Field(
+        30, ge=0, le=86_400,
+        description="A favorite whose owner has no session yet (its sign-in is still being"
+                    " applied: a new user's first like) waits this long for one in"
+                    " `waiting_actions`, checked every second, before it is skipped as"
+                    " `no-session`; `0`: skipped at once. A bounded run (replay) never waits."
+                    " Keep it above the session-linking lateness.")
     sink_defer_min_batch: int = Field(
         500, ge=0,
         description="A favorites batch of at least this many messages, written while the"

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
@@ -33,6 +34,7 @@ from typing_extensions import override
 from runtime import tracing
 from runtime.backoff import Backoff, retry_forever
 from runtime.health import HEALTH
+from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import log_event
 from runtime.settings import Settings
 from runtime.shutdown import SHUTDOWN
@@ -47,6 +49,11 @@ from sinks.outbox import acquire_shared_publisher, release_shared_publisher
 from sinks.poison import Poisoned, write_isolating_poison
 
 
+class _Created(Protocol):
+    @property
+    def created_at(self) -> datetime: ...
+
+
 class FromRecord(Protocol):
     """A message that knows the Kafka record it came from (what a dead letter re-sends)."""
 
@@ -55,9 +62,15 @@ class FromRecord(Protocol):
         """The consumed record."""
         ...
 
+    @property
+    def envelope(self) -> _Created:
+        """Its envelope (CreatedAt: the flow's lag)."""
+        ...
+
 
 M = TypeVar("M", bound=FromRecord)
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 def sink_step_id(base: str, settings: Settings) -> str:
@@ -109,8 +122,11 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         dlq_counter: Counter,
         retries_counter: Counter,
         logger: logging.Logger,
+        flow: str,
     ) -> None:
+        """``flow`` names the flow's lag gauge (:mod:`runtime.input_progress`)."""
         self._settings = settings
+        self._flow = flow
         self._name = name
         self._db = Database(settings, name)
         self._dlq = DeadLetterPublisher(settings, dlq_topic, dlq_counter, retries_counter,
@@ -146,8 +162,24 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def snapshot(self) -> None:
         """The epoch barrier: every batch written so far is committed already."""
 
+    def track_held(self, messages: Sequence[M]) -> None:
+        """``messages`` are in this partition's hands until :meth:`track_finished` (lag)."""
+        if messages:
+            INPUT_PROGRESS.holding(self._flow, self._name,
+                                   min(m.envelope.created_at for m in messages))
+
+    def track_finished(self, messages: Sequence[M]) -> None:
+        """Everything this partition held is finished, ``messages`` the last of it."""
+        INPUT_PROGRESS.finished(self._flow, self._name, max(
+            (m.envelope.created_at for m in messages), default=None))
+
     def _write_now(self, messages: list[M]) -> None:
         """Transactions, DLQ, outbox offer, report (in this order)."""
+        self.track_held(messages)
+        self._write_all(messages)
+        self.track_finished(messages)
+
+    def _write_all(self, messages: list[M]) -> None:
         size = self._settings.sink_batch_max
         for start in range(0, len(messages), size):
             results, poisoned = write_isolating_poison(
@@ -174,22 +206,26 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                 release_shared_publisher()
 
     def _write_retrying(self, batch: Sequence[M]) -> R:
+        return self._write_retrying_call(lambda: self.write(self._db.connection(), batch))
+
+    def _write_retrying_call(self, call: Callable[[], T]) -> T:
+        """``call`` (a write on this partition's connection), infrastructure failures retried."""
+        def once() -> T:
+            try:
+                return call()
+            except psycopg.Error as exc:
+                if is_infrastructure_error(exc):
+                    self._db.reset()
+                raise
+
         return retry_forever(
-            lambda: self._write_once(batch),
+            once,
             is_transient=is_infrastructure_error,
             backoff=self._backoff,
             on_retry=self._on_retry,
             on_recovered=self._on_recovered,
             sleep=SHUTDOWN.retry_sleep,
         )
-
-    def _write_once(self, batch: Sequence[M]) -> R:
-        try:
-            return self.write(self._db.connection(), batch)
-        except psycopg.Error as exc:
-            if is_infrastructure_error(exc):
-                self._db.reset()
-            raise
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries.inc()

@@ -62,6 +62,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    Message,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
@@ -79,6 +80,7 @@ from runtime.metrics import (
 )
 from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
+from sources.alignment import EventTimeAlignment
 from sources.guarded_read import GUARD_AFTER_STARTS, GuardedReader, count_start
 from sources.partition_watch import NO_AUTO_CREATE, report_cleanup_policy, watch_partitions
 from sources.shared_consumer import shared_consumer, size_limits
@@ -144,9 +146,12 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         count_retry: Callable[[], None] = lambda: None,
         consumer_group: str = "",
         flow: str = "",
+        alignment: EventTimeAlignment | None = None,
     ) -> None:
         """Read ``topic``.
 
+        ``alignment``: the partitions pass records on in event-time order, to within its bound
+        (:mod:`sources.alignment`);
         ``partition_check``: in a tailed run, seconds between checks whether the topic gained
         partitions, to restart and read them (:mod:`sources.partition_watch`; ``0``: never);
         ``consumer_group``: where snapshotted offsets are also committed (empty: nowhere);
@@ -173,6 +178,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         self._backoff = backoff or Backoff()
         self._count_retry = count_retry
         self._topic_id: str | None = None
+        self._alignment = alignment
 
     @override
     def list_parts(self) -> list[str]:
@@ -237,6 +243,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
             flow=self._flow,
             topic_id=self._topic_id,
             guard_cap_bytes=guard_cap_bytes(self._receive_max_bytes),
+            alignment=self._alignment,
         )
 
 
@@ -260,6 +267,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         consumer_group: str,
         flow: str,
         guard_cap_bytes: int = 0,
+        alignment: EventTimeAlignment | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -286,6 +294,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._shared = shared_consumer(client_config, consumer_group, fetch_wait_ms, backoff,
                                        count_retry)
         self._topic_id = topic_id
+        self._alignment = alignment
+        if alignment is not None:
+            alignment.join(self._key)
         resumed = self._resumed_offset(resume_state)
         self._next_offset = (
             resumed  # None: the topic's start
@@ -447,6 +458,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if self._guard is not None:
             return self._guarded_batch(self._guard)
         messages = self._shared.take(self._key, self._batch_size)
+        if self._alignment is not None:
+            messages = self._aligned(messages)
         batch: list[InputItem] = []
         append = batch.append
         now = time.monotonic()
@@ -509,6 +522,21 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
             self._shared.check_reachable(fetched=last is not None)
         self._awake = None if messages else datetime.now(UTC) + self._idle_poll
         return batch
+
+    def _aligned(self, messages: list[Message]) -> list[Message]:
+        """The leading ``messages`` the input's event-time alignment admits; the rest wait."""
+        assert self._alignment is not None
+        _, high = self._consumer.get_watermark_offsets(self._partition_handle, cached=True)
+        last = messages[-1].offset() if messages else None
+        after = (last + 1) if last is not None else (self._next_offset or 0)
+        # not fetched yet (no high watermark known): it may hold the earliest records
+        behind = len(messages) >= self._batch_size or high < 0 or high > after
+        admitted = self._alignment.admit(self._key, messages, behind=behind)
+        if admitted < len(messages):
+            self._shared.put_back(self._key, messages[admitted:])
+            self._read_at = time.monotonic()  # records in hand, held back: not a stall
+            return messages[:admitted]
+        return messages
 
     def _gap(self, expected: int, got: int) -> None:
         """Records from ``expected`` to ``got`` were not delivered: say so if they expired.
@@ -794,6 +822,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
 
     @override
     def close(self) -> None:
+        if self._alignment is not None:
+            self._alignment.forget(self._key)
         BACKLOG.closed(self.topic, self.partition)
         INPUT_PROGRESS.forget(self._progress)
         if self._guard is not None:

@@ -114,6 +114,8 @@ class SharedConsumer:
         self._members: dict[tuple[str, int], Member] = {}
         self._buffers: dict[tuple[str, int], list[Message]] = {}
         self._buffered = 0
+        self._held: set[tuple[str, int]] = set()
+        """Partitions held back by the input's alignment (paused)."""
         self.consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
@@ -151,7 +153,15 @@ class SharedConsumer:
         """Up to ``limit`` records (and consumer errors) of the partition ``key``; never waits."""
         with self._lock:
             buffers = self._buffers
-            if not buffers[key] and self._buffered < _FILL_CAP_POLLS * limit:
+            held = self._held
+            if held:
+                if key in held:
+                    held.discard(key)
+                    self.consumer.resume([TopicPartition(*key)])
+                waiting = self._buffered - sum(len(buffers[k]) for k in held)
+            else:
+                waiting = self._buffered
+            if not buffers[key] and waiting < _FILL_CAP_POLLS * limit:
                 self._fill(key, limit)
             buf = buffers[key]
             if not buf:
@@ -162,6 +172,20 @@ class SharedConsumer:
                 taken, buffers[key] = buf[:limit], buf[limit:]
             self._buffered -= len(taken)
             return taken
+
+    def put_back(self, key: tuple[str, int], messages: list[Message]) -> None:
+        """Put ``messages`` (the last :meth:`take` gave for ``key``) back at its buffer's front.
+
+        The partition is held back (its event time ran ahead, :mod:`sources.alignment`): its
+        fetching is paused until its next :meth:`take`, and what it holds does not count against
+        the fill cap, so the partitions it waits for still fill.
+        """
+        with self._lock:
+            self._buffers[key][:0] = messages
+            self._buffered += len(messages)
+            if key not in self._held:
+                self._held.add(key)
+                self.consumer.pause([TopicPartition(*key)])
 
     def move(self, member: Member) -> None:
         """Fetch ``member``'s partition again from its next offset, dropping what waits for it.
@@ -217,6 +241,7 @@ class SharedConsumer:
             for key in self._buffers:
                 self._buffers[key] = []
             self._buffered = 0
+            self._held.clear()
             if self._members:
                 self.consumer.incremental_assign([
                     TopicPartition(m.topic, m.partition, m.assign_offset())
@@ -230,6 +255,7 @@ class SharedConsumer:
             if self._members.pop(key, None) is None:
                 return None
             self._buffered -= len(self._buffers.pop(key, []))
+            self._held.discard(key)
             if self._members:
                 # On failure it stays assigned: fetched and dropped until the consumer closes.
                 with contextlib.suppress(KafkaException):

@@ -1,27 +1,24 @@
 """The favorites dry-run sink for replay: count what a run would do, write nothing.
 
-``DryRunActionSink`` resolves sessions and looks up existing marks / rows in a READ ONLY
-transaction and tallies would-be outcomes (:class:`sinks.dry_run.Tally`). Nothing is inserted
-or published.
+Each batch runs the real write (:meth:`FavoritesStore.record_batch`) in a transaction that is
+always rolled back, and tallies its outcomes (:class:`sinks.dry_run.Tally`): the verdicts are
+the real statement's, and nothing is kept or published.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from dataflows.favorite_actions.sql import query
-from dataflows.favorite_actions.store import FavoritesStore, owner_of
+from dataflows.favorite_actions.store import FavoritesStore
 from runtime.settings import Settings
-from sinks.db import Connection, Database
+from sinks.db import Database
 from sinks.dry_run import Tally
 
 
 class DryRunActionSink(DynamicSink[tuple[str, FavoriteMessage]]):
-    """Tallies would-be ``recorded`` / ``duplicate`` / ``no-session`` outcomes, read-only."""
+    """Tallies would-be ``recorded`` / ``duplicate`` / ``no-session`` outcomes."""
 
     def __init__(self, settings: Settings, tally: Tally) -> None:
         self._settings = settings
@@ -40,32 +37,12 @@ class _DryRunPartition(StatelessSinkPartition[tuple[str, FavoriteMessage]]):
 
     @override
     def write_batch(self, items: list[tuple[str, FavoriteMessage]]) -> None:
-        messages = list(dict((m.idempotency_key, m) for _k, m in items).values())
-        self._tally.add("duplicate", len(items) - len(messages))
         conn = self._db.connection()
-        with conn.transaction():
-            conn.execute("SET TRANSACTION READ ONLY")
-            sessions = self._store.resolve_sessions(conn, messages)
-            known = self._existing(conn, messages)
-        for message in messages:
-            if message.idempotency_key in known:
-                self._tally.add("duplicate")
-            elif owner_of(message) not in sessions:
-                self._tally.add("no-session")
-            else:
-                self._tally.add("recorded")
-
-    def _existing(
-        self, conn: Connection, messages: Sequence[FavoriteMessage]
-    ) -> set[str]:
-        rows = conn.execute(
-            query("preview_actions"),
-            {
-                "idempotency_keys": [m.idempotency_key for m in messages],
-                "source_message_ids": [m.message_id for m in messages],
-            },
-        ).fetchall()
-        return {str(row[0]) for row in rows}
+        with conn.transaction(force_rollback=True):
+            outcome = self._store.record_batch(conn, [m for _k, m in items])
+        self._tally.add("recorded", len(outcome.recorded))
+        self._tally.add("duplicate", len(outcome.duplicates))
+        self._tally.add("no-session", len(outcome.no_session))
 
     @override
     def close(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import bytewax.operators as op
@@ -58,6 +59,7 @@ from runtime.metrics import (
     FAVORITES_SKIPPED,
 )
 from runtime.settings import Settings
+from runtime.ticks import TickSource
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
@@ -240,5 +242,9 @@ def build_flow(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
         DedupBound("favorites", settings.dedup_max_ids, len(shards)),
     )
+    if source is None and settings.tail:  # a tailing job: each sink partition gets a tick a second
+        ticks = op.input("sink_ticks", flow, TickSource(
+            [str(i) for i in range(settings.sink_partitions)], timedelta(seconds=1)))
+        fresh = op.merge("merge_sink_ticks", fresh, ticks)
     op.output(sink_step_id("record_action_history", settings), fresh, outputs.history)
     return flow

@@ -11,14 +11,19 @@ import logging
 import time
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
 from dataflows.favorite_actions.records import RecordedAction
-from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch
+from dataflows.favorite_actions.store import (
+    BatchOutcome,
+    FavoritesStore,
+    SentBatch,
+    WaitingSwept,
+)
 from dataflows.favorite_actions.traces import trace_batch
 from runtime.backlog import BACKLOG
 from runtime.health import HEALTH
@@ -28,11 +33,13 @@ from runtime.metrics import (
     FAVORITES_DLQ,
     FAVORITES_RECORDED,
     FAVORITES_RETRIES,
+    FAVORITES_SESSION_WAITS,
     FAVORITES_SKIPPED,
     FAVORITES_WRITE_DURATION_MS,
     observe_durations_ms,
 )
 from runtime.settings import Settings
+from runtime.ticks import TICK, Tick
 from schemas.favorites import ActionType
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
@@ -101,23 +108,40 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             dlq_counter=FAVORITES_DLQ,
             retries_counter=FAVORITES_RETRIES,
             logger=logger,
+            flow="favorites",
         )
-        self._store = FavoritesStore(settings.topic_action_tracked)
+        waits = settings.favorites_session_wait_seconds if settings.tail else 0
+        self._store = FavoritesStore(settings.topic_action_tracked, wait_seconds=waits)
+        self._sweeps = waits > 0
+        self._swept_at = 0.0
         self._defer_min = settings.sink_defer_min_batch
         self._in_flight: tuple[list[FavoriteMessage], SentBatch] | None = None
 
     @override
-    def write_batch(self, values: list[FavoriteMessage]) -> None:
-        """Commit the batch in flight, then send ``values`` (deferred) or write them now."""
+    def write_batch(self, values: Sequence[FavoriteMessage | Tick]) -> None:
+        """Commit the batch in flight, then send ``values`` (deferred) or write them now.
+
+        A tick (:mod:`runtime.ticks`) among them only commits the batch in flight and, once a
+        second, sweeps the actions waiting for a session (:meth:`sweep_waiting`).
+        """
         self._finish_in_flight()
-        if self._defer_min and len(values) >= self._defer_min and BACKLOG.reading():
+        if TICK in values:
+            values = [v for v in values if type(v) is not Tick]
+            if self._sweeps and time.monotonic() - self._swept_at >= 1.0:
+                self.sweep_waiting()
+            if not values:
+                HEALTH.beat()
+                return
+        messages = cast("list[FavoriteMessage]", list(values))
+        if self._defer_min and len(messages) >= self._defer_min and BACKLOG.reading():
             started_ns = time.time_ns()
+            self.track_held(messages)
             try:
-                sent = self._store.send_batch(self._db.connection(), values)
+                sent = self._store.send_batch(self._db.connection(), messages)
             except Exception as exc:  # noqa: BLE001 - the synchronous path retries or isolates
-                self._deferred_failed(exc, values)
+                self._deferred_failed(exc, messages)
             else:
-                self._in_flight = (values, sent)
+                self._in_flight = (messages, sent)
                 sent.outcome.written_ns = (started_ns, 0)
                 if self._publisher is not None and sent.pending is not None:
                     self._publisher.expect(sent.pending.outbox_ids)  # offered once finished
@@ -125,7 +149,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
                 BACKLOG.when_caught_up(self._finish_in_flight)
             HEALTH.beat()
             return
-        super().write_batch(values)
+        super().write_batch(messages)
 
     @override
     def snapshot(self) -> None:
@@ -139,6 +163,21 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             self._finish_in_flight()
         finally:
             super().close()
+
+    def sweep_waiting(self) -> None:
+        """Record the waiting actions whose owner now has a session; skip the expired ones.
+
+        Sweeps until a sweep finds fewer than a page due; outages are retried like a write.
+        Logged and counted like the batches' outcomes (``recorded``, ``skipped-no-session``,
+        ``skipped-duplicate``; ``user_activity_favorites_session_waits_total``).
+        """
+        while True:
+            self._swept_at = time.monotonic()
+            swept = self._write_retrying_call(
+                lambda: self._store.sweep_waiting(self._db.connection(), _SWEEP_PAGE))
+            _report_swept(swept)
+            if len(swept) < _SWEEP_PAGE:
+                return
 
     def _finish_in_flight(self) -> None:
         if self._in_flight is None:
@@ -154,6 +193,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         if self._publisher is not None:
             self._publisher.offer(self.outbox_rows(outcome))
         self.report(outcome)
+        self.track_finished(values)
 
     def _deferred_failed(self, exc: Exception, values: list[FavoriteMessage]) -> None:
         """Write ``values`` synchronously after a failed deferred insert.
@@ -205,6 +245,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
                 if count := action_types.count(action_type):
                     counter.inc(count)
             log_events(logger, "recorded", [_recorded_fields(action) for action in recorded])
+        if outcome.waiting:
+            _WAITS_STARTED.inc(len(outcome.waiting))
+            log_events(logger, "waiting-for-session", [
+                {"outcome": "waiting-for-session", **message_fields(m)} for m in outcome.waiting])
         for reason, skipped in (
             (SkipReason.DUPLICATE, outcome.duplicates),
             (SkipReason.NO_SESSION, outcome.no_session),
@@ -216,6 +260,34 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             _SKIPPED[reason].inc(len(skipped))
             event = SKIP_OUTCOMES[reason]
             log_events(logger, event, [{"outcome": event, **message_fields(m)} for m in skipped])
+
+
+_SWEEP_PAGE = 500
+_WAITS_STARTED = FAVORITES_SESSION_WAITS.labels(outcome="started")
+_WAITS_RECORDED = FAVORITES_SESSION_WAITS.labels(outcome="recorded")
+_WAITS_SKIPPED = FAVORITES_SESSION_WAITS.labels(outcome="skipped")
+
+
+def _report_swept(swept: list[WaitingSwept]) -> None:
+    """Count and log what a sweep of the waiting actions did (the waiting ones say nothing)."""
+    for action in swept:
+        fields: dict[str, Any] = {
+            "MessageId": action.message_id, "FavoriteId": action.favorite_id,
+            "PropertyObjectId": action.property_object_id, "ActionType": action.action_type,
+            "waited": True,
+        }
+        if action.session_id is not None and action.inserted:
+            _RECORDED[ActionType(action.action_type)].inc()
+            _WAITS_RECORDED.inc()
+            log_event(logger, "recorded", outcome="recorded", SessionId=action.session_id,
+                      **fields)
+        elif action.session_id is not None:
+            _SKIPPED[SkipReason.DUPLICATE].inc()
+            log_event(logger, "skipped-duplicate", outcome="skipped-duplicate", **fields)
+        elif action.given_up:
+            _SKIPPED[SkipReason.NO_SESSION].inc()
+            _WAITS_SKIPPED.inc()
+            log_event(logger, "skipped-no-session", outcome="skipped-no-session", **fields)
 
 
 def _recorded_fields(action: RecordedAction) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
@@ -32,7 +32,7 @@ from psycopg.adapt import Transformer
 from psycopg.pq import Format
 
 from dataflows.favorite_actions.decode import FavoriteMessage
-from dataflows.favorite_actions.records import ActionRowBuilder, RecordedAction, SessionSnapshot
+from dataflows.favorite_actions.records import ActionRowBuilder, RecordedAction
 from dataflows.favorite_actions.sql import query
 from runtime.logs import log_event
 from schemas.action_tracked import utc_offset_seconds
@@ -52,7 +52,6 @@ from sinks.binary_codec import (
     int4_element,
     register_binary_arrays,
     timestamptz,
-    uuid_element,
 )
 from sinks.db import Connection
 
@@ -66,6 +65,8 @@ class BatchOutcome:
     recorded: list[RecordedAction] = field(default_factory=list)
     duplicates: list[FavoriteMessage] = field(default_factory=list)
     no_session: list[FavoriteMessage] = field(default_factory=list)
+    waiting: list[FavoriteMessage] = field(default_factory=list)
+    """No session yet: written to ``waiting_actions`` (recorded or skipped later)."""
     written_ns: tuple[int, int] | None = None
     """Wall-clock start and commit (ns) of the write that committed it, for its trace spans
     (set by the sink; None when not timed)."""
@@ -75,6 +76,7 @@ class BatchOutcome:
         self.recorded.extend(other.recorded)
         self.duplicates.extend(other.duplicates)
         self.no_session.extend(other.no_session)
+        self.waiting.extend(other.waiting)
 
 
 def owner_of(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
@@ -97,8 +99,16 @@ class FavoritesStore:
         action_tracked_topic: str,
         new_id: Callable[[], UUID] = uuid_compat.uuid7,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        *,
+        wait_seconds: int = 0,
     ) -> None:
+        """A store announcing on ``action_tracked_topic``.
+
+        ``wait_seconds``: how long a message whose owner has no session waits for one (0: it is
+        skipped at once).
+        """
         self._topic = action_tracked_topic
+        self._wait = Int4Array([int4_element(wait_seconds)], 1)
         self._topic_element = frame(action_tracked_topic.encode())
         self._new_id = new_id
         self._clock = clock
@@ -271,6 +281,7 @@ class FavoritesStore:
             "occurred_offsets": Int4Array(occurred_offsets, count),
             "outbox_created_ats": TimestamptzArray([LENGTH_8 + bytes(timestamptz(now))] * count,
                                                    count),
+            "wait_seconds": self._wait,
         }
         pending = PendingBatch(outcome, list(messages), event_ids, outbox_ids, headers_of, now)
         return pending, params
@@ -278,7 +289,8 @@ class FavoritesStore:
     def settle(self, pending: PendingBatch, rows: Sequence[tuple[Any, ...]]) -> BatchOutcome:
         """The outcome of a committed ``record_actions`` statement from its answer ``rows``.
 
-        A message without an answer row had no session; one whose row was not inserted was
+        A message without an answer row had no session; one answered without a session waits
+        (or, not inserted, was waiting already: a duplicate); one whose row was not inserted was
         recorded before (a duplicate); the others are recorded, with their rows built
         (:class:`ActionRowBuilder`) from the session the statement resolved.
         """
@@ -291,6 +303,8 @@ class FavoritesStore:
             row = by_position.get(index + 1)
             if row is None:
                 no_session.append(message)
+            elif row[1] is None:
+                (outcome.waiting if row[4] else duplicates).append(message)
             elif row[4]:
                 recorded.append(build(message, row[1:4], event_ids[index], outbox_ids[index],
                                       headers[index]))
@@ -298,46 +312,17 @@ class FavoritesStore:
                 duplicates.append(message)
         return outcome
 
-    def resolve_sessions(
-        self, conn: Connection, messages: list[FavoriteMessage]
-    ) -> dict[tuple[UUID | None, UUID | None], SessionSnapshot]:
-        """Each distinct owner's session (INV-ACT-003), by one query; owners without one absent.
+    def sweep_waiting(self, conn: Connection, limit: int = 500) -> list[WaitingSwept]:
+        """One sweep of ``waiting_actions`` in one transaction (``record_waiting_actions.sql``).
 
-        Keyed by :func:`owner_of` (the dry run's preview; ``record_actions.sql`` resolves them
-        the same way in the statement that records).
+        Records the waiting actions whose owner now has a session, gives up those past their
+        ``wait_until`` (skipped as no-session) and schedules the others' next retry. Safe in
+        several processes at once (rows another sweep holds are skipped). Raises psycopg
+        errors (nothing of the sweep is written then).
         """
-        by_key = self._sessions_by_owner_key(conn, messages)
-        return {
-            owner_of(m): by_key[m.owner_key] for m in messages if m.owner_key in by_key
-        }
-
-    def _sessions_by_owner_key(
-        self, conn: Connection, messages: Sequence[FavoriteMessage]
-    ) -> dict[str, SessionSnapshot]:
-        """Each distinct owner's session keyed by ``FavoriteMessage.owner_key``."""
-        keys, params = self.owner_params(messages)
-        return {
-            keys[row[0] - 1]: _new_snapshot(SessionSnapshot, row[1:])
-            for row in self._execute(conn, query("resolve_owner_sessions"), params)
-        }
-
-    @staticmethod
-    def owner_params(messages: Sequence[FavoriteMessage]) -> tuple[list[str], dict[str, Any]]:
-        """The distinct owner keys of ``messages`` and the ``resolve_owner_sessions`` parameters.
-
-        The owner of index ``i`` in the query's result is ``keys[i - 1]``.
-        """
-        owners: dict[str, tuple[UUID | None, UUID | None]] = {}
-        for message in messages:
-            if message.owner_key not in owners:
-                owners[message.owner_key] = owner_of(message)
-        anonymous_ids = [uuid_element(anonymous) for anonymous, _ in owners.values()]
-        user_ids = [uuid_element(user) for _, user in owners.values()]
-        count = len(owners)
-        return list(owners), {
-            "anonymous_ids": UuidArray(anonymous_ids, count, NULL in anonymous_ids),
-            "user_ids": UuidArray(user_ids, count, NULL in user_ids),
-        }
+        with conn.transaction():
+            rows = conn.execute(_SWEEP, {"limit": limit}).fetchall()
+        return [WaitingSwept(*row) for row in rows]
 
     @staticmethod
     def _execute(conn: Connection, statement: str, params: dict[str, Any]) -> list[Any]:
@@ -347,7 +332,6 @@ class FavoritesStore:
             return cur.fetchall()
 
 
-_new_snapshot = tuple.__new__
 _CONFLICT_CLAUSES = (
     "    ON CONFLICT (key, processed_on) DO NOTHING\n",
     "    ON CONFLICT (source_message_id) WHERE source_message_id IS NOT NULL DO NOTHING\n",
@@ -370,6 +354,7 @@ def without_conflict_clauses(statement: str) -> str:
 
 
 _STATEMENTS = (query("record_actions"), without_conflict_clauses(query("record_actions")))
+_SWEEP = query("record_waiting_actions")
 """``record_actions`` with its ON CONFLICT clauses [0] and without them [1], by ``fresh``."""
 _POSITIONAL = tuple(deferred_statement.Positional.of(text) for text in _STATEMENTS)
 
@@ -442,6 +427,22 @@ class SentBatch:
     """What was sent (None: nothing to send)."""
     fresh_params: dict[str, Any] | None = None
     """The parameters, when sent without ``ON CONFLICT`` (to send again with it on a conflict)."""
+
+
+class WaitingSwept(NamedTuple):
+    """What one sweep did with one waiting action (a row of ``record_waiting_actions.sql``)."""
+
+    idempotency_key: str
+    message_id: UUID
+    favorite_id: UUID
+    property_object_id: UUID
+    action_type: str
+    session_id: UUID | None
+    """The session it was recorded in; None: still no session."""
+    inserted: bool
+    """Recorded now (False with a session: it had been recorded before)."""
+    given_up: bool
+    """No session by its ``wait_until``: skipped as no-session."""
 
 
 def _unique(messages: Sequence[FavoriteMessage]) -> tuple[BatchOutcome, list[FavoriteMessage]]:

@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import orjson
+
 from dataflows.envelopes import EMPTY_GUID, parse_envelope
 from runtime.tracing import sample
 from schemas.dlq import DlqReason
@@ -129,3 +131,21 @@ def decode_sign_in(
         return SignInMessage(record, envelope, sample(record), adjusted)
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter
         return DeadLetter.now(record, DlqReason.PROCESSING_ERROR, type(exc).__name__)
+
+
+def signed_in_time(value: bytes | None, now: float | None = None,
+                   max_skew: float = float("inf")) -> float | None:
+    """A sign-in record value's SignedInAt (epoch seconds), for the input's alignment.
+
+    None when the value has none that can be read (it is decoded, and dead-lettered, later).
+    A moment later than ``now + max_skew`` counts as ``now``, as :func:`decode_sign_in` takes it.
+    """
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(orjson.loads(value)["Payload"]["SignedInAt"]).timestamp()
+    except Exception:  # noqa: BLE001 - anything unreadable has no event time
+        return None
+    if now is not None and moment > now + max_skew:
+        return now
+    return moment

@@ -23,6 +23,7 @@ in the linking transaction.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -45,6 +46,7 @@ from dataflows.session_linking.decode import (
     SignInMessage,
     decode_sign_in,
     sign_in_fields,
+    signed_in_time,
 )
 from dataflows.session_linking.dry_run import DryRunLinkSink
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
@@ -59,6 +61,7 @@ from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
 from sinks.dry_run import DryRunDeadLetterSink, Tally
 from sinks.transactional import sink_step_id
+from sources.alignment import EventTimeAlignment
 from sources.kafka_input import StartPosition
 
 logger = logging.getLogger(__name__)
@@ -113,6 +116,19 @@ def _log_duplicate(message: SignInMessage) -> None:
     trace_duplicate(message)
 
 
+def sign_in_alignment(settings: Settings) -> EventTimeAlignment:
+    """The input's partitions read in SignedInAt order to within half the lateness.
+
+    Then the reorder step, which holds a device's sign-ins for the lateness, sees a backlog
+    spread over partitions (keyed by UserId upstream) in order; a partition that passed nothing
+    for the lateness while others waited (its broker down) holds nobody back.
+    """
+    lateness = settings.session_linking_lateness_seconds
+    skew = settings.session_linking_max_clock_skew_seconds
+    return EventTimeAlignment(lambda value: signed_in_time(value, time.time(), skew),
+                              max_ahead=lateness / 2, idle_after=max(lateness, 1.0))
+
+
 @dataclass(frozen=True)
 class SessionLinkingSinks:
     """Where the flow's two outputs go: the session changes (with their outbox) and the DLQ."""
@@ -143,13 +159,15 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
     """
     flow = Dataflow("session_linking")
     outputs = sinks or SessionLinkingSinks.of(settings)
+    alignment = sign_in_alignment(settings)
     if source is not None:
         records: Stream[SourceRecord] = op.input("user_signed_in_input", flow, source)
     else:
         records = kafka_records(
             flow, settings, [("user_signed_in_input", settings.topic_user_signed_in)],
             start or configured_start(settings), SESSION_LINKING_RETRIES,
-            flow_name="session-linking", consumer_group=settings.consumer_group_session_linking)
+            flow_name="session-linking", consumer_group=settings.consumer_group_session_linking,
+            alignment=alignment)
 
     max_skew = timedelta(seconds=settings.session_linking_max_clock_skew_seconds)
     decoded = op.map("decode_sign_in", records, _decoder(max_skew))
@@ -169,7 +187,7 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
     in_order = op.stateful_batch(  # keyed by the device's shard too: see reorder.py
         "reorder_by_signed_in_at", fresh,
         lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded,
-                                   max_pending=per_shard),
+                                   max_pending=per_shard, reading=alignment.reading),
     )
     op.output(sink_step_id("link_sessions", settings), in_order, outputs.links)
     return flow

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -75,23 +76,28 @@ class ReorderBuffer:
         if state is not None and now is not None:
             self._at = now  # the watermark goes on from where the last newest sign-in set it
 
-    def watermark(self, now: float) -> float:
-        """The device's watermark at wall time ``now``."""
-        return self._watermark + max(0.0, now - self._at)
+    def watermark(self, now: float | None) -> float:
+        """The device's watermark at wall time ``now`` (None: in event time only)."""
+        return self._watermark if now is None else self._watermark + max(0.0, now - self._at)
 
-    def add(self, messages: list[SignInMessage], now: float) -> list[SignInMessage]:
-        """Take ``messages``; return the sign-ins now due, in SignedInAt order."""
+    def add(self, messages: list[SignInMessage], now: float,
+            reading: bool = False) -> list[SignInMessage]:
+        """Take ``messages``; return the sign-ins now due, in SignedInAt order.
+
+        ``reading``: the input reads a backlog, so only event time moves the watermark (the
+        wall clock passes while the worker writes, not while the device is idle).
+        """
         for message in messages:
             moment = message.signed_in_at.timestamp()
             if moment > self.watermark(now):
                 self._watermark, self._at = moment, now
             self._pending.append(message)
         self._pending.sort(key=_order)
-        return self.release(now)
+        return self.release(now, reading)
 
-    def release(self, now: float) -> list[SignInMessage]:
+    def release(self, now: float, reading: bool = False) -> list[SignInMessage]:
         """The pending sign-ins due at ``now`` (at or before watermark - lateness), in order."""
-        horizon = self.watermark(now) - self._lateness
+        horizon = self.watermark(None if reading else now) - self._lateness
         due = 0
         while due < len(self._pending) and self._pending[due].signed_in_at.timestamp() <= horizon:
             due += 1
@@ -153,10 +159,12 @@ class ShardReorder:
             self._pending += len(buffer)
             self._schedule(device, buffer)
 
-    def add(self, messages: list[SignInMessage], now: float) -> list[SignInMessage]:
+    def add(self, messages: list[SignInMessage], now: float,
+            reading: bool = False) -> list[SignInMessage]:
         """Take ``messages`` (of any of the shard's devices); return those now due.
 
         In order per device; also those released early if the shard is over its bound.
+        ``reading``: see :meth:`ReorderBuffer.add`.
         """
         by_device: dict[str, list[SignInMessage]] = {}
         for message in messages:
@@ -167,16 +175,16 @@ class ShardReorder:
             if buffer is None:
                 buffer = self._buffers[device] = ReorderBuffer(self._lateness)
             before = len(buffer)
-            released += buffer.add(added, now)
+            released += buffer.add(added, now, reading)
             self._settle(device, buffer, before)
         while self._pending > self._max_pending:
             released += self._release_first_due_early()
         return released
 
-    def release(self, now: float) -> list[SignInMessage]:
-        """The pending sign-ins due at ``now``, in order per device."""
+    def release(self, now: float, reading: bool = False) -> list[SignInMessage]:
+        """The pending sign-ins due at ``now``, in order per device (none while ``reading``)."""
         released: list[SignInMessage] = []
-        while self._due and self._due[0][0] <= now:
+        while not reading and self._due and self._due[0][0] <= now:
             _, device = entry = heapq.heappop(self._due)
             buffer = self._current(*entry)
             if buffer is None:
@@ -256,7 +264,10 @@ class ReorderLogic(
     """
 
     def __init__(self, lateness: float, state: ShardReorderState | ReorderState | None, *,
-                 flush_on_eof: bool, max_pending: int) -> None:
+                 flush_on_eof: bool, max_pending: int,
+                 reading: Callable[[], bool] = lambda: False) -> None:
+        """``reading``: whether the input reads a backlog (:meth:`ReorderBuffer.add`)."""
+        self._reading = reading
         if isinstance(state, ReorderState):
             state = ShardReorderState(
                 {state.pending[0].device_key: state} if state.pending else {})
@@ -266,14 +277,14 @@ class ReorderLogic(
     def on_batch(self, values: list[SignInMessage]) -> tuple[list[SignInMessage], bool]:
         """Buffer the shard's new sign-ins, release those due (and any released early)."""
         early = self._shard.released_early
-        released = self._shard.add(values, time.time())
+        released = self._shard.add(values, time.time(), self._reading())
         if self._shard.released_early > early:
             SESSION_LINKING_RELEASED_EARLY.inc(self._shard.released_early - early)
         return released, len(self._shard) == 0
 
     def on_notify(self) -> tuple[list[SignInMessage], bool]:
         """Release what became due while the input was idle."""
-        released = self._shard.release(time.time())
+        released = self._shard.release(time.time(), self._reading())
         return released, len(self._shard) == 0
 
     def on_eof(self) -> tuple[list[SignInMessage], bool]:
@@ -283,9 +294,16 @@ class ReorderLogic(
         return [], len(self._shard) == 0
 
     def notify_at(self) -> datetime | None:
-        """When the first pending sign-in of the shard becomes due."""
+        """When the first pending sign-in of the shard becomes due.
+
+        While the input reads a backlog, a second from now at the earliest (checked again).
+        """
         due = self._shard.next_release_at()
-        return None if due is None else datetime.fromtimestamp(due, UTC)
+        if due is None:
+            return None
+        if self._reading():
+            due = max(due, time.time() + 1.0)
+        return datetime.fromtimestamp(due, UTC)
 
     def snapshot(self) -> ShardReorderState:
         """The devices' pending sign-ins and watermarks."""

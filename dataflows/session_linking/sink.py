@@ -164,8 +164,9 @@ class SessionLinksStore:
         ended_id = None
         if outcome is LinkOutcome.RELINKED:
             assert active is not None
-            ended_at = _returned(conn, "link_session_end",
-                                 {"session_id": active.session_id, "user_id": active.user_id})
+            ended_at = _returned(conn, "link_session_end", {
+                "session_id": active.session_id, "user_id": active.user_id,
+                "signed_in_at": signed_in_at})
             if ended_at is None:
                 return None
             ended_id = active.session_id
@@ -228,7 +229,7 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
         super().__init__(settings, name=f"user-activity-session-linking-{part}",
                          dlq_topic=settings.topic_session_linking_dlq,
                          dlq_counter=SESSION_LINKING_DLQ, retries_counter=SESSION_LINKING_RETRIES,
-                         logger=logger)
+                         logger=logger, flow="session-linking")
         self._store = SessionLinksStore(SessionTopics(
             linked=settings.topic_session_linked, started=settings.topic_session_started,
             ended=settings.topic_session_ended), live_within=timedelta(

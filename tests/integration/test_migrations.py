@@ -583,8 +583,9 @@ def test_0011_replaces_the_session_lookup_indexes_also_after_a_half_done_run(
             assert conn.execute("SELECT count(*) FROM user_activity.sessions WHERE id = %s",
                                 (session,)).fetchone() == (1,)
         assert sorted(indexes) == [
-            "ix_sessions_anonymous_latest", "ix_sessions_device_last_sign_in",
-            "ix_sessions_user_active_latest", "ix_sessions_user_latest", "sessions_pkey",
+            "ix_sessions_anonymous_latest", "ix_sessions_anonymous_started",
+            "ix_sessions_device_last_sign_in", "ix_sessions_user_active_latest",
+            "ix_sessions_user_latest", "ix_sessions_user_started", "sessions_pkey",
             "ux_sessions_active_anonymous",
         ]
         assert indexes["ix_sessions_anonymous_latest"].endswith(

@@ -1,15 +1,14 @@
-"""Owner session resolution (INV-ACT-003), against real PostgreSQL.
+"""Owner session resolution (INV-ACT-003, in event time) and the row's UserId, on real PostgreSQL.
 
-Two statements resolve sessions: ``record_actions.sql``, which records (the session is resolved
-in the statement that writes the row), and ``resolve_owner_sessions.sql``, the dry run's
-preview. Each rule is checked on both (the ``resolve`` fixture). Also: session linking's lookup
-of a device's last sign-in reads one index entry, however many sessions the device has.
+``record_actions.sql`` resolves the session in the statement that writes the row
+(``owner_session.sql``): the session that covered the action's OccurredAt first, then the
+seed's rule. Also: session linking's lookup of a device's last sign-in reads one index entry,
+however many sessions the device has.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,14 +28,15 @@ pytestmark = pytest.mark.integration
 NOW = datetime.now(UTC)
 
 
-def _message(*, anonymous: uuid.UUID | None = None, user: uuid.UUID | None = None) -> Any:
+def _message(*, anonymous: uuid.UUID | None = None, user: uuid.UUID | None = None,
+             at: datetime = NOW) -> Any:
     value = orjson.dumps({
-        "MessageId": str(uuid.uuid4()), "CreatedAt": NOW.isoformat(), "Version": 1,
+        "MessageId": str(uuid.uuid4()), "CreatedAt": at.isoformat(), "Version": 1,
         "AggregateId": "f", "AggregateType": "Favorite",
         "Payload": {
             "FavoriteId": str(uuid.uuid4()), "PropertyObjectId": str(uuid.uuid4()),
             "AnonymousId": None if anonymous is None else str(anonymous),
-            "UserId": None if user is None else str(user), "OccurredAt": NOW.isoformat(),
+            "UserId": None if user is None else str(user), "OccurredAt": at.isoformat(),
         },
     })
     message = decode_favorite(SourceRecord("t", 0, 0, b"k", value),
@@ -46,55 +46,54 @@ def _message(*, anonymous: uuid.UUID | None = None, user: uuid.UUID | None = Non
 
 
 Owner = tuple[uuid.UUID | None, uuid.UUID | None]
-Resolve = Callable[[psycopg.Connection[Any], list[FavoriteMessage]], dict[Owner, uuid.UUID]]
 
 
-def _previewed(db: psycopg.Connection[Any], messages: list[FavoriteMessage]) -> dict[Owner, Any]:
-    return {owner: s.session_id
-            for owner, s in FavoritesStore("t").resolve_sessions(db, messages).items()}
-
-
-def _recorded(db: psycopg.Connection[Any], messages: list[FavoriteMessage]) -> dict[Owner, Any]:
+def _resolve(db: psycopg.Connection[Any], messages: list[FavoriteMessage]) -> dict[Owner, Any]:
     outcome = FavoritesStore("t").record_batch(db, messages)
     assert len(outcome.recorded) + len(outcome.no_session) == len(messages)
     return {owner_of(a.message): a.event.session_id for a in outcome.recorded}
 
 
-@pytest.fixture(params=[_recorded, _previewed], ids=["record_actions", "preview"])
-def resolve(request: pytest.FixtureRequest) -> Resolve:
-    return request.param  # type: ignore[no-any-return]
+def _one(db: psycopg.Connection[Any], message: FavoriteMessage) -> uuid.UUID | None:
+    return _resolve(db, [message]).get(owner_of(message))
 
 
-@pytest.fixture
-def _resolve(db: psycopg.Connection[Any], resolve: Resolve) -> Callable[..., uuid.UUID | None]:
-    def one(_db: psycopg.Connection[Any], message: FavoriteMessage) -> uuid.UUID | None:
-        return resolve(db, [message]).get(owner_of(message))
-
-    return one
+def _session(db: psycopg.Connection[Any], *, device: uuid.UUID, started: datetime,
+             ended: datetime | None = None, user: uuid.UUID | None = None,
+             linked: datetime | None = None, last_activity: datetime | None = None) -> uuid.UUID:
+    session_id = uuid.uuid4()
+    db.execute(
+        """INSERT INTO user_activity.sessions
+             (id, anonymous_id, user_id, linked_at, linked_signed_in_at, status, started_at,
+              last_activity_at, ended_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (session_id, device, user, None if user is None else NOW, linked,
+         "Active" if ended is None else "Ended", started, last_activity or started, ended))
+    return session_id
 
 
 def test_the_devices_active_session_wins_over_a_more_recent_ended_one(
-    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
+    db: psycopg.Connection[Any],
 ) -> None:
     device = uuid.uuid4()
     active = insert_session(db, anonymous_id=device, last_activity_at=NOW - timedelta(hours=5))
     insert_session(db, anonymous_id=device, status="Ended", last_activity_at=NOW)
 
-    assert _resolve(db, _message(anonymous=device)) == active
+    assert _one(db, _message(anonymous=device)) == active
 
 
 def test_without_an_active_session_the_latest_by_last_activity_is_taken(
-    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
+    db: psycopg.Connection[Any],
 ) -> None:
     device = uuid.uuid4()
     insert_session(db, anonymous_id=device, status="Ended", last_activity_at=NOW - timedelta(2))
     latest = insert_session(db, anonymous_id=device, status="Ended", last_activity_at=NOW)
 
-    assert _resolve(db, _message(anonymous=device)) == latest
+    assert _one(db, _message(anonymous=device)) == latest
 
 
 def test_a_user_with_several_active_sessions_gets_the_latest_one(
-    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
+    db: psycopg.Connection[Any],
 ) -> None:
     user = uuid.uuid4()
     insert_session(db, anonymous_id=uuid.uuid4(), user_id=user,
@@ -103,16 +102,16 @@ def test_a_user_with_several_active_sessions_gets_the_latest_one(
     insert_session(db, anonymous_id=uuid.uuid4(), user_id=user, status="Ended",
                    last_activity_at=NOW + timedelta(minutes=1))
 
-    assert _resolve(db, _message(user=user)) == latest
+    assert _one(db, _message(user=user)) == latest
 
 
 def test_an_owner_without_any_session_resolves_to_nothing_and_none_is_created(
-    db: psycopg.Connection[Any], _resolve: Callable[..., uuid.UUID | None],
+    db: psycopg.Connection[Any],
 ) -> None:
     device, user = uuid.uuid4(), uuid.uuid4()
 
-    assert _resolve(db, _message(anonymous=device)) is None
-    assert _resolve(db, _message(user=user)) is None
+    assert _one(db, _message(anonymous=device)) is None
+    assert _one(db, _message(user=user)) is None
     count = db.execute(
         "SELECT count(*) FROM user_activity.sessions WHERE anonymous_id = %s OR user_id = %s",
         (device, user),
@@ -121,7 +120,7 @@ def test_an_owner_without_any_session_resolves_to_nothing_and_none_is_created(
 
 
 def test_one_statement_resolves_a_batch_of_mixed_owners(
-    db: psycopg.Connection[Any], resolve: Resolve,
+    db: psycopg.Connection[Any],
 ) -> None:
     devices = [uuid.uuid4() for _ in range(30)]
     users = [uuid.uuid4() for _ in range(30)]
@@ -131,33 +130,141 @@ def test_one_statement_resolves_a_batch_of_mixed_owners(
         expected[(None, user)] = insert_session(db, anonymous_id=uuid.uuid4(), user_id=user)
     messages = [_message(anonymous=d) for d in devices] + [_message(user=u) for u in users]
 
-    assert resolve(db, messages) == expected
+    assert _resolve(db, messages) == expected
 
 
 @pytest.mark.parametrize("linked", ["before", "after"])
-def test_the_row_and_its_event_get_the_user_only_when_linked_by_the_action(
+def test_a_guest_action_gets_the_sessions_user_only_when_linked_by_its_sign_in_before_it(
     db: psycopg.Connection[Any], linked: str,
 ) -> None:
-    """The UserId as of OccurredAt (AC6), as the statement stores it and the event carries."""
+    """The UserId of a guest action (AC6), in the producers' clock: the linking SignedInAt."""
     device, user = uuid.uuid4(), uuid.uuid4()
-    link = NOW - timedelta(seconds=1) if linked == "before" else NOW + timedelta(seconds=1)
+    signed_in = NOW - timedelta(seconds=1) if linked == "before" else NOW + timedelta(seconds=1)
+    session = _session(db, device=device, started=NOW - timedelta(hours=1), user=user,
+                       linked=signed_in)
+
+    outcome = FavoritesStore("t").record_batch(db, [_message(anonymous=device)])
+
+    [action] = outcome.recorded
+    expected = user if linked == "before" else None
+    stored = db.execute("SELECT session_id, user_id FROM user_activity.action_events WHERE id = %s",
+                        (action.event.id,)).fetchone()
+    assert stored == (session, expected)
+    assert orjson.loads(action.outbox.value)["Payload"]["UserId"] == (
+        None if expected is None else str(expected))
+
+
+@pytest.mark.parametrize("linked", ["before", "after"])
+def test_a_users_own_action_carries_its_user_whenever_the_session_was_linked(
+    db: psycopg.Connection[Any], linked: str,
+) -> None:
+    """A like whose payload says UserId = U is U's, in the row and in action-tracked.
+
+    Before issue 41 it lost its user when the session's server-side linked_at was after its
+    OccurredAt (a sign-in applied after the lateness, a replay, a backfill).
+    """
+    device, user = uuid.uuid4(), uuid.uuid4()
+    link = NOW - timedelta(seconds=2) if linked == "before" else NOW + timedelta(seconds=5)
     session = insert_session(db, anonymous_id=device, user_id=user, linked_at=link)
 
-    outcome = FavoritesStore("t").record_batch(  # by AnonymousId, and by UserId
-        db, [_message(anonymous=device), _message(user=user)])
+    outcome = FavoritesStore("t").record_batch(db, [_message(user=user)])
 
-    expected = user if linked == "before" else None
-    by_owner = {owner_of(a.message): a for a in outcome.recorded}
-    for action in by_owner.values():
-        stored = db.execute(
-            "SELECT session_id, user_id FROM user_activity.action_events WHERE id = %s",
-            (action.event.id,)).fetchone()
-        assert stored == (session, expected)
-        assert (action.event.session_id, action.event.user_id) == (session, expected)
-        value = orjson.loads(action.outbox.value)["Payload"]
-        assert value["SessionId"] == str(session)
-        assert value["UserId"] == (None if expected is None else str(expected))
-    assert len(by_owner) == 2
+    [action] = outcome.recorded
+    stored = db.execute("SELECT session_id, user_id FROM user_activity.action_events WHERE id = %s",
+                        (action.event.id,)).fetchone()
+    assert stored == (session, user)
+    assert (action.event.session_id, action.event.user_id) == (session, user)
+    assert orjson.loads(action.outbox.value)["Payload"]["UserId"] == str(user)
+
+
+def test_a_late_guest_action_lands_in_the_session_that_covered_it_not_the_current_one(
+    db: psycopg.Connection[Any],
+) -> None:
+    """A guest like processed after the device was re-linked to another user (issue 41)."""
+    device, first_user, second_user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    relinked = NOW - timedelta(minutes=10)
+    old = _session(db, device=device, started=NOW - timedelta(hours=2), ended=relinked,
+                   user=first_user, linked=NOW - timedelta(hours=1))
+    _session(db, device=device, started=relinked, user=second_user, linked=relinked)
+
+    during_old = _message(anonymous=device, at=NOW - timedelta(minutes=30))
+    before_link = _message(anonymous=device, at=NOW - timedelta(minutes=90))
+    outcome = FavoritesStore("t").record_batch(db, [during_old, before_link])
+
+    by_id = {a.message.envelope.message_id: a.event for a in outcome.recorded}
+    assert (by_id[during_old.envelope.message_id].session_id,
+            by_id[during_old.envelope.message_id].user_id) == (old, first_user)
+    assert (by_id[before_link.envelope.message_id].session_id,
+            by_id[before_link.envelope.message_id].user_id) == (old, None)
+    history = db.execute(
+        "SELECT history_user_id FROM user_activity.user_action_history WHERE source_message_id"
+        " = ANY(%s)", ([during_old.envelope.message_id, before_link.envelope.message_id],),
+    ).fetchall()
+    assert {row[0] for row in history} == {first_user}
+
+
+def test_a_users_action_anchors_to_the_session_that_was_its_own_at_the_time(
+    db: psycopg.Connection[Any],
+) -> None:
+    user = uuid.uuid4()
+    earlier = _session(db, device=uuid.uuid4(), started=NOW - timedelta(hours=3),
+                       ended=NOW - timedelta(hours=1), user=user,
+                       linked=NOW - timedelta(hours=3))
+    _session(db, device=uuid.uuid4(), started=NOW - timedelta(minutes=30), user=user,
+             linked=NOW - timedelta(minutes=30))
+
+    assert _one(db, _message(user=user, at=NOW - timedelta(hours=2))) == earlier
+
+
+def test_an_action_older_than_every_session_of_its_owner_follows_the_seed(
+    db: psycopg.Connection[Any],
+) -> None:
+    device = uuid.uuid4()
+    active = _session(db, device=device, started=NOW - timedelta(hours=1))
+    _session(db, device=device, started=NOW - timedelta(hours=3), ended=NOW - timedelta(hours=2),
+             last_activity=NOW - timedelta(hours=2))
+
+    assert _one(db, _message(anonymous=device, at=NOW - timedelta(days=1))) == active
+
+
+def test_an_owner_without_a_session_waits_when_asked_and_a_redelivery_is_a_duplicate(
+    db: psycopg.Connection[Any],
+) -> None:
+    device = uuid.uuid4()
+    message = _message(anonymous=device)
+    store = FavoritesStore("t", wait_seconds=30)
+
+    first = store.record_batch(db, [message])
+    again = store.record_batch(db, [message])
+
+    assert first.waiting == [message] and not first.no_session
+    assert again.duplicates == [message] and not again.waiting
+    swept = store.sweep_waiting(db)
+    assert [w.idempotency_key for w in swept if w.session_id is None] == [message.idempotency_key]
+    session = _session(db, device=device, started=NOW - timedelta(minutes=1))
+    db.execute("UPDATE user_activity.waiting_actions SET retry_at = now()"
+               " WHERE idempotency_key = %s", (message.idempotency_key,))
+    [recorded] = [w for w in store.sweep_waiting(db)
+                  if w.idempotency_key == message.idempotency_key]
+    assert (recorded.session_id, recorded.inserted, recorded.given_up) == (session, True, False)
+    assert db.execute("SELECT session_id FROM user_activity.action_events"
+                      " WHERE source_message_id = %s", (message.envelope.message_id,)
+                      ).fetchone() == (session,)
+
+
+def test_a_waiting_action_past_its_wait_is_given_up(db: psycopg.Connection[Any]) -> None:
+    message = _message(anonymous=uuid.uuid4())
+    store = FavoritesStore("t", wait_seconds=30)
+    store.record_batch(db, [message])
+    db.execute("UPDATE user_activity.waiting_actions SET retry_at = now(), wait_until = now()"
+               " WHERE idempotency_key = %s", (message.idempotency_key,))
+
+    [given_up] = [w for w in store.sweep_waiting(db)
+                  if w.idempotency_key == message.idempotency_key]
+
+    assert (given_up.session_id, given_up.given_up) == (None, True)
+    assert db.execute("SELECT count(*) FROM user_activity.waiting_actions WHERE idempotency_key"
+                      " = %s", (message.idempotency_key,)).fetchone() == (0,)
 
 
 _MANY_SESSIONS = """
@@ -172,7 +279,7 @@ SELECT gen_random_uuid(), coalesce(%(device)s, gen_random_uuid()), %(user)s,
 
 
 def test_a_hot_owners_batch_reads_a_few_index_entries_per_event_not_all_its_sessions(
-    db: psycopg.Connection[Any], resolve: Resolve,
+    db: psycopg.Connection[Any],
 ) -> None:
     """A device and a user with 100,000 sessions each: 500 of their events resolve at once.
 
@@ -196,7 +303,7 @@ def test_a_hot_owners_batch_reads_a_few_index_entries_per_event_not_all_its_sess
 
     db.execute("SET statement_timeout = '5s'")
     try:
-        resolved = resolve(db, messages)
+        resolved = _resolve(db, messages)
     finally:
         db.execute("RESET statement_timeout")
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -34,6 +36,10 @@ class Item:
     def record(self) -> SourceRecord:
         return SourceRecord("t", 0, self.n, None, b"{}")
 
+    @property
+    def envelope(self) -> Any:
+        return types.SimpleNamespace(created_at=datetime.now(UTC))
+
 
 class TablePartition(TransactionalPartition[Item, list[int]]):
     """Inserts each batch into a scratch table; ``hold`` keeps a write waiting before commit."""
@@ -47,6 +53,7 @@ class TablePartition(TransactionalPartition[Item, list[int]]):
             dlq_counter=Counter("dlq", "d", registry=registry),
             retries_counter=Counter("retries", "r", registry=registry),
             logger=logging.getLogger("barrier-test"),
+            flow="barrier-test",
         )
         self.table = table
         self.hold = threading.Event()

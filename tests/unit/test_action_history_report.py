@@ -21,17 +21,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
-from dataflows.favorite_actions.records import (
-    RecordedAction,
-    SessionSnapshot,
-    build_recorded_action,
-)
+from dataflows.favorite_actions.records import RecordedAction
 from dataflows.favorite_actions.sink import _ActionHistoryPartition
 from dataflows.favorite_actions.sink import logger as sink_logger
 from dataflows.favorite_actions.store import BatchOutcome
 from runtime.logs import JsonFormatter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
+from tests.rows import SessionSnapshot, build_recorded_action
 
 ADDED, REMOVED = "favorite-added", "favorite-removed"
 ACTION_TYPES = {ADDED: ActionType.ADD_TO_FAVORITES, REMOVED: ActionType.REMOVE_FROM_FAVORITES}

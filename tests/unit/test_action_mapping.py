@@ -14,18 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
-from dataflows.favorite_actions.records import (
-    ActionEventRow,
-    ActionRowBuilder,
-    RecordedAction,
-    SessionSnapshot,
-    build_recorded_action,
-)
+from dataflows.favorite_actions.records import ActionEventRow, ActionRowBuilder, RecordedAction
 from dataflows.favorite_actions.store import FavoritesStore
 from devenv.harness.sessions import LINKED_LONG_AGO
 from schemas.favorites import ActionTrackedEnvelope, ActionType
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import OutboxRow
+from tests.rows import SessionSnapshot, build_recorded_action, build_with
 
 ADDED_TOPIC = "pin.favorites.favorite-added.v1"
 REMOVED_TOPIC = "pin.favorites.favorite-removed.v1"
@@ -394,8 +389,8 @@ def test_several_actions_built_at_one_moment_share_created_at_and_nothing_else()
     builder = ActionRowBuilder(ACTION_TRACKED_TOPIC, NOW)
     message = favorite_message()
 
-    first = builder.build(message, LINKED_SESSION, uuid4(), uuid4())
-    second = builder.build(message, GUEST_SESSION, uuid4(), uuid4())
+    first = build_with(builder, message, LINKED_SESSION, uuid4(), uuid4())
+    second = build_with(builder, message, GUEST_SESSION, uuid4(), uuid4())
 
     assert orjson.loads(first.outbox.value)["CreatedAt"] == "2027-01-01T00:00:00+00:00"
     assert orjson.loads(second.outbox.value)["CreatedAt"] == "2027-01-01T00:00:00+00:00"

@@ -93,17 +93,12 @@ def test_the_rules_hold_exactly_the_required_alerts() -> None:
     assert {rule["alert"] for rule in RULES} == EXPECTED_ALERTS
 
 
-def test_lag_alert_fires_on_the_batch_gauge_or_a_favorites_partitions_source_lag() -> None:
+def test_lag_alert_fires_once_a_favorite_has_waited_five_minutes() -> None:
     rule = _alert("UserActivityFavoritesLagHigh")
-    expr = _expr("UserActivityFavoritesLagHigh")
 
-    assert "max by (namespace, pod) (user_activity_favorites_lag_seconds) > 300" in expr
-    assert re.search(
-        r'max by \(namespace, pod\) \(user_activity_input_lag_seconds\{topic=~"[^"]*favorite-'
-        r'\(added\|removed\)[^"]*"\}\) > 300',
-        expr,
-    )
-    assert rule["for"] == "5m"
+    assert _expr("UserActivityFavoritesLagHigh") == (
+        "max by (namespace, pod) (user_activity_favorites_lag_seconds) > 240")
+    assert rule["for"] == "30s"
 
 
 def test_outbox_stalled_compares_the_oldest_unpublished_row_with_the_threshold_at_once() -> None:

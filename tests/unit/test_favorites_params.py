@@ -81,6 +81,7 @@ def _column_lists(pending: PendingBatch, topic: str) -> dict[str, list[Any]]:
                             else c.encode() for m in messages],
         "occurred_offsets": [Int4(utc_offset_seconds(p.occurred_at)) for p in payloads],
         "outbox_created_ats": [pending.now for _ in messages],
+        "wait_seconds": [Int4(0)],
     }
 
 
@@ -157,20 +158,6 @@ def test_the_answer_settles_each_message_as_recorded_duplicate_or_without_sessio
     value = orjson.loads(action.outbox.value)
     assert value["Payload"]["SessionId"] == str(session_id)
     assert value["Payload"]["UserId"] == str(user)
-
-
-def test_owner_parameters_are_what_psycopg_sends_for_the_lists() -> None:
-    device, user = uuid.uuid4(), uuid.uuid4()
-    messages = [_message(anonymous=device), _message(user=user), _message(anonymous=device),
-                _message(user=uuid.uuid4())]
-
-    keys, params = FavoritesStore.owner_params(messages)
-
-    owners = list(dict.fromkeys(owner_of(m) for m in messages))
-    assert keys == list(dict.fromkeys(m.owner_key for m in messages))
-    assert len(keys) == len(owners) == 3
-    assert _encoded(params["anonymous_ids"]) == _psycopg_binary([a for a, _ in owners])
-    assert _encoded(params["user_ids"]) == _psycopg_binary([u for _, u in owners])
 
 
 @pytest.mark.parametrize("count", [0, 1])

@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
-from dataflows.favorite_actions.records import SessionSnapshot, build_recorded_action
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import (
     SessionChange,
@@ -40,6 +39,7 @@ from schemas.outbox import (
     valid_traceparent,
 )
 from schemas.sessions import SessionLinkedEnvelope
+from tests.rows import SessionSnapshot, build_recorded_action
 
 ADDED = "pin.favorites.favorite-added.v1"
 SIGNED_IN = "pin.identity.user-signed-in.v1"

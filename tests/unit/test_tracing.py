@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from dataflows.favorite_actions import traces as favorite_traces
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
 from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
-from dataflows.favorite_actions.records import ActionRowBuilder, SessionSnapshot
+from dataflows.favorite_actions.records import ActionRowBuilder
 from dataflows.favorite_actions.store import BatchOutcome
 from dataflows.session_linking import traces as sign_in_traces
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
@@ -35,6 +35,7 @@ from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import OutboxRow
+from tests.rows import SessionSnapshot, build_with
 
 SETTINGS = Settings(http_port=0, outbox_enabled=False)
 ADDED = SETTINGS.topic_favorite_added
@@ -157,8 +158,8 @@ def test_the_outbox_row_carries_the_handle_span_context_only_for_a_sampled_messa
     sampled, unsampled = _message(SAMPLED), _message(UNSAMPLED)
     assert sampled.trace is not None
 
-    row = builder.build(sampled, session, uuid.uuid4(), uuid.uuid4()).outbox
-    plain = builder.build(unsampled, session, uuid.uuid4(), uuid.uuid4()).outbox
+    row = build_with(builder, sampled, session, uuid.uuid4(), uuid.uuid4()).outbox
+    plain = build_with(builder, unsampled, session, uuid.uuid4(), uuid.uuid4()).outbox
 
     assert row.headers == {
         "traceparent": f"00-{TRACE_ID:032x}-{sampled.trace.handle_span_id:016x}-01"}
@@ -171,7 +172,8 @@ def test_a_committed_batch_makes_consume_handle_and_one_linked_insert_span(
     first, second, unsampled = _message(offset=1), _message(offset=2), _message(UNSAMPLED, 3)
     builder = ActionRowBuilder("action-tracked", datetime.now(UTC))
     session = SessionSnapshot(uuid.uuid4(), uuid.uuid4(), None, None)
-    recorded = [builder.build(m, session, uuid.uuid4(), uuid.uuid4()) for m in (first, unsampled)]
+    recorded = [build_with(builder, m, session, uuid.uuid4(), uuid.uuid4())
+                for m in (first, unsampled)]
     outcome = BatchOutcome(recorded=recorded, no_session=[second],
                            written_ns=(1_000_000_000, 1_050_000_000))
 

@@ -1,18 +1,19 @@
 -- Record a batch of actions in one statement: each owner's session, then the idempotency marks,
 -- the action_events rows and the action-tracked outbox rows. A message whose mark or
 -- source_message_id already exists changes nothing (ON CONFLICT DO NOTHING; a racing writer
--- waits, then skips); a message whose owner has no session gets no mark and no row.
--- The session (INV-ACT-003), as resolve_owner_sessions.sql resolves it: by AnonymousId, else by
--- UserId; the Active session first, else the latest by last_activity_at. The row's UserId is the
--- session's user only when linked_at <= the action's OccurredAt, else null (records.py).
--- Each lookup is index scans that stop at their first entry (Active first, UNION ALL, LIMIT 1;
--- migration 0011), so its cost does not grow with the owner's number of sessions.
--- Resolved here, in the statement's own snapshot, so that the sink does not wait for a separate
--- query before it sends the insert.
+-- waits, then skips). The session is the one that covered the action (owner_session.sql),
+-- resolved in the statement's own snapshot, so the sink does not wait for a separate query
+-- before it sends the insert. The row's UserId: the payload's for a user's own action; for a
+-- guest action the session's user when the session was linked at or before the action, else
+-- null (issue 41).
+-- A message whose owner has no session gets no mark and no row: with wait_seconds > 0 it
+-- waits in waiting_actions that many seconds (recorded once a session appears:
+-- record_waiting_actions.sql), else it is skipped.
 -- The outbox rows are thin (migration 0008): they name their action_events row and keep the
 -- CorrelationId, OccurredAt's offset and CreatedAt; the publisher renders the event from them.
--- Returns one row per message that has a session: its 1-based position in the arrays, the
--- session's id and AnonymousId, the row's UserId, and whether its action_events row is new.
+-- Returns one row per message that has a session (its 1-based position, the session's id and
+-- AnonymousId, the row's UserId, whether its action_events row is new) and one per message that
+-- waits (its position, three NULLs, whether it is new to waiting_actions).
 WITH input AS (
     SELECT *
       FROM unnest(
@@ -31,39 +32,11 @@ WITH input AS (
 ),
 resolved AS (
     SELECT i.*, s.id AS session_id, s.anonymous_id,
-           CASE WHEN s.linked_at <= i.occurred_at THEN s.user_id END AS user_id
+           CASE WHEN i.owner_anonymous_id IS NULL THEN i.owner_user_id
+                WHEN s.linked <= i.occurred_at THEN s.user_id END AS user_id
       FROM input i
      CROSS JOIN LATERAL (
-            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
-               FROM user_activity.sessions c
-              WHERE i.owner_anonymous_id IS NOT NULL AND c.anonymous_id = i.owner_anonymous_id
-                AND c.status = 'Active')
-            UNION ALL
-            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
-               FROM user_activity.sessions c
-              WHERE i.owner_anonymous_id IS NOT NULL AND c.anonymous_id = i.owner_anonymous_id
-              ORDER BY c.last_activity_at DESC, c.id DESC
-              LIMIT 1)
-            LIMIT 1
-           ) s
-    UNION ALL
-    SELECT i.*, s.id AS session_id, s.anonymous_id,
-           CASE WHEN s.linked_at <= i.occurred_at THEN s.user_id END AS user_id
-      FROM input i
-     CROSS JOIN LATERAL (
-            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
-               FROM user_activity.sessions c
-              WHERE i.owner_anonymous_id IS NULL AND c.user_id = i.owner_user_id
-                AND c.status = 'Active'
-              ORDER BY c.last_activity_at DESC, c.id DESC
-              LIMIT 1)
-            UNION ALL
-            (SELECT c.id, c.anonymous_id, c.user_id, c.linked_at
-               FROM user_activity.sessions c
-              WHERE i.owner_anonymous_id IS NULL AND c.user_id = i.owner_user_id
-              ORDER BY c.last_activity_at DESC, c.id DESC
-              LIMIT 1)
-            LIMIT 1
+--@owner_session
            ) s
 ),
 marked AS (
@@ -91,7 +64,30 @@ announced AS (
       FROM resolved r
       JOIN recorded e ON e.id = r.id
     RETURNING id
+),
+unresolved AS (
+    SELECT i.*, now() + make_interval(secs => w.seconds) AS wait_until
+      FROM input i, (SELECT (%(wait_seconds)b::integer[])[1] AS seconds) w
+     WHERE w.seconds > 0
+       AND NOT EXISTS (SELECT 1 FROM resolved r WHERE r.position = i.position)
+),
+waiting AS (
+    INSERT INTO user_activity.waiting_actions
+           (idempotency_key, id, action_type, owner_anonymous_id, owner_user_id, occurred_at,
+            occurred_offset, property_object_id, favorite_id, source_message_id, outbox_id,
+            outbox_topic, outbox_headers, correlation_id, wait_until)
+    SELECT u.idempotency_key, u.id, u.action_type, u.owner_anonymous_id, u.owner_user_id,
+           u.occurred_at, u.occurred_offset, u.property_object_id, u.favorite_id,
+           u.source_message_id, u.outbox_id, u.outbox_topic, u.outbox_headers::jsonb,
+           u.correlation_id, u.wait_until
+      FROM unresolved u
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING idempotency_key
 )
 SELECT r.position, r.session_id, r.anonymous_id, r.user_id, e.id IS NOT NULL AS inserted
   FROM resolved r
   LEFT JOIN recorded e ON e.id = r.id
+UNION ALL
+SELECT u.position, NULL, NULL, NULL, w.idempotency_key IS NOT NULL
+  FROM unresolved u
+  LEFT JOIN waiting w ON w.idempotency_key = u.idempotency_key

@@ -1,0 +1,58 @@
+"""A clock input: every sink partition gets a tick every ``interval`` seconds while the job runs.
+
+Bytewax calls a sink only when items reach it; a tick gives each partition of a tailing job a
+periodic call (to finish a deferred commit, to sweep waiting rows) without a thread of its own.
+Ticks end with the job's inputs: at a stop request (:data:`runtime.shutdown.SHUTDOWN`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from bytewax.inputs import DynamicSource, StatelessSourcePartition
+from typing_extensions import override
+
+from runtime.shutdown import SHUTDOWN
+
+
+class Tick:
+    """The tick item (one instance, :data:`TICK`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "TICK"
+
+
+TICK: Final = Tick()
+
+
+class TickSource(DynamicSource[tuple[str, Tick]]):
+    """``(key, TICK)`` for each of ``keys`` every ``interval``, on every worker, until a stop."""
+
+    def __init__(self, keys: list[str], interval: timedelta) -> None:
+        self._items = [(key, TICK) for key in keys]
+        self._interval = interval
+
+    @override
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _Ticks:
+        return _Ticks(self._items, self._interval)
+
+
+class _Ticks(StatelessSourcePartition[tuple[str, Tick]]):
+    def __init__(self, items: list[tuple[str, Tick]], interval: timedelta) -> None:
+        self._items = items
+        self._interval = interval
+        self._awake = datetime.now(UTC) + interval
+
+    @override
+    def next_batch(self) -> list[tuple[str, Tick]]:
+        if SHUTDOWN.requested():
+            raise StopIteration
+        self._awake = datetime.now(UTC) + self._interval
+        return self._items
+
+    @override
+    def next_awake(self) -> datetime:
+        return self._awake
