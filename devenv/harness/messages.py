@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 OCCURRED_AT = "2026-11-29T08:00:00.1234567+03:00"
 """A .NET ``DateTimeOffset`` as it is serialised: seven fraction digits and an offset."""
-SIGNED_IN_AT = "2026-11-29T11:00:00.1234567+03:00"
+_MOSCOW = timezone(timedelta(hours=3))
+
+
+def dotnet_time(moment: datetime) -> str:
+    """``moment`` as a .NET ``DateTimeOffset`` writes it: seven fraction digits, at +03:00."""
+    local = moment.astimezone(_MOSCOW)
+    return local.strftime("%Y-%m-%dT%H:%M:%S.%f") + "0+03:00"
 
 
 def new_id() -> uuid.UUID:
@@ -55,11 +61,14 @@ def sign_in_envelope(
     user_id: uuid.UUID,
     anonymous_id: uuid.UUID,
     message_id: uuid.UUID | None = None,
-    signed_in_at: str = SIGNED_IN_AT,
+    signed_in_at: str | None = None,
     created_at: datetime | None = None,
     correlation_id: str | None = "corr-sign-in",
 ) -> dict[str, Any]:
-    """A user-signed-in envelope (ASSUMED contract), keyed by UserId like identity produces it."""
+    """A user-signed-in envelope (ASSUMED contract), keyed by UserId like identity produces it.
+
+    ``signed_in_at`` defaults to now (a session a sign-in starts, starts then).
+    """
     return {
         "MessageId": str(message_id or new_id()),
         "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),
@@ -70,6 +79,6 @@ def sign_in_envelope(
         "Payload": {
             "UserId": str(user_id),
             "AnonymousId": str(anonymous_id).upper(),
-            "SignedInAt": signed_in_at,
+            "SignedInAt": signed_in_at or dotnet_time(datetime.now(UTC)),
         },
     }

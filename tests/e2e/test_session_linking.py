@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -22,7 +22,7 @@ from dataflows.session_linking import build_flow
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import LinkOutcome, SessionTopics
 from dataflows.session_linking.sink import SessionLinksStore
-from devenv.harness.messages import SIGNED_IN_AT, favorite_envelope, new_id, sign_in_envelope
+from devenv.harness.messages import dotnet_time, favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
 from schemas.kafka_record import SourceRecord
@@ -132,14 +132,16 @@ def test_sign_in_of_the_same_user_again_changes_nothing_and_publishes_nothing(
     anonymous, user = new_id(), new_id()
     session = insert_session(db, anonymous_id=anonymous, user_id=user)
     before = session_row(db, session)
-    produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
+    signed_in_at = dotnet_time(datetime.now(UTC))
+    produce(settings, [sign_in(settings, sign_in_envelope(
+        user_id=user, anonymous_id=anonymous, signed_in_at=signed_in_at))])
 
     run(build_flow(settings))
 
     after = session_row(db, session)
     # Only the device's last applied SignedInAt moves (it decides whether a later-arriving
     # sign-in is late); the session itself is unchanged.
-    assert after.pop("last_signed_in_at") == datetime.fromisoformat(SIGNED_IN_AT)
+    assert after.pop("last_signed_in_at") == datetime.fromisoformat(signed_in_at)
     assert {k: v for k, v in before.items() if k != "last_signed_in_at"} == after
     assert len(device_sessions(db, anonymous)) == 1
     assert outbox_counts(db, settings) == {}
@@ -374,8 +376,11 @@ def test_concurrent_sign_ins_on_one_guest_session_link_it_once(
     sessions = [insert_session(db, anonymous_id=anonymous) for anonymous, _, _ in guests]
     results: dict[int, list[LinkOutcome]] = {i: [] for i in range(rounds)}
 
+    at = dotnet_time(datetime.now(UTC))  # one instant: the two are in no defined order
+
     def message(anonymous: uuid.UUID, user: uuid.UUID) -> SignInMessage:
-        value = orjson.dumps(sign_in_envelope(user_id=user, anonymous_id=anonymous))
+        value = orjson.dumps(sign_in_envelope(user_id=user, anonymous_id=anonymous,
+                                              signed_in_at=at))
         decoded = decode_sign_in(SourceRecord(settings.topic_user_signed_in, 0, 0, None, value))
         assert isinstance(decoded, SignInMessage)
         return decoded
@@ -470,8 +475,10 @@ def test_a_sign_in_replayed_after_its_mark_expired_starts_no_second_session(
 ) -> None:
     settings = make_settings()
     anonymous, user = new_id(), new_id()
-    guest = insert_session(db, anonymous_id=anonymous)
-    envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous)
+    guest = insert_session(db, anonymous_id=anonymous,
+                           last_activity_at=datetime.now(UTC) - timedelta(days=2))
+    envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous,
+                                signed_in_at=dotnet_time(datetime.now(UTC) - timedelta(days=2)))
     produce(settings, [sign_in(settings, envelope)])
     run(build_flow(settings))
     # days later: the session service ended the session, and the retention dropped the mark
@@ -496,8 +503,11 @@ def test_two_users_signed_in_at_one_instant_replayed_after_their_marks_expired_c
 ) -> None:
     settings = make_settings()
     anonymous, first, second = new_id(), new_id(), new_id()
-    insert_session(db, anonymous_id=anonymous)
-    envelopes = [sign_in_envelope(user_id=u, anonymous_id=anonymous) for u in (first, second)]
+    insert_session(db, anonymous_id=anonymous,
+                   last_activity_at=datetime.now(UTC) - timedelta(days=2))
+    at = dotnet_time(datetime.now(UTC) - timedelta(days=2))
+    envelopes = [sign_in_envelope(user_id=u, anonymous_id=anonymous, signed_in_at=at)
+                 for u in (first, second)]
     produce(settings, [sign_in(settings, e) for e in envelopes])  # the same SignedInAt
     run(build_flow(settings))  # one links the guest session, the other relinks
     before = device_sessions(db, anonymous)
