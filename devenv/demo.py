@@ -1,7 +1,8 @@
 """README's main-job command: local services (or the configured ones), migrate, topics, the job.
 
 With no ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL`` in the
-environment it starts a real Kafka broker and a throwaway PostgreSQL in ``.run/``, seeds demo
+environment it starts a real Kafka broker (``--brokers N``: an N-node cluster with replication
+factor 3, :mod:`devenv.kafka_cluster`) and a throwaway PostgreSQL in ``.run/``, seeds demo
 sessions, produces a demo backlog plus a live trickle, runs the favorites job with recovery
 (``python -m bytewax.run dataflows.favorite_actions:flow -r .run/recovery``), prints progress and
 a summary, then stops everything. With both variables set it migrates, creates topics and runs
@@ -136,16 +137,19 @@ def run_configured(settings: Settings) -> int:
     os.execvpe(sys.executable, job.command(), job.env)  # noqa: S606
 
 
-def run_demo(events: int, sessions: int, linger: float, timeout: float, traces: int = 0) -> int:
+def run_demo(events: int, sessions: int, linger: float, timeout: float, traces: int = 0, *,
+             brokers: int = 1) -> int:
     """Local services + demo data + the job; prints progress and a summary (and traces)."""
     from devenv.kafka_broker import KafkaBroker
+    from devenv.kafka_cluster import KafkaCluster
     from devenv.postgres_server import PostgresServer
 
     RUN_DIR.mkdir(exist_ok=True)
-    print("starting PostgreSQL and Kafka on 127.0.0.1 ...", flush=True)
+    print(f"starting PostgreSQL and Kafka ({brokers} broker(s)) on 127.0.0.1 ...", flush=True)
     postgres = PostgresServer(RUN_DIR / "postgres")
     postgres.start()
-    broker = KafkaBroker(RUN_DIR / "kafka")
+    broker = (KafkaBroker(RUN_DIR / "kafka") if brokers == 1
+              else KafkaCluster(RUN_DIR / f"kafka-cluster-{brokers}", nodes=brokers))
     job: JobProcess | None = None
     watcher: Consumer | None = None
     receiver = OtlpReceiver().start() if traces else None
@@ -155,7 +159,8 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float, traces: 
         dsn = postgres.create_database("user_activity")
         settings = Settings(kafka_bootstrap_servers=broker.bootstrap, database_url=dsn)
         applied = apply_migrations(dsn)
-        ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6)
+        ensure_topics(settings.kafka_client_config(), settings.all_topics(), 6,
+                      replication_factor=min(3, brokers))
         print(f"kafka {broker.bootstrap}  postgres {dsn}  migrations applied now: {applied}")
         watcher = Consumer({**settings.kafka_client_config(), "group.id": "demo-watcher"})
         tracked_topic = settings.topic_action_tracked
@@ -231,11 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=int, default=0, metavar="N",
                         help="trace the first N demo events and print their spans as trees "
                              "(a local OTLP receiver, no collector needed)")
+    parser.add_argument("--brokers", type=int, default=1, metavar="N",
+                        help="local Kafka brokers: 1, or a cluster of N nodes (replication "
+                             "factor 3, min ISR 2; in .run/kafka-cluster-N)")
     args = parser.parse_args(argv)
+    if args.brokers < 1:
+        parser.error("--brokers must be at least 1")
     if all(f"{ENV_PREFIX}{name}" in os.environ
            for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL")):
         return run_configured(load_settings())
-    return run_demo(args.events, args.sessions, args.linger, args.timeout, args.traces)
+    return run_demo(args.events, args.sessions, args.linger, args.timeout, args.traces,
+                    brokers=args.brokers)
 
 
 if __name__ == "__main__":

@@ -52,9 +52,10 @@ _JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:+ExitOnOutOfMem
              "-XX:-UsePerfData", "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true",
              f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}")
 
-_quiet_rdkafka = logging.getLogger(f"{__name__}.rdkafka")
-_quiet_rdkafka.addHandler(logging.NullHandler())
-_quiet_rdkafka.propagate = False  # hides librdkafka's "Connection refused" noise during start-up
+# For clients of brokers that start or stop: hides librdkafka's "Connection refused" noise.
+QUIET_RDKAFKA_LOGGER = logging.getLogger(f"{__name__}.rdkafka")
+QUIET_RDKAFKA_LOGGER.addHandler(logging.NullHandler())
+QUIET_RDKAFKA_LOGGER.propagate = False
 
 
 class KafkaBrokerError(RuntimeError):
@@ -110,20 +111,26 @@ def fetch_jars(lib_dir: Path | None = None, *, timeout: float = 900.0) -> Path:
     return lib
 
 
+def new_cluster_id() -> str:
+    """A random cluster id in the shape of Kafka's Uuid.toString() (never starting with '-')."""
+    return "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[1:22]
+
+
 _COORDINATOR_LOADING = {KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
 
 
-def _wait_ready(bootstrap: str, deadline: float, still_running: Callable[[], None]) -> None:
-    """Wait for a registered broker with every partition led, then for a group coordinator.
+def _wait_ready(client_config: Mapping[str, Any], deadline: float,
+                still_running: Callable[[], None], brokers: int = 1) -> None:
+    """Wait for ``brokers`` registered brokers, every partition led, then a group coordinator.
 
     Right after a restart the coordinator answers COORDINATOR_LOAD_IN_PROGRESS while it loads
     ``__consumer_offsets``, and librdkafka's consumer then waits about 3 s before it retries
     JoinGroup: so a group is described until the answer is no loading error.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 2000,
+    admin = AdminClient({**client_config, "socket.connection.setup.timeout.ms": 2000,
                          "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 500},
-                        logger=_quiet_rdkafka)
+                        logger=QUIET_RDKAFKA_LOGGER)
     last: object = "no metadata yet"
     while (remaining := deadline - time.monotonic()) > 0:
         still_running()
@@ -134,9 +141,10 @@ def _wait_ready(bootstrap: str, deadline: float, still_running: Callable[[], Non
             last = exc
             continue
         last = f"brokers={sorted(md.brokers)} topics={sorted(md.topics)}"
-        if not md.brokers or any(t.error is not None or any(p.leader < 0 or p.error is not None
-                                                            for p in t.partitions.values())
-                                 for t in md.topics.values()):
+        if len(md.brokers) < brokers or any(
+                t.error is not None or any(p.leader < 0 or p.error is not None
+                                           for p in t.partitions.values())
+                for t in md.topics.values()):
             time.sleep(0.1)
             continue
         probe = admin.describe_consumer_groups(["devenv-readiness-probe"], request_timeout=max(
@@ -160,19 +168,51 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6) ->
 
 
 
+def start_nodes(nodes: Sequence[KafkaBroker], client_config: Mapping[str, Any], *,
+                brokers: int = 1, timeout: float = 90.0) -> None:
+    """Launch the prepared ``nodes`` and wait until ``brokers`` brokers are ready (``start``).
+
+    When one exits or ``timeout`` s pass, all of ``nodes`` are SIGKILLed and KafkaBrokerError
+    carries their logs' tails.
+    """
+    checks: list[Callable[[], None]] = []
+
+    def all_running() -> None:
+        for check in checks:
+            check()
+
+    try:
+        checks.extend(node.launch() for node in nodes)
+        _wait_ready(client_config, time.monotonic() + timeout, all_running, brokers)
+    except TimeoutError as exc:
+        for node in nodes:
+            node.kill()
+        tails = "\n".join(f"{node.log_path}:\n{node.log_tail(30 // len(nodes))}"
+                          for node in nodes)
+        raise KafkaBrokerError(f"Kafka not ready within {timeout:.0f}s ({exc}); see {tails}"
+                               ) from exc
+    except BaseException:
+        for node in nodes:
+            node.kill()
+        raise
+
+
 class KafkaBroker:
     """One broker+controller JVM on 127.0.0.1 whose state lives in ``run_dir``.
 
     ``run_dir`` holds ``server.properties``, ``data/``, ``broker.log`` (the JVM's output, appended
     on every start) and ``state.json`` (pid and ports).  The data dir is formatted on the first
-    start only: a later start, in this or another process, reuses the ports and the data.
-    With ``die_with_parent`` (default) the JVM gets SIGTERM when the thread that started it exits
-    (``setpriv --pdeathsig``), so a killed test run leaves no broker behind; the CLI turns it off.
+    start only (with ``cluster_id``, else a new one): a later start, in this or another process,
+    reuses the ports and the data.  The JVM gets ``die_with_parent`` (SIGTERM by default) when the
+    thread that started it exits (``setpriv --pdeathsig``), so a killed test run leaves no broker
+    behind; the CLI passes None.  One node of a cluster: :mod:`devenv.kafka_cluster`.
     """
 
     def __init__(self, run_dir: Path | str, *, port: int | None = None,
+                 controller_port: int | None = None, cluster_id: str | None = None,
                  server_properties: Mapping[str, str | int | bool] | None = None,
-                 start_timeout: float = 90.0, die_with_parent: bool = True) -> None:
+                 start_timeout: float = 90.0,
+                 die_with_parent: signal.Signals | None = signal.SIGTERM) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.data_dir = self.run_dir / "data"
         self.log_path = self.run_dir / "broker.log"
@@ -183,9 +223,11 @@ class KafkaBroker:
         self.start_timeout = start_timeout
         self._die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
+        self._launch_offset = 0  # of broker.log, for the lines of the latest start
+        self.cluster_id = cluster_id
         state = self._state()
         self.port = port or int(state.get("port") or 0) or free_port(HOST, below_ephemeral=True)
-        self.controller_port = (int(state.get("controller_port") or 0)
+        self.controller_port = (controller_port or int(state.get("controller_port") or 0)
                                 or free_port(HOST, below_ephemeral=True, exclude=self.port))
 
     @property
@@ -216,6 +258,16 @@ class KafkaBroker:
         Ready: metadata with every partition led, and a group coordinator that has loaded
         ``__consumer_offsets``.  Formats the data dir on first use (``fresh=True``: anew).
         """
+        self.prepare(fresh=fresh)
+        start_nodes([self], {"bootstrap.servers": self.bootstrap}, timeout=self.start_timeout)
+        return self.bootstrap
+
+    def prepare(self, *, fresh: bool = False) -> None:
+        """Write ``server.properties``; format the data dir on first use (``fresh=True``: anew).
+
+        Raises KafkaBrokerError when the broker already runs or the format fails.  Safe to run
+        for several nodes in parallel threads (it starts no long-lived process).
+        """
         if (running := self.pid) is not None:
             raise KafkaBrokerError(f"broker already running in {self.run_dir} (pid {running})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -223,26 +275,32 @@ class KafkaBroker:
         if fresh:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         self._write_properties()
-        classpath = ["-cp", f"{lib}/*"]
-        if not (self.data_dir / "meta.properties").is_file():
-            shutil.rmtree(self.data_dir, ignore_errors=True)  # half-formatted: unusable
-            # The shape of Kafka's Uuid.toString(), which never starts with '-' either.
-            cluster_id = "A" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[1:22]
-            offset = self._log_header("format storage")
-            with self.log_path.open("ab") as log:
-                code = subprocess.run(
-                    [_java(), "-Xmx256m", *_JVM_OPTS, *classpath, "kafka.tools.StorageTool",
-                     "format", "-t", cluster_id, "-c", str(self.properties_path)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=120,
-                    check=False, cwd=self.run_dir).returncode
-            if code != 0:
-                raise KafkaBrokerError(f"kafka-storage format failed (exit {code}):\n"
-                                       f"{self._log_from(offset)}")
-        cmd = [_java(), "-Xms64m", "-Xmx384m", *_JVM_OPTS, *classpath,
+        if (self.data_dir / "meta.properties").is_file():
+            return
+        shutil.rmtree(self.data_dir, ignore_errors=True)  # half-formatted: unusable
+        cluster_id = self.cluster_id or new_cluster_id()
+        offset = self._log_header("format storage")
+        with self.log_path.open("ab") as log:
+            code = subprocess.run(
+                [_java(), "-Xmx256m", *_JVM_OPTS, "-cp", f"{lib}/*", "kafka.tools.StorageTool",
+                 "format", "-t", cluster_id, "-c", str(self.properties_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                check=False, cwd=self.run_dir).returncode
+        if code != 0:
+            raise KafkaBrokerError(f"kafka-storage format failed (exit {code}):\n"
+                                   f"{self._log_from(offset)}")
+
+    def launch(self) -> Callable[[], None]:
+        """Start the JVM of a prepared broker without waiting; return a liveness check.
+
+        The check raises KafkaBrokerError (with the log's tail) once the JVM has exited.  The JVM
+        dies with the calling thread (``die_with_parent``): call this from a long-lived one.
+        """
+        cmd = [_java(), "-Xms64m", "-Xmx384m", *_JVM_OPTS, "-cp", f"{fetch_jars()}/*",
                "kafka.Kafka", str(self.properties_path)]
         if self._die_with_parent and (setpriv := shutil.which("setpriv")):
-            cmd = [setpriv, "--pdeathsig", "TERM", *cmd]
-        offset = self._log_header(f"start broker on {self.bootstrap}")
+            cmd = [setpriv, "--pdeathsig", self._die_with_parent.name.removeprefix("SIG"), *cmd]
+        self._launch_offset = self._log_header(f"start broker on {self.bootstrap}")
         with self.log_path.open("ab") as log:
             self._proc = proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -253,19 +311,13 @@ class KafkaBroker:
             if proc.poll() is not None:
                 self._proc = None
                 raise KafkaBrokerError(f"Kafka broker exited with code {proc.returncode} during "
-                                       f"start-up; see {self.log_path}:\n{self._log_from(offset)}")
+                                       f"start-up; see {self.log_path}:\n{self.log_tail()}")
 
-        try:
-            _wait_ready(self.bootstrap, time.monotonic() + self.start_timeout, still_running)
-        except TimeoutError as exc:
-            self.kill()
-            raise KafkaBrokerError(f"Kafka broker not ready within {self.start_timeout:.0f}s "
-                                   f"({exc}); see {self.log_path}:\n{self._log_from(offset)}"
-                                   ) from exc
-        except BaseException:
-            self.kill()
-            raise
-        return self.bootstrap
+        return still_running
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` non-blank lines its JVM wrote since its latest start."""
+        return self._log_from(self._launch_offset, lines)
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (clean shutdown), SIGKILL after ``timeout`` s; data and ports are kept."""
@@ -309,10 +361,10 @@ class KafkaBroker:
             log.write(f"===== {time.strftime('%Y-%m-%d %H:%M:%S')} devenv: {what} =====\n".encode())
             return log.tell()
 
-    def _log_from(self, offset: int) -> str:
+    def _log_from(self, offset: int, lines: int = 30) -> str:
         with self.log_path.open("rb") as log:
             log.seek(offset)
-            return _tail(log.read().decode(errors="replace"))
+            return _tail(log.read().decode(errors="replace"), lines)
 
     def _terminate(self, sig: signal.Signals, timeout: float) -> None:
         if (pid := self.pid) is not None:
@@ -353,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fetch":
             print(fetch_jars())
             return 0
-        broker = KafkaBroker(args.run_dir, port=args.port, die_with_parent=False)
+        broker = KafkaBroker(args.run_dir, port=args.port, die_with_parent=None)
         if args.command == "stop":
             broker.stop()
             return 0

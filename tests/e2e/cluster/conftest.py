@@ -1,0 +1,50 @@
+"""One 3-node Kafka cluster (SASL/PLAIN users, ACLs enforced) shared by the tests in this folder.
+
+Each test here is marked ``xdist_group("kafka-cluster")``: under pytest-xdist (``--dist
+loadgroup``) they all run on one worker, which starts one cluster for them.  With
+``USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS`` set (external services, maybe no Java) they skip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from devenv.kafka_cluster import KafkaCluster
+
+USERS = {"job": "job-secret", "other": "other-secret"}
+"""The cluster's users besides ``admin``, with their passwords (no ACLs at first)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "xdist_group(name): run on the same pytest-xdist worker")
+
+
+@pytest.fixture(scope="session")
+def shared_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """The session's cluster, started on first use; every JVM is SIGKILLed at the end.
+
+    If the run is killed instead, each JVM gets SIGKILL from the kernel (``die_with_parent``).
+    """
+    if os.environ.get("USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS"):
+        pytest.skip("external services configured: no local Kafka cluster")
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), users=USERS)
+    try:
+        began = time.monotonic()
+        cluster.start()
+        print(f"{len(cluster.nodes)}-node cluster format + start + ready: "
+              f"{time.monotonic() - began:.2f}s")
+        yield cluster
+    finally:
+        for node in cluster.nodes:
+            cluster.kill(node)
+
+
+@pytest.fixture
+def kafka_cluster(shared_kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The shared cluster; what a test froze or stopped runs again after it (``heal``)."""
+    yield shared_kafka_cluster
+    shared_kafka_cluster.heal()
