@@ -15,7 +15,7 @@ from devenv.harness.messages import favorite_envelope, new_id
 from devenv.harness.metrics import scrape, value
 from devenv.harness.ports import free_port
 from devenv.harness.sessions import insert_session
-from runtime.health import serve_http
+from runtime.health import Health, serve_http
 from runtime.logs import JsonFormatter
 from tests.conftest import SettingsFactory
 from tests.support import Produced, envelope_record, produce
@@ -36,7 +36,7 @@ def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    port = serve_http("127.0.0.1", free_port())
+    port = serve_http("127.0.0.1", free_port(), Health())
     assert port is not None
     anonymous = new_id()
     insert_session(db, anonymous_id=anonymous)

@@ -21,7 +21,7 @@ from dataflows.favorite_actions import build_flow as build_favorites_flow
 from dataflows.session_linking import build_flow
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import LinkOutcome, SessionTopics
-from dataflows.session_linking.sink import SessionLinksStore
+from dataflows.session_linking.store import SessionLinksStore
 from devenv.harness.messages import dotnet_time, favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
