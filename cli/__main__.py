@@ -9,6 +9,7 @@ brokers, a problem check found). COMMAND --help says more.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "migrate":
         from cli.migrate import MigrationBusy, MigrationRefused, apply_migrations
 
+        logging.getLogger("yoyo").setLevel(logging.WARNING)  # a line per step; ours sums up
         try:
             applied = apply_migrations(settings.database_dsn(),
                                        connect_options=settings.database_tcp_options())

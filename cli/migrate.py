@@ -12,6 +12,7 @@ one line naming it, exit 2.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,13 +59,14 @@ def apply_migrations(dsn: str, directory: Path = MIGRATIONS_DIR, *,
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10,
                          application_name="user-activity-migrate",
                          **dict(connect_options or {})) as conn:
-        conn.execute(f"SET lock_timeout = {round(lock_wait_seconds * 1000)}")
-        try:
-            conn.execute("SELECT pg_advisory_lock(%s::int4, %s::int4)", LOCK)
-        except psycopg.errors.LockNotAvailable:
-            raise MigrationBusy(
-                f"another migrate has held the migrations' lock for {lock_wait_seconds:g} s"
-                f" ({_holder(conn)}): nothing was applied; run it again") from None
+        deadline = time.monotonic() + lock_wait_seconds
+        # polled: a statement waiting for it is a transaction CREATE INDEX CONCURRENTLY waits for
+        while not _one(conn, "SELECT pg_try_advisory_lock(%s::int4, %s::int4)", LOCK):
+            if time.monotonic() > deadline:
+                raise MigrationBusy(
+                    f"another migrate has held the migrations' lock for {lock_wait_seconds:g} s"
+                    f" ({_holder(conn)}): nothing was applied; run it again")
+            time.sleep(0.5)
         try:
             return _apply(dsn, directory, lock_timeout_seconds)
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -103,6 +105,11 @@ def _backend(dsn: str, lock_timeout: float) -> Any:
     backend = Backend(uri, "_yoyo_migration")
     backend.init_database()
     return backend
+
+
+def _one(conn: psycopg.Connection[Any], query: str, params: Any) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return row and row[0]
 
 
 def _holder(conn: psycopg.Connection[Any]) -> str:
