@@ -54,8 +54,9 @@ Row = tuple[str, str, bool, str]
 """A line of the table: kind, name, ok, what was found."""
 
 
-def run(settings: Settings, flows: Iterable[str] = FLOWS, out: TextIO = sys.stdout) -> int:
+def run(settings: Settings, flows: Iterable[str] = FLOWS, out: TextIO | None = None) -> int:
     """Check, print the table and a line per problem; the exit code (0 or 2)."""
+    out = out or sys.stdout
     rows = [*kafka_rows(settings, tuple(flows)), *postgres_rows(settings)]
     print(table(("check", "name", "result", "found"),
                 [(kind, name, "ok" if ok else "FAIL", found) for kind, name, ok, found in rows]),

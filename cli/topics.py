@@ -87,8 +87,9 @@ def ensure_topics(client_config: Mapping[str, Any], topics: Sequence[str], parti
 
 
 def create_topics(settings: Settings, *, dry_run: bool = False,
-                  allow_single_replica: bool = False, out: TextIO = sys.stdout) -> int:
+                  allow_single_replica: bool = False, out: TextIO | None = None) -> int:
     """Create our missing topics (module doc); print the plan as a table; the exit code."""
+    out = out or sys.stdout
     admin = admin_client(settings.kafka_client_config())
     metadata = admin.list_topics(timeout=10)
     brokers = len(metadata.brokers)
