@@ -19,8 +19,9 @@ pytestmark = pytest.mark.e2e
 def _fresh_settings(kafka_bootstrap: str, database_url: str, **overrides: Any) -> Settings:
     """Settings whose topics do not exist yet."""
     prefix = f"t.create-topics.{uuid.uuid4().hex[:8]}"
-    topics = {name: f"{prefix}.{name.removeprefix('topic_')}" for name in Settings.model_fields
-              if name.startswith("topic_") and isinstance(Settings.model_fields[name].default, str)}
+    topics: dict[str, Any] = {
+        name: f"{prefix}.{name.removeprefix('topic_')}" for name in Settings.model_fields
+        if name.startswith("topic_") and isinstance(Settings.model_fields[name].default, str)}
     return Settings(kafka_bootstrap_servers=kafka_bootstrap, database_url=database_url,
                     **topics, **overrides)
 

@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("kafka-cluster")]
 def _settings(cluster: KafkaCluster, database_url: str, user: str, **overrides: Any) -> Settings:
     """Settings as ``user`` whose topics and groups belong to this test."""
     prefix = f"t.cluster.{uuid.uuid4().hex[:8]}"
-    topics = {name: f"{prefix}.{name.removeprefix('topic_')}" for name in Settings.model_fields
-              if name.startswith("topic_") and isinstance(Settings.model_fields[name].default, str)}
+    topics: dict[str, Any] = {
+        name: f"{prefix}.{name.removeprefix('topic_')}" for name in Settings.model_fields
+        if name.startswith("topic_") and isinstance(Settings.model_fields[name].default, str)}
     assert cluster.users is not None
     return Settings(kafka_bootstrap_servers=cluster.bootstrap, database_url=database_url,
                     kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="PLAIN",
