@@ -92,7 +92,7 @@ def create_topics(settings: Settings, *, dry_run: bool = False,
     out = out or sys.stdout
     admin = admin_client(settings.kafka_client_config())
     metadata = admin.list_topics(timeout=10)
-    brokers = len(metadata.brokers)
+    brokers = _brokers(metadata)
     replicas = 1 if brokers == 1 else settings.topic_replication_factor
     min_isr = min(settings.topic_min_insync_replicas, replicas)
     wanted = (settings.topic_partitions, replicas, min_isr)
@@ -137,6 +137,13 @@ def create_topics(settings: Settings, *, dry_run: bool = False,
         print(f"user-activity create-topics: {line}: an existing topic is never changed (change"
               " it by hand, or the settings)", file=sys.stderr)
     return 2 if differing else 0
+
+
+def _brokers(metadata: Any) -> int:
+    """The cluster's brokers: those up, or more if ``__consumer_offsets`` has more replicas."""
+    offsets = metadata.topics.get("__consumer_offsets")
+    replicas = len(offsets.partitions[0].replicas) if offsets and 0 in offsets.partitions else 0
+    return max(len(metadata.brokers), replicas)
 
 
 def _min_isr(admin: Any, topics: list[str]) -> dict[str, int]:

@@ -77,6 +77,11 @@ def test_create_topics_makes_three_replicas_and_two_in_sync_and_a_dry_run_change
     assert {f.result(10)["min.insync.replicas"].value for f in configs.values()} == {"2"}
     assert not set(input_topics(settings)) & set(metadata)
 
+    kafka_cluster.stop(3)  # the metadata lists 2 brokers: still not a cluster for RF 1
+    wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, 30, "node 3 gone")
+    assert create_topics(settings, dry_run=True) == 0
+    assert "cluster: 3 broker(s)" in capsys.readouterr().out
+
 
 def _grants(settings: Settings) -> list[tuple[ResourceType, str, AclOperation]]:
     """Every ACL the job needs: READ on inputs and groups, WRITE on outputs and dead letters."""
