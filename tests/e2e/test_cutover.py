@@ -7,7 +7,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from bytewax.testing import run_main
 from confluent_kafka import Consumer, TopicPartition
 
 from dataflows.favorite_actions import build_flow
@@ -15,7 +14,7 @@ from devenv.harness.messages import favorite_envelope, new_id
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionTrackedEnvelope
 from tests.conftest import SettingsFactory
-from tests.support import action_rows, consume_all, envelope_record, produce
+from tests.support import action_rows, consume_all, envelope_record, produce, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +47,7 @@ def test_a_job_started_from_a_group_reads_from_its_committed_offsets_and_announc
     produce(settings, [envelope_record(settings.topic_favorite_removed, removed, partition=0)])
     _commit(settings, group, settings.topic_favorite_added, COMMITTED)
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     def ids(envelopes: list[dict[str, Any]]) -> list[uuid.UUID]:
         return [uuid.UUID(e["MessageId"]) for e in envelopes]
