@@ -97,7 +97,9 @@ class StartPosition:
     """Where a partition starts when Bytewax has no snapshot for it.
 
     Exactly one of: ``earliest`` (default), ``latest``, ``timestamp_ms`` or ``offsets`` (a map
-    ``(topic, partition) -> offset``; partitions not in it start at earliest). In a bounded run
+    ``(topic, partition) -> offset``; partitions not in it start at earliest). ``group``: a
+    consumer group whose committed offset is where a partition starts; a partition it has no
+    offset for uses the other fields. In a bounded run
     (``tail=False``), ``until_ms`` also closes the window: each partition stops before its first
     record timestamped at or after it (else at the end offset seen when it was built).
     """
@@ -106,6 +108,7 @@ class StartPosition:
     timestamp_ms: int | None = None
     offsets: Mapping[tuple[str, int], int] = field(default_factory=dict)
     until_ms: int | None = None
+    group: str | None = None
 
 
 def _part_name(topic: str, partition: int) -> str:
@@ -416,6 +419,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         explicit = start.offsets.get((self.topic, self.partition))
         if explicit is not None:
             return explicit
+        if start.group is not None and (committed := self._committed_by(start.group)) is not None:
+            return committed
         if start.timestamp_ms is not None:
             found = self._consumer.offsets_for_times(
                 [TopicPartition(self.topic, self.partition, start.timestamp_ms)], timeout=10
@@ -426,6 +431,18 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if start.latest:
             return self._watermarks()[1]
         return None
+
+    def _committed_by(self, group: str) -> int | None:
+        """``group``'s committed offset of this partition (None: it has none)."""
+        consumer = Consumer({**self._consumer_config, "group.id": group,
+                             "enable.auto.commit": False, "logger": LIBRDKAFKA_LOGGER})
+        try:
+            [found] = consumer.committed([TopicPartition(self.topic, self.partition)], timeout=10)
+        finally:
+            consumer.close()
+        if found.error is not None:
+            raise KafkaException(found.error)
+        return int(found.offset) if found.offset >= 0 else None
 
     def _final_offset(self, until_ms: int | None) -> int:
         """Where a bounded run stops: before the first record at/after ``until_ms``, or the end."""
