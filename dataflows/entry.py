@@ -78,7 +78,8 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     housekeeping.every(settings.malloc_trim_interval_seconds, "malloc-trim", memory.trim_heap)
     housekeeping.every(settings.gc_full_collect_interval_seconds, "gc", memory.collect_full)
     if publisher is not None and settings.maintenance_interval_seconds > 0:
-        housekeeping.every(60.0, "maintenance", PeriodicMaintenance(settings).tick)
+        housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
+                           PeriodicMaintenance(settings).tick)
 
     flow: Dataflow = module.build_flow(settings, process=process, publisher=publisher)
     memory.tune_gc(settings.gc_young_threshold)
