@@ -54,14 +54,18 @@ def best_job(results: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
 
 
 def merge_scale(results: dict[str, Any], previous: dict[str, Any] | None) -> None:
-    """``scale``: the previous results' curve, this run's point replacing its row count's."""
+    """``scale``: the previous results' curve, this run's points replacing their row counts'.
+
+    This run's points: its best job run at ``--rows``, its ``scale`` run at ``--scale-rows``.
+    """
     curve = [p for p in (previous or {}).get("scale") or [] if isinstance(p, dict)]
-    name, job = best_job(results)
-    if job:
-        rows = get(results, "prefill.action_events_rows")
-        curve = [p for p in curve if p.get("rows") != rows] + [{
-            "rows": rows, "job_run": name, "events_per_second": job["events_per_s"],
-            "run_id": results["meta"]["run_id"], "commit": get(results, "meta.code.commit")}]
+    for prefill, (name, job) in (("prefill", best_job(results)),
+                                 ("prefill_scale", ("scale_job", results.get("scale_job") or {}))):
+        if job.get("events_per_s"):
+            rows = get(results, f"{prefill}.action_events_rows")
+            curve = [p for p in curve if p.get("rows") != rows] + [{
+                "rows": rows, "job_run": name, "events_per_second": job["events_per_s"],
+                "run_id": results["meta"]["run_id"], "commit": get(results, "meta.code.commit")}]
     results["scale"] = sorted(curve, key=lambda p: p.get("rows") or 0)
 
 
@@ -80,6 +84,9 @@ def evaluate(results: dict[str, Any]) -> None:
         "peer_total_cpu_us_per_event": get(results, "peer.cpu_us_per_event.total"),
         "scale_largest_vs_2m": (_ratio(scale[largest], scale.get(2_000_000), 3)
                                 if largest > 2_000_000 else None),
+        "scale_points_from_this_run": sorted(
+            p["rows"] for p in results.get("scale") or []
+            if p.get("run_id") == results["meta"]["run_id"]),
     }
     values = {**results["ratios"], "job_events_per_s": rate,
               "wal_bytes_per_recorded_event": job.get("wal_bytes_per_recorded_event"),
@@ -116,6 +123,10 @@ def print_table(results: dict[str, Any]) -> None:
                   f"{_fmt(get(run, 'wal_by_kind.records'))} / "
                   f"{_fmt(get(run, 'wal_by_kind.page_images'))}", "", "")]
     for label, path in (("prefill: action_events rows", "prefill.action_events_rows"),
+                        ("scale: rows, -w 1 events/s", ("prefill_scale.action_events_rows",
+                                                        "scale_job.events_per_s")),
+                        ("scale: CPU us/event job / postgres / kafka",
+                         "scale_job.cpu_us_per_event"),
                         ("naive consumer: events/s", "naive.events_per_s"),
                         ("write-path ceiling: events/s", "ceiling.events_per_s"),
                         ("Quix Streams peer: events/s", "peer.events_per_s"),
@@ -123,7 +134,8 @@ def print_table(results: dict[str, Any]) -> None:
                         ("steady: p50 ms", "steady.p50_ms"), ("steady: p95 ms", "steady.p95_ms"),
                         ("compare: paired head/ref events/s", "compare.paired_head_to_ref"),
                         ("compare: paired head/ref job CPU", "compare.cpu_paired_head_to_ref")):
-        rows.append((label, _fmt(get(results, path)), "", ""))
+        paths = (path,) if isinstance(path, str) else path
+        rows.append((label, " / ".join(_fmt(get(results, p)) for p in paths), "", ""))
     rows += [(f"target {key}", _fmt(t["value"]), t["target"], t["met"])
              for key, t in (results.get("targets") or {}).items()]
     width = max(len(r[0]) for r in rows)

@@ -2,12 +2,12 @@
 
 One template database holds ``--sessions`` sessions and ``--rows`` action_events rows; every
 phase runs on a copy of it: a warm-up job run (recorded apart), ``job`` (``-w`` of ``--workers``
-on a ``--messages`` backlog), ``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady``
-(latency while tailing), ``dedup`` (RSS with ``--dedup-ids`` ids, then SIGKILL and restart).
-``--compare REF`` adds an interleaved A/B of the ``-w 1`` job against commit REF. Prints one
-table and writes ``--out`` (default ``bench/results.json``) with ``targets``, keeping the
-``scale`` curve (events/s per prefilled row count) of the file it replaces. Exit 1 when a phase
-failed (targets met or not).
+on a ``--messages`` backlog), ``scale`` (``-w 1`` on a template of ``--scale-rows`` rows),
+``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady`` (latency while tailing), ``dedup``
+(RSS with ``--dedup-ids`` ids, then SIGKILL and restart). ``--compare REF`` adds an interleaved
+A/B of the ``-w 1`` job against commit REF. Prints one table; writes ``--out`` (default
+``bench/results.json``) with ``targets`` and the ``scale`` curve (events/s per prefilled row
+count; points of other row counts kept from the file it replaces). Exit 1 if a phase failed.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from bench.workload import EnvelopeFactory, make_backlog, make_sessions, prefill
 from cli.migrate import apply_migrations
 from runtime.settings import Settings
 
-ALL_PHASES = ("job", "naive", "ceiling", "peer", "steady", "dedup")
+ALL_PHASES = ("job", "scale", "naive", "ceiling", "peer", "steady", "dedup")
 SIZES: dict[str, tuple[float, float, str]] = {  # the full run's, --small's, what it is
     "messages": (1_000_000, 2_000, "backlog size"), "sessions": (100_000, 500, "seeded sessions"),
     "steady_rate": (2000.0, 200.0, "events/s"), "steady_seconds": (60.0, 5.0, ""),
     "dedup_ids": (1_000_000, 5_000, "MessageIds in the window"),
     "dedup_owners": (10_000, 100, "owners they spread over"),
     "rows": (2_000_000, 5_000, "prefilled action_events rows"),
+    "scale_rows": (10_000_000, 20_000, "prefilled rows of the scale phase"),
     "restart_backlog": (50_000, 1_000, "messages to catch up"),
     "naive_seconds": (20.0, 3.0, "naive run time bound"),
     "job_timeout": (900.0, 120.0, "per job run, s"),
@@ -160,10 +161,10 @@ class _Run:
             else:
                 self.services.drop_database(name)
 
-    def job(self, name: str, workers: int, db: str) -> dict[str, Any]:
-        """The bounded job on the backlog."""
+    def job(self, name: str, workers: int, db: str, rows: int | None = None) -> dict[str, Any]:
+        """The bounded job on the backlog, in ``db`` prefilled with ``rows`` (``--rows``)."""
         run = phases.job_backlog(self.services, self.input, self.backlog, db, name=name,
-                                 workers=workers, prefill_rows=self.args.rows,
+                                 workers=workers, prefill_rows=rows or self.args.rows,
                                  timeout=self.args.job_timeout, log=log)
         self.failed |= not run["ok"]
         return run
@@ -180,6 +181,16 @@ class _Run:
             name = f"job_w{workers}"
             self.results["job"][f"workers_{workers}"] = self.on_copy(
                 name, functools.partial(self.job, name, workers), keep=True)
+
+    def phase_scale(self) -> None:
+        """The ``-w 1`` job on a template of ``--scale-rows`` rows: the other point of ``scale``."""
+        rows, url = self.args.scale_rows, self.services.create_database("tpl_scale")
+        apply_migrations(url)
+        self.results["prefill_scale"] = prefill(url, self.sessions, rows, log=log)
+        db = self.services.create_database("job_scale", template="tpl_scale")
+        self.services.drop_database("tpl_scale")
+        self.results["scale_job"] = self.job("job_scale", 1, db, rows)
+        self.services.drop_database("job_scale")
 
     def phase_compare(self) -> None:
         args = self.args

@@ -339,9 +339,13 @@ def read_only_check(d: Deployment) -> str:
             f"dirs: {writable} (= the mounts); time zones readable")
 
 
+def _last_line(log: str) -> str:
+    return (log.strip().splitlines() or ["exit 0"])[-1][:150]
+
+
 def migrate(d: Deployment) -> str:
     """The migrate Job as written: exit 0."""
-    return d.run_job("user-activity-migrate", "127.0.12.2").strip()[-150:] or "exit 0"
+    return _last_line(d.run_job("user-activity-migrate", "127.0.12.2"))
 
 
 def create_topics(d: Deployment) -> str:
@@ -350,7 +354,7 @@ def create_topics(d: Deployment) -> str:
     ensure_topics({"bootstrap.servers": d.bootstrap}, [d.settings[
         f"USER_ACTIVITY_TOPIC_{name}"] for name in ("FAVORITE_ADDED", "FAVORITE_REMOVED",
                                                     "USER_SIGNED_IN")], 6)
-    return f"{log.strip()[-120:] or 'exit 0'}; inputs made"
+    return f"{_last_line(log)}; inputs made"
 
 
 def backlog(d: Deployment) -> str:

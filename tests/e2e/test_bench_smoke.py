@@ -94,14 +94,17 @@ def test_bench_small_writes_every_section_with_positive_numbers(
     assert len(compare["events_per_s"]["head"]) == len(compare["events_per_s"]["ref"]) == 1
     _positive(results, "compare", "paired_head_to_ref", "geomean")
     _positive(results, "compare", "cpu_paired_head_to_ref", "geomean")
-    assert [p["rows"] for p in results["scale"]] == [results["prefill"]["action_events_rows"]]
+    assert results["scale_job"]["ok"], results["scale_job"]
+    assert [p["rows"] for p in results["scale"]] == [
+        results["prefill"]["action_events_rows"], results["prefill_scale"]["action_events_rows"]]
+    assert results["ratios"]["scale_points_from_this_run"] == [5_000, 20_000]
     assert set(results["targets"]) == {
         "job_events_per_s", "job_vs_naive", "job_vs_ceiling", "job_vs_peer",
         "total_cpu_us_per_event", "wal_bytes_per_recorded_event", "steady_p99_ms",
         "dedup_rss_mb", "restart_caught_up_s", "scale_largest_vs_2m",
     }
     for key, target in results["targets"].items():
-        # the scale target needs a run at more rows than 2M (``--rows 10000000``)
+        # the scale target needs a point above 2M rows (the full run's 10M)
         expected = ("not measured",) if key == "scale_largest_vs_2m" else ("met", "not met")
         assert target["met"] in expected, target
     assert "measure" in proc.stdout  # the table
@@ -133,6 +136,22 @@ def test_the_scale_curve_keeps_other_row_counts_and_replaces_this_one() -> None:
     evaluate(ten_million)
     assert ten_million["targets"]["scale_largest_vs_2m"] == {
         "value": 0.9, "target": ">= 0.9", "met": "met"}
+    assert ten_million["ratios"]["scale_points_from_this_run"] == [10_000_000]
+
+
+def test_a_run_with_its_scale_phase_measures_the_scale_ratio_by_itself() -> None:
+    results = {"meta": {"run_id": "r", "code": {"commit": "c"}},
+               "prefill": {"action_events_rows": 2_000_000},
+               "job": {"workers_1": {"events_per_s": 20_000.0},
+                       "workers_2": {"events_per_s": 15_000.0}},
+               "prefill_scale": {"action_events_rows": 10_000_000},
+               "scale_job": {"events_per_s": 19_000.0}}
+
+    merge_scale(results, {"scale": [{"rows": 10_000_000, "events_per_second": 1.0}]})
+    evaluate(results)
+
+    assert results["ratios"]["scale_points_from_this_run"] == [2_000_000, 10_000_000]
+    assert results["targets"]["scale_largest_vs_2m"]["value"] == 0.95
 
 
 def test_the_committed_results_are_evaluated_and_printed(capsys: pytest.CaptureFixture[str]
