@@ -156,10 +156,15 @@ class Services:
         name = f"bench_{self.run_id}_{suffix}"
         self.drop_database(suffix)
         create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        source = f"bench_{self.run_id}_{template}"
         if template is not None:
-            create += sql.SQL(" TEMPLATE {} STRATEGY FILE_COPY").format(
-                sql.Identifier(f"bench_{self.run_id}_{template}"))
-        self._admin(create)
+            create += sql.SQL(" TEMPLATE {} STRATEGY FILE_COPY").format(sql.Identifier(source))
+        try:
+            self._admin(create)
+        except psycopg.errors.ObjectInUse:  # a connection to the template not yet closed (yoyo's)
+            self._admin(sql.SQL("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                " WHERE datname = {}").format(sql.Literal(source)))
+            self._admin(create)
         self._databases.add(suffix)
         return urlunsplit(urlsplit(self.server_url)._replace(path="/" + name))
 
