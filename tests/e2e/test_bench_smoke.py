@@ -140,12 +140,12 @@ def test_the_scale_curve_keeps_other_row_counts_and_replaces_this_one() -> None:
 
 
 def test_a_run_with_its_scale_phase_measures_the_scale_ratio_by_itself() -> None:
-    results = {"meta": {"run_id": "r", "code": {"commit": "c"}},
-               "prefill": {"action_events_rows": 2_000_000},
-               "job": {"workers_1": {"events_per_s": 20_000.0},
-                       "workers_2": {"events_per_s": 15_000.0}},
-               "prefill_scale": {"action_events_rows": 10_000_000},
-               "scale_job": {"events_per_s": 19_000.0}}
+    results: dict[str, Any] = {
+        "meta": {"run_id": "r", "code": {"commit": "c"}},
+        "prefill": {"action_events_rows": 2_000_000},
+        "job": {"workers_1": {"events_per_s": 20_000.0}, "workers_2": {"events_per_s": 15_000.0}},
+        "prefill_scale": {"action_events_rows": 10_000_000},
+        "scale_job": {"events_per_s": 19_000.0}}
 
     merge_scale(results, {"scale": [{"rows": 10_000_000, "events_per_second": 1.0}]})
     evaluate(results)
