@@ -227,12 +227,13 @@ class Deployment:
         deadline = time.monotonic() + timeout
         while True:
             found = self.exactness()
-            if found["rows"] == found["messages"] == found["tracked_records"] == found[
-                    "rows_announced_once"] and not found["messages_without_row"] + found[
-                    "messages_with_two_rows"] + found["unpublished"]:
+            lost_or_waiting = (found["messages_without_row"] or found["unpublished"]
+                               or found["rows_announced_once"] != found["rows"])
+            doubled = found["messages_with_two_rows"] or found["rows_announced_twice"]
+            if found["rows"] == found["messages"] == found["tracked_records"] and not (
+                    lost_or_waiting or doubled):
                 return found
-            if time.monotonic() > deadline or found["messages_with_two_rows"] or found[
-                    "rows_announced_twice"]:
+            if doubled or time.monotonic() > deadline:
                 raise StepFailed(f"not exactly once: {found}")
             time.sleep(2.0)
 
