@@ -1,23 +1,13 @@
 """The Quix Streams peer: the favorites backlog through a Quix Streams 3.28 app (bench only).
 
-It runs in its own venv (``.venv-peer``, made by :func:`bench.peer.ensure_peer_venv`) and
-imports nothing of this project. Configured by the environment (``PEER_*``, set by
-:mod:`bench.peer`). Per topic (favorite-added, favorite-removed), one StreamingDataFrame:
-
-1. Quix's JSON deserializer (orjson);
-2. a filter on the owner: exactly one of UserId and AnonymousId, neither the empty GUID;
-3. a stateful filter: the MessageId is remembered in RocksDB state with a TTL
-   (``PEER_DEDUP_TTL_SECONDS``, event time) and a repeat is dropped;
-4. the owner's session by Quix's ``PostgresLookup`` (one query per owner, cached 60 s, 200k);
-   messages without a session are dropped;
-5. the action row, as JSON, to the output topic; ``PostgreSQLSink`` inserts the rows into
-   ``user_activity.action_events`` at each checkpoint (``commit_interval`` 1 s; ``ON CONFLICT
-   DO NOTHING`` on the table's unique source_message_id).
-
-What it does not do: no outbox (the output is produced before its row is inserted), no
-idempotency mark, no single transaction for the three writes, no DLQ. ``PostgreSQLSink`` takes a
-batch's columns from its first row and leaves out nulls: a batch whose first row has no UserId
-is stored without UserIds (not worked around; the counts are unaffected).
+Runs in its own venv (``.venv-peer``), imports nothing of this project, configured by ``PEER_*``
+(set by :func:`bench.baselines.run_peer`). Per topic, one StreamingDataFrame: JSON (orjson); the
+owner filter (exactly one of UserId and AnonymousId, neither the empty GUID); MessageId dedup in
+RocksDB state with a TTL (event time); the session by ``PostgresLookup`` (cached 60 s, 200k
+entries), messages without one dropped; the row as JSON to the output topic, and
+``PostgreSQLSink`` inserting the rows at each checkpoint (1 s, ``ON CONFLICT DO NOTHING``). No
+outbox (the output goes before its row commits), no idempotency mark, no single transaction,
+no DLQ; ``PostgreSQLSink`` takes a batch's columns from its first row (UserId may be dropped).
 """
 
 from __future__ import annotations

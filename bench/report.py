@@ -1,4 +1,4 @@
-"""Ratios, targets (issue 16) and the one table of a benchmark run."""
+"""The targets of a benchmark run, its ratios, the ``scale`` curve and its one table."""
 
 from __future__ import annotations
 
@@ -25,9 +25,7 @@ def get(results: dict[str, Any], path: str) -> Any:
     """The value at the dotted ``path`` (None where a key is missing)."""
     node: Any = results
     for key in path.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
+        node = node.get(key) if isinstance(node, dict) else None
     return node
 
 
@@ -36,43 +34,38 @@ def _ratio(a: float | None, b: float | None, digits: int = 2) -> float | None:
 
 
 def paired_ratios(head: Sequence[float], ref: Sequence[float]) -> dict[str, Any]:
-    """Each interleaved round's ``head / ref`` and their geometric mean.
+    """Each interleaved round's ``head / ref``, their geometric mean, how many are below 1.
 
-    The two runs of a round ran minutes apart, so a pair's ratio is little moved by the
-    machine's slow drift (its speed changes by 10-30 % within an hour here); the ratio of the
-    two sides' medians pairs a fast round's run with a slow one's whenever the rounds fall so.
+    A round's two runs are minutes apart, so its ratio is little moved by the machine's drift
+    (10-30 % within an hour here), unlike the ratio of the two sides' medians.
     """
     ratios = [h / r for h, r in zip(head, ref, strict=True)]
-    found: dict[str, Any] = {"pairs": [round(x, 3) for x in ratios], "geomean": None,
-                             "head_lower": None}
-    if ratios and all(x > 0 for x in ratios):
-        found["geomean"] = round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
-        found["head_lower"] = sum(1 for x in ratios if x < 1)
-    return found
+    valid = bool(ratios) and all(x > 0 for x in ratios)
+    return {"pairs": [round(x, 3) for x in ratios],
+            "geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+            if valid else None,
+            "head_lower": sum(1 for x in ratios if x < 1) if valid else None}
 
 
 def best_job(results: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
-    """The job run with the highest events/s (1 or 2 workers)."""
+    """The job run with the highest events/s."""
     rated = [(k, v) for k, v in (results.get("job") or {}).items() if v.get("events_per_s")]
     return max(rated, key=lambda kv: kv[1]["events_per_s"]) if rated else (None, {})
 
 
-def scale_point(results: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's point of the throughput-against-prefilled-rows curve."""
-    name, job = best_job(results)
-    if not job:
-        return None
-    return {"rows": get(results, "prefill.action_events_rows"), "job_run": name,
-            "events_per_second": job["events_per_s"], "run_id": results["meta"]["run_id"],
-            "commit": get(results, "meta.code.commit")}
-
-
 def merge_scale(results: dict[str, Any], previous: dict[str, Any] | None) -> None:
-    """``scale``: the previous results' curve with this run's point replacing its row count."""
+    """``scale``: the previous results' curve, this run's points replacing their row counts'.
+
+    This run's points: its best job run at ``--rows``, its ``scale`` run at ``--scale-rows``.
+    """
     curve = [p for p in (previous or {}).get("scale") or [] if isinstance(p, dict)]
-    point = scale_point(results)
-    if point is not None:
-        curve = [p for p in curve if p.get("rows") != point["rows"]] + [point]
+    for prefill, (name, job) in (("prefill", best_job(results)),
+                                 ("prefill_scale", ("scale_job", results.get("scale_job") or {}))):
+        if job.get("events_per_s"):
+            rows = get(results, f"{prefill}.action_events_rows")
+            curve = [p for p in curve if p.get("rows") != rows] + [{
+                "rows": rows, "job_run": name, "events_per_second": job["events_per_s"],
+                "run_id": results["meta"]["run_id"], "commit": get(results, "meta.code.commit")}]
     results["scale"] = sorted(curve, key=lambda p: p.get("rows") or 0)
 
 
@@ -81,7 +74,7 @@ def evaluate(results: dict[str, Any]) -> None:
     name, job = best_job(results)
     rate = job.get("events_per_s")
     scale = {p["rows"]: p["events_per_second"] for p in results.get("scale") or []}
-    largest = max(scale, default=None)
+    largest = max(scale, default=0)
     results["ratios"] = {
         "job_run": name,
         "job_vs_naive": _ratio(rate, get(results, "naive.events_per_s")),
@@ -90,34 +83,21 @@ def evaluate(results: dict[str, Any]) -> None:
         "total_cpu_us_per_event": get(job, "cpu_us_per_event.total"),
         "peer_total_cpu_us_per_event": get(results, "peer.cpu_us_per_event.total"),
         "scale_largest_vs_2m": (_ratio(scale[largest], scale.get(2_000_000), 3)
-                                if largest and largest > 2_000_000 else None),
+                                if largest > 2_000_000 else None),
+        "scale_points_from_this_run": sorted(
+            p["rows"] for p in results.get("scale") or []
+            if p.get("run_id") == results["meta"]["run_id"]),
     }
     values = {**results["ratios"], "job_events_per_s": rate,
               "wal_bytes_per_recorded_event": job.get("wal_bytes_per_recorded_event"),
               "steady_p99_ms": get(results, "steady.p99_ms"),
               "dedup_rss_mb": get(results, "dedup.rss_mb"),
               "restart_caught_up_s": get(results, "restart.caught_up_s")}
-    results["targets"] = {}
-    for key, (op, bound) in TARGETS.items():
-        value = values[key]
-        met = "not measured" if value is None else (
-            "met" if _OPS[op](float(value), bound) else "not met")
-        results["targets"][key] = {"value": value, "target": f"{op} {bound:g}", "met": met}
-
-
-_OUTBOX = "outbox_publish_db_cost"
-_ROWS = (
-    ("prefill: action_events rows", "prefill.action_events_rows"),
-    ("naive consumer: events/s", "naive.events_per_s"),
-    ("write-path ceiling (record_batch x1000): events/s", "ceiling.events_per_s"),
-    ("ceiling: WAL bytes per recorded event", "ceiling.wal_bytes_per_recorded_event"),
-    ("outbox publisher: PG CPU us/row, WAL B/row",
-     (f"{_OUTBOX}.pg_cpu_us_per_row", f"{_OUTBOX}.wal_bytes_per_row")),
-    ("Quix Streams peer: events/s", "peer.events_per_s"),
-    ("peer: CPU us/event peer / postgres / kafka", "peer.cpu_us_per_event"),
-    ("steady: p50 / p95 ms", ("steady.p50_ms", "steady.p95_ms")),
-    ("dedup window: ids", "dedup.ids"),
-)
+    results["targets"] = {
+        key: {"value": values[key], "target": f"{op} {bound:g}",
+              "met": "not measured" if values[key] is None
+              else "met" if _OPS[op](float(values[key]), bound) else "not met"}
+        for key, (op, bound) in TARGETS.items()}
 
 
 def _fmt(value: Any) -> str:
@@ -129,27 +109,35 @@ def _fmt(value: Any) -> str:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    """One table: every headline figure, then each target with its value and whether it is met."""
-    rows: list[tuple[str, str, str, str]] = []
-    if warmup := results.get("warmup"):
-        rows.append(("warm-up run (not measured): events/s, CPU us/event job / pg / kafka",
-                     f"{_fmt(warmup.get('events_per_s'))}, {_fmt(warmup.get('cpu_us_per_event'))}",
-                     "", ""))
+    """Every headline figure, then each target with its value and whether it is met."""
+    rows = [("warm-up (not measured): events/s; CPU us/event job / pg / kafka",
+             f"{_fmt(get(results, 'warmup.events_per_s'))}; "
+             f"{_fmt(get(results, 'warmup.cpu_us_per_event'))}", "", "")]
     for name, run in (results.get("job") or {}).items():
         label = f"job {name.replace('_', ' ')}"
-        rows += [(f"{label}: events/s (wall s)", f"{_fmt(run.get('events_per_s'))} "
-                  f"({_fmt(run.get('wall_s'))})", "", ""),
+        rows += [(f"{label}: events/s (wall s)",
+                  f"{_fmt(run.get('events_per_s'))} ({_fmt(run.get('wall_s'))})", "", ""),
                  (f"{label}: CPU us/event job / postgres / kafka",
                   _fmt(run.get("cpu_us_per_event")), "", ""),
-                 (f"{label}: WAL B/event, records / page images",
-                  " / ".join(_fmt(get(run, f"wal_by_kind.{kind}"))
-                             for kind in ("records", "page_images")),
-                  "", "")]
-    for label, path in _ROWS:
+                 (f"{label}: WAL B/event records / page images",
+                  f"{_fmt(get(run, 'wal_by_kind.records'))} / "
+                  f"{_fmt(get(run, 'wal_by_kind.page_images'))}", "", "")]
+    for label, path in (("prefill: action_events rows", "prefill.action_events_rows"),
+                        ("scale: rows, -w 1 events/s", ("prefill_scale.action_events_rows",
+                                                        "scale_job.events_per_s")),
+                        ("scale: CPU us/event job / postgres / kafka",
+                         "scale_job.cpu_us_per_event"),
+                        ("naive consumer: events/s", "naive.events_per_s"),
+                        ("write-path ceiling: events/s", "ceiling.events_per_s"),
+                        ("Quix Streams peer: events/s", "peer.events_per_s"),
+                        ("peer: CPU us/event peer / postgres / kafka", "peer.cpu_us_per_event"),
+                        ("steady: p50 ms", "steady.p50_ms"), ("steady: p95 ms", "steady.p95_ms"),
+                        ("compare: paired head/ref events/s", "compare.paired_head_to_ref"),
+                        ("compare: paired head/ref job CPU", "compare.cpu_paired_head_to_ref")):
         paths = (path,) if isinstance(path, str) else path
         rows.append((label, " / ".join(_fmt(get(results, p)) for p in paths), "", ""))
-    for key, target in (results.get("targets") or {}).items():
-        rows.append((f"target {key}", _fmt(target["value"]), target["target"], target["met"]))
+    rows += [(f"target {key}", _fmt(t["value"]), t["target"], t["met"])
+             for key, t in (results.get("targets") or {}).items()]
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure':<{width}}  {'value':>22}  {'target':>10}  met\n{'-' * (width + 46)}")
     for label, value, bound, met in rows:

@@ -1,28 +1,20 @@
 """``python -m bench``: the favorites flow end to end on real Kafka + PostgreSQL, in one run.
 
-Every phase runs on its own copy of one template database that already holds ``--rows``
-action_events rows; Kafka, PostgreSQL, the job and the benchmark share the machine's cores.
-
-- ``job``: the real job (``python -m bytewax.run dataflows.favorite_actions:flow``, bounded) with
-  ``-w 1`` and ``-w 2`` on a backlog of ``--messages``, until every row is committed and every
-  action-tracked message is on the topic; CPU µs per event of the job, PostgreSQL and Kafka;
-- ``naive``: one consumer + psycopg, one transaction per message, for ``--naive-seconds``;
-- ``ceiling``: ``FavoritesStore.record_batch`` fed pre-decoded batches; the outbox's row cost;
-- ``peer``: the same backlog through a Quix Streams app (``bench/peer_app.py``, own venv);
-- ``steady``: ``--steady-rate`` events/s for ``--steady-seconds`` while the job tails: latency;
-- ``dedup``: RSS with ``--dedup-ids`` MessageIds in the window, then SIGKILL and the time from
-  restart to caught up on ``--restart-backlog`` messages;
-- ``--profile``: one more job run under py-spy; ``--compare REF``: an interleaved A/B.
-
-Prints one table; writes ``--out`` (default ``bench/results.json``), keeping the ``scale`` curve
-(events/s against prefilled rows) of the file it replaces. ``--charts`` runs nothing: it draws
-``docs/img/*.png`` from ``--out``.
+One template database holds ``--sessions`` sessions and ``--rows`` action_events rows; every
+phase runs on a copy of it: a warm-up job run (recorded apart), ``job`` (``-w`` of ``--workers``
+on a ``--messages`` backlog), ``scale`` (``-w 1`` on a template of ``--scale-rows`` rows),
+``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady`` (latency while tailing), ``dedup``
+(RSS with ``--dedup-ids`` ids, then SIGKILL and restart). ``--compare REF`` adds an interleaved
+A/B of the ``-w 1`` job against commit REF. Prints one table; writes ``--out`` (default
+``bench/results.json``) with ``targets`` and the ``scale`` curve (events/s per prefilled row
+count; points of other row counts kept from the file it replaces). Exit 1 if a phase failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -38,29 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from bench import phases
-from bench.ceiling import decode_backlog, outbox_publish_cost, run_ceiling
-from bench.measure import CpuSampler, cpu_us_per_event, kill_all_jobs
-from bench.naive import run_naive
-from bench.peer import run_peer
-from bench.prefill import prefill
-from bench.profile import summarize
+from bench.baselines import run_ceiling, run_naive, run_peer
 from bench.report import evaluate, merge_scale, print_table
-from bench.services import Services
-from bench.workload import Backlog, EnvelopeFactory, make_backlog, make_sessions, produce_all
+from bench.services import CpuSampler, Services, cpu_us_per_event, kill_all_jobs
+from bench.workload import EnvelopeFactory, make_backlog, make_sessions, prefill, produce_all
 from cli.migrate import apply_migrations
 from runtime.settings import Settings
 
-ALL_PHASES = ("job", "naive", "ceiling", "peer", "steady", "dedup")
-# The full run's backlog is a million messages, about 50 s of the job: a 200,000-message run (10 s)
-# also measured the spawn to the first output (0.6 s, 6 %) and, right after the copy's
-# checkpoint, a page image of every index page it touched first (at 10M rows 614 B of WAL per
-# event over 196k events), which a running job pays once per checkpoint (docs/performance.md).
+ALL_PHASES = ("job", "scale", "naive", "ceiling", "peer", "steady", "dedup")
 SIZES: dict[str, tuple[float, float, str]] = {  # the full run's, --small's, what it is
     "messages": (1_000_000, 2_000, "backlog size"), "sessions": (100_000, 500, "seeded sessions"),
     "steady_rate": (2000.0, 200.0, "events/s"), "steady_seconds": (60.0, 5.0, ""),
     "dedup_ids": (1_000_000, 5_000, "MessageIds in the window"),
     "dedup_owners": (10_000, 100, "owners they spread over"),
     "rows": (2_000_000, 5_000, "prefilled action_events rows"),
+    "scale_rows": (10_000_000, 20_000, "prefilled rows of the scale phase"),
     "restart_backlog": (50_000, 1_000, "messages to catch up"),
     "naive_seconds": (20.0, 3.0, "naive run time bound"),
     "job_timeout": (900.0, 120.0, "per job run, s"),
@@ -75,43 +59,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(full),
                             help=f"{what} (default {full:g})")
     parser.add_argument("--workers", default="1,2", help="job worker counts (default 1,2)")
-    parser.add_argument("--processes", default="2",
-                        help="also run the job as a cluster of N processes of one worker each "
-                             "(default 2; empty: not)")
     parser.add_argument("--phases", default=",".join(ALL_PHASES),
                         help=f"comma list of {', '.join(ALL_PHASES)}")
     parser.add_argument("--small", action="store_true", help="tiny sizes (the test suite's)")
     parser.add_argument("--external", action="store_true",
                         help="use USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS / _DATABASE_URL")
     parser.add_argument("--no-warmup", action="store_true",
-                        help="measure the first job run too (a cold broker: see phase_warmup)")
-    parser.add_argument("--profile", action="store_true",
-                        help="one more job run under py-spy (svg + raw in --profile-dir)")
+                        help="no warm-up job run (the broker's JIT then counts in the first)")
     parser.add_argument("--compare", metavar="REF", default="",
                         help="also run the -w 1 job at commit REF against this tree, "
-                             "interleaved (--compare-rounds each), and report the ratio")
+                             "interleaved (--compare-rounds each), and report the ratios")
     parser.add_argument("--compare-env", default="", metavar="K=V,...",
-                        help="environment of the reference run (with or without --compare)")
+                        help="environment of the reference run (with or without --compare); "
+                             "OTEL_EXPORTER_OTLP_ENDPOINT=receiver: a local OTLP receiver")
     parser.add_argument("--compare-rounds", type=int, default=3)
-    parser.add_argument("--charts", action="store_true",
-                        help="only draw docs/img/*.png from --out (no benchmark run)")
-    parser.add_argument("--profile-dir", type=Path, default=Path("/tmp/bench-profile"))  # noqa: S108
-    parser.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
-                        help="a PostgreSQL setting of the benchmark's own server (repeatable; "
-                             "default none: the headline runs on default settings)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
     args = parser.parse_args(argv)
     for key, (full, small, _what) in SIZES.items():
         if getattr(args, key) is None:
             setattr(args, key, small if args.small else full)
-    if bad := [item for item in args.pg_setting if "=" not in item]:
-        parser.error(f"--pg-setting needs NAME=VALUE, got {bad}")
-    if args.pg_setting and args.external:
-        parser.error("--pg-setting applies to the benchmark's own PostgreSQL, not --external")
-    args.pg_setting = dict(item.split("=", 1) for item in args.pg_setting)
     args.workers = [int(w) for w in str(args.workers).split(",") if w]
-    args.processes = [int(p) for p in str(args.processes).split(",") if p and int(p) > 1]
     args.phases = [p for p in str(args.phases).split(",") if p]
     if unknown := set(args.phases) - set(ALL_PHASES):
         parser.error(f"unknown phases: {sorted(unknown)}")
@@ -138,10 +106,6 @@ def _code_version() -> dict[str, Any]:
             "uncommitted_production_changes": changed}
 
 
-def _terminate(_signum: int, _frame: Any) -> None:
-    raise SystemExit(143)
-
-
 class _Run:
     """One benchmark run: the services, the template database, the backlog and the results."""
 
@@ -149,7 +113,7 @@ class _Run:
         self.args = args
         self.run_id = f"{int(time.time()) % 100000:05d}{uuid.uuid4().hex[:4]}"
         self.rng = random.Random(args.seed)
-        self.services = Services(args.external, self.run_id, pg_settings=args.pg_setting)
+        self.services = Services(args.external, self.run_id)
         self.results: dict[str, Any] = {"meta": {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"), "run_id": self.run_id,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -158,8 +122,6 @@ class _Run:
             "code": _code_version()}}
         self.failed = False
         self.main_db: str | None = None
-        self.backlog = Backlog()
-        self.input: Settings
 
     def setup(self) -> None:
         """Services, the template database (sessions, prefilled rows), the backlog produced."""
@@ -195,78 +157,79 @@ class _Run:
             return measure(db)
         finally:
             if keep and self.main_db is None:
-                self.main_db = db  # reused by the tailing phases (new topics, new ids)
+                self.main_db = db  # the tailing phases' (new topics, new ids)
             else:
                 self.services.drop_database(name)
 
-    def job(self, name: str, workers: int, db: str, **extra: Any) -> dict[str, Any]:
-        """The bounded job on the backlog."""
-        return phases.job_backlog(self.services, self.input, self.backlog, db, name=name,
-                                  workers=workers, prefill_rows=self.args.rows,
-                                  timeout=self.args.job_timeout, log=log, **extra)
+    def job(self, name: str, workers: int, db: str, rows: int | None = None) -> dict[str, Any]:
+        """The bounded job on the backlog, in ``db`` prefilled with ``rows`` (``--rows``)."""
+        run = phases.job_backlog(self.services, self.input, self.backlog, db, name=name,
+                                 workers=workers, prefill_rows=rows or self.args.rows,
+                                 timeout=self.args.job_timeout, log=log)
+        self.failed |= not run["ok"]
+        return run
+
+    def phase_warmup(self) -> None:
+        """A ``-w 1`` run first: the fresh broker JVM compiles its hot paths in its first one."""
+        run = self.on_copy("warmup", lambda db: self.job("warmup_w1", 1, db))
+        self.results["warmup"] = {k: run.get(k) for k in (
+            "events_per_s", "cpu_us_per_event", "first_output_s", "ok")}
 
     def phase_job(self) -> None:
         self.results["job"] = {}
-        runs = [(f"workers_{w}", f"job_w{w}", w, 1) for w in self.args.workers]
-        runs += [(f"processes_{p}", f"job_p{p}", 1, p) for p in self.args.processes]
-        for key, name, workers, processes in runs:
+        for workers in self.args.workers:
+            name = f"job_w{workers}"
+            self.results["job"][f"workers_{workers}"] = self.on_copy(
+                name, functools.partial(self.job, name, workers), keep=True)
 
-            def measure(db: str, n: str = name, w: int = workers, p: int = processes) -> Any:
-                return self.job(n, w, db, processes=p)
-
-            run = self.on_copy(name, measure, keep=processes == 1)
-            self.results["job"][key] = run
-            self.failed |= not run["ok"]
+    def phase_scale(self) -> None:
+        """The ``-w 1`` job on a template of ``--scale-rows`` rows: the other point of ``scale``."""
+        rows, url = self.args.scale_rows, self.services.create_database("tpl_scale")
+        apply_migrations(url)
+        self.results["prefill_scale"] = prefill(url, self.sessions, rows, log=log)
+        db = self.services.create_database("job_scale", template="tpl_scale")
+        self.services.drop_database("tpl_scale")
+        self.results["scale_job"] = self.job("job_scale", 1, db, rows)
+        self.services.drop_database("job_scale")
 
     def phase_compare(self) -> None:
         args = self.args
         ref_env = dict(item.split("=", 1) for item in args.compare_env.split(",") if item)
         with phases.otlp_receiver_for(ref_env) as receiver:
-            self.results["compare"] = phases.compare_jobs(
+            found = phases.compare_jobs(
                 self.services, self.input, self.backlog, ref=args.compare, ref_env=ref_env,
                 rounds=args.compare_rounds, prefill_rows=args.rows, timeout=args.job_timeout,
                 log=log)
             if receiver is not None:
-                self.results["compare"]["otlp_receiver"] = {
-                    "requests": receiver.requests, "bytes": receiver.bytes}
-        log(f"  compare: {self.results['compare']}")
-        self.failed |= "failure" in self.results["compare"]
+                found["otlp_receiver"] = {"requests": receiver.requests, "bytes": receiver.bytes}
+        self.results["compare"] = found
+        log(f"  compare: {found}")
+        self.failed |= "failure" in found
 
     def phase_naive(self) -> None:
         def measure(db: str) -> dict[str, Any]:
             sampler = CpuSampler(self.services)
             result = run_naive(self.input, db, self.args.naive_seconds, len(self.backlog.records))
-            result["resources"] = sampler.stop()
+            result["resources"] = resources = sampler.stop()
             result["cpu_us_per_event"] = cpu_us_per_event(
-                {**result["resources"], "job_cpu_s": result["resources"]["bench_cpu_s"]},
-                result["processed"])
+                {**resources, "job_cpu_s": resources["bench_cpu_s"]}, result["processed"])
             return result
 
         self.results["naive"] = self.on_copy("naive", measure)
         log(f"  naive: {self.results['naive']['events_per_s']} ev/s")
 
     def phase_ceiling(self) -> None:
-        def measure(db: str) -> None:
-            messages, rates = decode_backlog(self.backlog, self.input.topic_favorite_added,
-                                             self.input.topic_favorite_removed)
-            self.results["ceiling"] = run_ceiling(
-                messages, self.input.topic_action_tracked, db,
-                sampler=lambda: CpuSampler(self.services))
-            self.results["ceiling"]["decode_outside_timing"] = rates
-            self.results["outbox_publish_db_cost"] = outbox_publish_cost(db)
-
-        self.on_copy("ceiling", measure)
-        log(f"  ceiling: {self.results['ceiling']['events_per_s']} ev/s, outbox db cost: "
-            f"{self.results['outbox_publish_db_cost']}")
+        self.results["ceiling"] = self.on_copy("ceiling", lambda db: run_ceiling(
+            self.backlog, self.input, db, self.services))
+        log(f"  ceiling: {self.results['ceiling']['events_per_s']} ev/s")
 
     def phase_peer(self) -> None:
-        self.results["peer"] = self.on_copy("peer", lambda db: run_peer(
+        self.results["peer"] = peer = self.on_copy("peer", lambda db: run_peer(
             self.services, self.input, self.backlog, db, prefill_rows=self.args.rows,
-            timeout=self.args.job_timeout, dedup_ttl_s=Settings.model_fields[
-                "dedup_ttl_seconds"].default))
-        self.failed |= not self.results["peer"]["ok"]
-        log(f"  peer: {self.results['peer']['events_per_s']} ev/s, CPU µs/event "
-            f"{self.results['peer']['cpu_us_per_event']}")
+            timeout=self.args.job_timeout,
+            dedup_ttl_s=Settings.model_fields["dedup_ttl_seconds"].default))
+        self.failed |= not peer["ok"]
+        log(f"  peer: {peer['events_per_s']} ev/s, CPU µs/event {peer['cpu_us_per_event']}")
 
     def tail_db(self) -> str:
         """The database the tailing phases share (the first job run's, else a new copy)."""
@@ -275,62 +238,40 @@ class _Run:
         return self.main_db
 
     def phase_steady(self) -> None:
-        self.results["steady"] = phases.steady_state(
+        self.results["steady"] = steady = phases.steady_state(
             self.services, self.sessions, self.tail_db(), rate=self.args.steady_rate,
             seconds=self.args.steady_seconds, rng=self.rng, log=log)
-        self.failed |= not self.results["steady"]["ok"]
+        self.failed |= not steady["ok"]
 
     def phase_dedup(self) -> None:
         args = self.args
-        self.results["dedup"], self.results["restart"] = phases.dedup_and_restart(
+        dedup, restart = phases.dedup_and_restart(
             self.services, self.sessions, self.tail_db(), ids=args.dedup_ids,
             owners=args.dedup_owners, restart_backlog=args.restart_backlog, rng=self.rng,
             log=log, settle=not args.small)
-        self.failed |= not (self.results["dedup"]["ok"] and self.results["restart"]["ok"])
-
-    def phase_profile(self) -> None:
-        directory = self.args.profile_dir
-        run = self.on_copy("profile", lambda db: self.job("profile_w1", 1, db,
-                                                          profile_dir=directory))
-        raw = directory / "profile_w1.txt"
-        self.results["profile"] = {
-            "events_per_s_under_py_spy": run["events_per_s"],
-            "svg": str(directory / "profile_w1.svg"), "raw": str(raw),
-            **(summarize(raw) if raw.exists() else {"error": "no py-spy output"})}
-
-    def phase_warmup(self) -> None:
-        """One ``-w 1`` job run on the backlog before the measured ones, recorded apart.
-
-        The broker is a fresh JVM: its first heavy run compiles its hot paths (JIT), which
-        showed as broker CPU per event, 12.9 µs in a first run against 8.3-8.9 µs in the runs
-        after it (one A/B, 2026-12-04). A production broker has been running for days; the
-        figures are of that state.
-        """
-        run = self.on_copy("warmup", lambda db: self.job("warmup_w1", 1, db))
-        self.results["warmup"] = {k: run.get(k) for k in (
-            "events_per_s", "cpu_us_per_event", "first_output_s", "ok")}
-        self.failed |= not run["ok"]
+        self.results["dedup"], self.results["restart"] = dedup, restart
+        self.failed |= not (dedup["ok"] and restart["ok"])
 
     def execute(self) -> None:
-        """Every phase asked for, in order (a warm-up run first when one runs the job)."""
+        """Every phase asked for, in order (the warm-up first when a job phase runs)."""
         self.setup()
         wanted = [p for p in ALL_PHASES if p in self.args.phases]
         if self.args.compare or self.args.compare_env:
             wanted.insert(int("job" in wanted), "compare")
-        if self.args.profile:
-            wanted.append("profile")
-        if not self.args.no_warmup and {"job", "compare", "profile"} & set(wanted):
+        if not self.args.no_warmup and {"job", "compare"} & set(wanted):
             wanted.insert(0, "warmup")
         for name in wanted:
             log(f"phase {name}")
             getattr(self, f"phase_{name}")()
 
 
+def _terminate(_signum: int, _frame: Any) -> None:
+    raise SystemExit(143)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; 0 when every phase ran (targets met or not), 1 on a failed phase."""
     args = parse_args(argv)
-    if args.charts:
-        return _charts(args.out)
     signal.signal(signal.SIGTERM, _terminate)
     run = _Run(args)
     started = time.monotonic()
@@ -347,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(Exception):
             run.services.close()
         results = run.results
-        results["meta"]["total_s"] = round(time.monotonic() - started, 1)
-        results["meta"]["load_avg_after"] = list(os.getloadavg())
+        results["meta"] |= {"total_s": round(time.monotonic() - started, 1),
+                            "load_avg_after": list(os.getloadavg())}
         previous = None
         with contextlib.suppress(OSError, ValueError):
             previous = json.loads(args.out.read_text())
@@ -359,11 +300,3 @@ def main(argv: list[str] | None = None) -> int:
         print_table(results)
         log(f"results written to {args.out}")
     return 1 if run.failed else 0
-
-
-def _charts(results: Path) -> int:
-    from bench.charts import draw
-
-    for path in draw(json.loads(results.read_text())):
-        log(f"chart: {path}")
-    return 0

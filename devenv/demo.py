@@ -1,17 +1,12 @@
-"""README's main-job command: local services (or the configured ones), migrate, topics, the job.
+"""README's main-job command (``scripts/run-job.sh``): local services and a demo, or yours.
 
-With no ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL`` in the
-environment it starts a real Kafka broker (``--brokers N``: an N-node cluster with replication
-factor 3, :mod:`devenv.kafka_cluster`) and a throwaway PostgreSQL in ``.run/``, seeds demo
-sessions, produces a demo backlog plus a live trickle, runs the favorites job with recovery
-(``python -m bytewax.run dataflows.favorite_actions:flow -r .run/recovery``), prints progress and
-a summary, then stops everything. With both variables set it migrates, creates topics and runs
-the job in the foreground against those services (no demo data) until interrupted.
-
-``--traces N`` shows traces without an external collector: the demo starts an OTLP/HTTP receiver
-on loopback (:mod:`devenv.otlp_receiver`), points the job at it (``OTEL_*``, sampling parent-based
-with roots off), gives the first N events a sampled ``traceparent``, and prints those N traces
-as trees once the job stopped.
+With ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` and ``USER_ACTIVITY_DATABASE_URL`` both set: migrate,
+create our topics and run the favorites job in the foreground on them. Otherwise: a Kafka broker
+(``--brokers N``: an N-node cluster, replication factor 3) and a throwaway PostgreSQL in ``.run/``,
+demo sessions, a demo backlog (invalid owners and session-less devices included), the favorites
+job with recovery until the backlog is recorded and on the topic, progress and a summary, then
+everything stopped. ``--traces N``: an OTLP receiver on loopback, the first N events sampled,
+their traces printed as trees once the job stopped.
 """
 
 from __future__ import annotations
@@ -39,38 +34,29 @@ from devenv.otlp_receiver import OtlpReceiver, render_tree
 from runtime.configuration import load_settings
 from runtime.settings import ENV_PREFIX, Settings
 
-ROOT = Path(__file__).resolve().parent.parent
-RUN_DIR = ROOT / ".run"
-
-
-def _envelope(anonymous_id: uuid.UUID | None, user_id: uuid.UUID | None) -> bytes:
-    now = datetime.now(UTC)
-    return orjson.dumps(favorite_envelope(
-        user_id=user_id, anonymous_id=anonymous_id, occurred_at=now.isoformat(), created_at=now,
-        correlation_id=f"demo-{uuid.uuid4().hex[:8]}",
-        extra_payload={"Note": "a private note the service must never store or log"},
-    ))
+RUN_DIR = Path(__file__).resolve().parent.parent / ".run"
 
 
 def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int,
-                  traced: list[str] | None = None) -> int:
-    """Produce ``count`` demo events; the first ``len(traced)`` with those sampled trace ids."""
+                  traced: list[str]) -> None:
+    """Produce ``count`` events, 80 % on favorite-added; the first ``len(traced)`` sampled.
+
+    Every 200th has both owners (invalid); the other 250ths a device without a session.
+    """
     producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all"})
     rng = random.Random(7)
-    traced = traced or []
     for i in range(count):
-        headers: list[tuple[str, str | bytes | None]] | None = (
-            [("traceparent", f"00-{traced[i]}-{rng.getrandbits(64) or 1:016x}-01".encode())]
-            if i < len(traced) else None
-        )
-        roll = rng.random()
-        topic = settings.topic_favorite_added if roll < 0.8 else settings.topic_favorite_removed
-        if i % 200 == 0:
-            value = _envelope(rng.choice(devices), uuid.uuid4())  # both owners: invalid-owner
-        elif i % 250 == 0:
-            value = _envelope(uuid.uuid4(), None)  # a device without a session: no-session
-        else:
-            value = _envelope(rng.choice(devices), None)
+        parent = f"00-{traced[i]}-{rng.getrandbits(64) or 1:016x}-01" if i < len(traced) else ""
+        headers: list[tuple[str, str | bytes | None]] = [("traceparent", parent)] if parent else []
+        topic = (settings.topic_favorite_added if rng.random() < 0.8
+                 else settings.topic_favorite_removed)
+        owners = ((rng.choice(devices), uuid.uuid4()) if i % 200 == 0
+                  else (uuid.uuid4(), None) if i % 250 == 0 else (rng.choice(devices), None))
+        now = datetime.now(UTC)
+        value = orjson.dumps(favorite_envelope(
+            anonymous_id=owners[0], user_id=owners[1], occurred_at=now.isoformat(),
+            created_at=now, correlation_id=f"demo-{uuid.uuid4().hex[:8]}",
+            extra_payload={"Note": "a private note the service must never store or log"}))
         while True:
             try:
                 producer.produce(topic, value=value, key=str(uuid.uuid4()).encode(),
@@ -79,29 +65,22 @@ def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int,
             except BufferError:
                 producer.poll(0.05)
     producer.flush(60)
-    return count
 
 
-def _rows(dsn: str) -> int:
-    """Action-history rows in the database (the table is append-only)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM user_activity.action_events").fetchone()
-    assert row is not None
-    return int(row[0])
+def _counts(dsn: str, watcher: Consumer, topic: str) -> tuple[int, int]:
+    """action_events rows, and records on ``topic`` (what CRM can read: the outbox is purged).
 
-
-def _on_topic(consumer: Consumer, topic: str) -> int:
-    """Records on ``topic`` (the sum of its partitions' end offsets): what CRM can read.
-
-    Counted on the topic itself, not from the outbox table, whose published rows the job purges.
     A just-created topic may answer NOT_LEADER for a moment: asked again for up to 30 s.
     """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM user_activity.action_events").fetchone()
     deadline = time.monotonic() + 30
     while True:
         try:
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            return sum(int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
-                       for p in partitions)
+            partitions = watcher.list_topics(topic, timeout=10).topics[topic].partitions
+            return int(row[0]) if row else 0, sum(
+                int(watcher.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+                for p in partitions)
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
@@ -117,22 +96,8 @@ def _job(settings: Settings, recovery: Path, log_path: Path | None = None,
                       extra_env=extra_env)
 
 
-def _print_traces(receiver: OtlpReceiver, trace_ids: list[str]) -> None:
-    """The spans of the traced demo events, one tree per trace, in production order."""
-    wanted = set(trace_ids)
-    spans = [span for span in receiver.spans() if span.trace_id in wanted]
-    order = {trace_id: i for i, trace_id in enumerate(trace_ids)}
-    spans.sort(key=lambda span: (order[span.trace_id], span.start_ns))
-    print(f"traces of the first {len(trace_ids)} events ({len(spans)} spans received; span id, "
-          "name, kind, duration, outcome, status, links):")
-    print(render_tree(spans, len(trace_ids)) or "  (no spans received)")
-
-
 def run_configured(settings: Settings) -> int:
-    """Migrate, create our topics and run the job in the foreground on the configured services.
-
-    The input topics are their owners': the job waits for them (``user-activity check`` says so).
-    """
+    """Migrate, create our topics, exec the job on the configured services (inputs: theirs)."""
     apply_migrations(settings.database_dsn())
     create_topics(settings)
     job = _job(settings, Path(os.environ.get("USER_ACTIVITY_RECOVERY_DIR", RUN_DIR / "recovery")))
@@ -166,50 +131,52 @@ def run_demo(events: int, sessions: int, linger: float, timeout: float, traces: 
                       replication_factor=min(3, brokers))
         print(f"kafka {broker.bootstrap}  postgres {dsn}  migrations applied now: {applied}")
         watcher = Consumer({**settings.kafka_client_config(), "group.id": "demo-watcher"})
-        tracked_topic = settings.topic_action_tracked
-        before_rows, before_published = _rows(dsn), _on_topic(watcher, tracked_topic)
+        topic = settings.topic_action_tracked
+        rows0, published0 = _counts(dsn, watcher, topic)
         devices, _users = seed_owners(dsn, sessions, started_ago=timedelta(0))
-        produced = _produce_demo(settings, devices, events, trace_ids)
-        print(f"seeded {sessions} sessions, produced {produced} favorites events")
-        tracing_env = None if receiver is None else {
+        _produce_demo(settings, devices, events, trace_ids)
+        print(f"seeded {sessions} sessions, produced {events} favorites events")
+        job = _job(settings, RUN_DIR / "recovery", RUN_DIR / "job.log", None if not receiver else {
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
             "OTEL_TRACES_SAMPLER": "parentbased_always_off",  # only the traced events
-            "OTEL_BSP_SCHEDULE_DELAY": "500",
-        }
-        job = _job(settings, RUN_DIR / "recovery", RUN_DIR / "job.log", tracing_env)
+            "OTEL_BSP_SCHEDULE_DELAY": "500"})
         print(f"running: {' '.join(job.command()[1:])}  (log: .run/job.log)")
         started = time.monotonic()
         job.start(wait_http=0)
-        invalid = len(range(0, events, 200))  # what _produce_demo makes of every 200th event
-        no_session = len(range(0, events, 250)) - len(range(0, events, 1000))
-        expected = events - invalid - no_session
+        expected = events - len(range(0, events, 200)) - (  # invalid owners, then no session
+            len(range(0, events, 250)) - len(range(0, events, 1000)))
         done_at: float | None = None
         while job.running:
             time.sleep(2)
-            rows = _rows(dsn) - before_rows
-            published = _on_topic(watcher, tracked_topic) - before_published
+            rows, published = (a - b for a, b in zip(_counts(dsn, watcher, topic),
+                                                     (rows0, published0), strict=True))
             elapsed = time.monotonic() - started
             print(f"  t={elapsed:5.1f}s  rows recorded={rows:7d}  action-tracked on the topic="
                   f"{published:7d}  ({rows / elapsed:,.0f} rows/s)", flush=True)
             if done_at is None and elapsed > timeout:
                 print(f"demo not done after {timeout:.0f}s: still waiting for "
                       f"{max(0, expected - rows)} of {expected} rows and "
-                      f"{max(0, expected - published)} action-tracked records on "
-                      f"{tracked_topic}; the job's log is .run/job.log", flush=True)
+                      f"{max(0, expected - published)} action-tracked records on {topic}; the "
+                      "job's log is .run/job.log", flush=True)
                 return 1
             if done_at is None and rows >= expected and published >= rows:
                 done_at = elapsed
                 print(f"demo backlog done in {done_at:.1f}s: {rows} rows, {published} published "
-                      f"({rows / done_at:,.0f} events/s incl. start-up); "
-                      f"lingering {linger:.0f}s (Ctrl-C to stop)")
+                      f"({rows / done_at:,.0f} events/s incl. start-up); lingering "
+                      f"{linger:.0f}s (Ctrl-C to stop)")
             if done_at is not None and elapsed - done_at > linger:
                 break
         if done_at is None:
-            print(f"the job exited ({job.returncode}) before the demo was done; "
-                  "see .run/job.log", flush=True)
+            print(f"the job exited ({job.returncode}) before the demo was done; see .run/job.log",
+                  flush=True)
         if receiver is not None:
             job.terminate(30)  # SIGTERM: a clean stop, the job's last spans are flushed
-            _print_traces(receiver, trace_ids)
+            wanted = {trace_id: i for i, trace_id in enumerate(trace_ids)}
+            spans = sorted((s for s in receiver.spans() if s.trace_id in wanted),
+                           key=lambda s: (wanted[s.trace_id], s.start_ns))
+            print(f"traces of the first {len(trace_ids)} events ({len(spans)} spans received; "
+                  "span id, name, kind, duration, outcome, status, links):")
+            print(render_tree(spans, len(trace_ids)) or "  (no spans received)")
         return 0 if done_at is not None else 1
     except KeyboardInterrupt:
         print("interrupted: stopping the job, Kafka and PostgreSQL", flush=True)

@@ -1,11 +1,10 @@
 """A small OTLP/HTTP trace receiver on loopback: the collector of the demo, the tests and bench.
 
-``POST /v1/traces`` with an ``ExportTraceServiceRequest`` (protobuf, optionally gzip) is decoded
-with ``opentelemetry-proto`` and answered ``200`` with an empty ``ExportTraceServiceResponse``,
-as a collector does. The spans are kept as :class:`ReceivedSpan`; with ``keep=False`` requests
-are answered without decoding and only counted (requests, bytes): the endpoint that accepts and
-discards of the benchmark, costing it as little CPU as possible. :func:`render_tree` prints
-the spans of some traces as an indented tree.
+``POST /v1/traces`` with an ``ExportTraceServiceRequest`` (protobuf, gzip or not) is decoded and
+answered 200 with an empty ``ExportTraceServiceResponse``, as a collector does (400 if it does
+not decode); the spans are kept as :class:`ReceivedSpan`. With ``keep=False`` a request is only
+counted (``requests``, ``bytes``), not decoded: the benchmark's cheapest endpoint.
+:func:`render_tree` prints the spans of some traces as indented trees.
 """
 
 from __future__ import annotations
@@ -23,13 +22,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
-_STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
+_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+_STATUS = ("UNSET", "OK", "ERROR")
 
 
 @dataclass(frozen=True)
 class ReceivedSpan:
-    """One span as the collector got it (ids as lower-case hex, times in ns)."""
+    """One span as received: ids in lower-case hex, times in ns, links as (trace, span) ids."""
 
     trace_id: str
     span_id: str
@@ -42,7 +41,6 @@ class ReceivedSpan:
     status: str
     status_message: str
     links: tuple[tuple[str, str], ...]
-    """``(trace_id, span_id)`` of each link."""
     resource: dict[str, Any]
 
 
@@ -57,55 +55,47 @@ def decode_request(body: bytes) -> list[ReceivedSpan]:
     """The spans of one ``ExportTraceServiceRequest``."""
     request = ExportTraceServiceRequest()
     request.ParseFromString(body)
-    spans: list[ReceivedSpan] = []
-    for resource_spans in request.resource_spans:
-        resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                spans.append(ReceivedSpan(
-                    span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(),
-                    span.name, _KINDS.get(span.kind, str(span.kind)),
-                    span.start_time_unix_nano, span.end_time_unix_nano,
-                    {a.key: _value(a.value) for a in span.attributes},
-                    _STATUS.get(span.status.code, str(span.status.code)), span.status.message,
-                    tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
-                    resource,
-                ))
-    return spans
+    return [
+        ReceivedSpan(span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(),
+                     span.name, _KINDS[span.kind], span.start_time_unix_nano,
+                     span.end_time_unix_nano, {a.key: _value(a.value) for a in span.attributes},
+                     _STATUS[span.status.code], span.status.message,
+                     tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
+                     {a.key: _value(a.value) for a in resource_spans.resource.attributes})
+        for resource_spans in request.resource_spans for scope in resource_spans.scope_spans
+        for span in scope.spans]
 
 
 class OtlpReceiver:
-    """An OTLP/HTTP receiver on ``127.0.0.1:<free port>`` in a daemon thread (a context manager).
+    """A receiver on ``127.0.0.1:<free port>`` in a daemon thread (a context manager).
 
     ``endpoint`` is the value for ``OTEL_EXPORTER_OTLP_ENDPOINT`` (the exporter appends
     ``/v1/traces``).
     """
 
     def __init__(self, *, keep: bool = True, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.keep = keep
         self._lock = threading.Lock()
         self._spans: list[ReceivedSpan] = []
-        self.requests = 0
-        self.bytes = 0
-        """Request bytes received (as sent: compressed or not)."""
+        self.requests = self.bytes = 0  # bytes as sent (compressed or not)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if not receiver.keep:  # accept and discard: no decoding, count the bytes
-                    receiver._discarded(len(body))
-                    self._answer(200, b"")
-                    return
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                try:
-                    spans = decode_request(body)
-                except Exception:  # noqa: BLE001 - a bad request is answered 400, as a collector does
-                    self._answer(400, b"")
-                    return
-                receiver._add(spans)
-                self._answer(200, ExportTraceServiceResponse().SerializeToString())
+                spans: list[ReceivedSpan] = []
+                if keep:
+                    try:
+                        if self.headers.get("Content-Encoding") == "gzip":
+                            body = gzip.decompress(body)
+                        spans = decode_request(body)
+                    except Exception:  # noqa: BLE001 - a bad request is answered 400
+                        self._answer(400, b"")
+                        return
+                with receiver._lock:
+                    receiver.requests += 1
+                    receiver.bytes += len(body) if not keep else 0
+                    receiver._spans.extend(spans)
+                self._answer(200, ExportTraceServiceResponse().SerializeToString() if keep else b"")
 
             def _answer(self, status: int, body: bytes) -> None:
                 self.send_response(status)
@@ -144,16 +134,6 @@ class OtlpReceiver:
     def __exit__(self, *_exc: object) -> None:
         self.stop()
 
-    def _add(self, spans: list[ReceivedSpan]) -> None:
-        with self._lock:
-            self.requests += 1
-            self._spans.extend(spans)
-
-    def _discarded(self, size: int) -> None:
-        with self._lock:
-            self.requests += 1
-            self.bytes += size
-
     def spans(self) -> list[ReceivedSpan]:
         """The spans received so far (a copy)."""
         with self._lock:
@@ -161,10 +141,10 @@ class OtlpReceiver:
 
 
 def render_tree(spans: Sequence[ReceivedSpan], traces: int) -> str:
-    """The spans of the first ``traces`` traces (by earliest span) as indented trees.
+    """The first ``traces`` traces (by earliest span) as indented trees, one span a line.
 
     A span whose parent is not among the spans (a remote parent: the producer's) is a root.
-    Each line: name, kind, duration in ms, then the outcome/status and the links.
+    Each line: span id, name, kind, duration, outcome, status, batch size, links.
     """
     by_trace: dict[str, list[ReceivedSpan]] = {}
     for span in sorted(spans, key=lambda s: s.start_ns):
@@ -174,30 +154,20 @@ def render_tree(spans: Sequence[ReceivedSpan], traces: int) -> str:
         ids = {span.span_id for span in members}
         children: dict[str, list[ReceivedSpan]] = {}
         for span in members:
-            parent = span.parent_span_id if span.parent_span_id in ids else ""
-            children.setdefault(parent, []).append(span)
+            children.setdefault(span.parent_span_id if span.parent_span_id in ids else "",
+                                []).append(span)
         remote = {s.parent_span_id for s in children.get("", []) if s.parent_span_id}
         lines.append(f"trace {trace_id}" + (f" (parent {', '.join(remote)})" if remote else ""))
-        _walk(children, "", 1, lines)
+        stack = [(span, 1) for span in reversed(children.get("", []))]
+        while stack:
+            span, depth = stack.pop()
+            parts = [span.name, span.kind.lower(), f"{(span.end_ns - span.start_ns) / 1e6:.1f} ms",
+                     str(span.attributes.get("user_activity.outcome", "")),
+                     "" if span.status == "UNSET" else span.status + (
+                         f" ({span.status_message})" if span.status_message else ""),
+                     f"batch {span.attributes['db.operation.batch.size']}"
+                     if "db.operation.batch.size" in span.attributes else "",
+                     "links " + ", ".join(s for _t, s in span.links) if span.links else ""]
+            lines.append("  " * depth + f"{span.span_id}  " + " · ".join(p for p in parts if p))
+            stack += [(child, depth + 1) for child in reversed(children.get(span.span_id, []))]
     return "\n".join(lines)
-
-
-def _walk(children: dict[str, list[ReceivedSpan]], parent: str, depth: int,
-          lines: list[str]) -> None:
-    for span in children.get(parent, []):
-        lines.append("  " * depth + _describe(span))
-        _walk(children, span.span_id, depth + 1, lines)
-
-
-def _describe(span: ReceivedSpan) -> str:
-    parts = [span.name, span.kind.lower(), f"{(span.end_ns - span.start_ns) / 1e6:.1f} ms"]
-    outcome = span.attributes.get("user_activity.outcome")
-    if outcome is not None:
-        parts.append(str(outcome))
-    if span.status != "UNSET":
-        parts.append(span.status + (f" ({span.status_message})" if span.status_message else ""))
-    if "db.operation.batch.size" in span.attributes:
-        parts.append(f"batch {span.attributes['db.operation.batch.size']}")
-    if span.links:
-        parts.append("links " + ", ".join(span_id for _, span_id in span.links))
-    return f"{span.span_id}  " + " · ".join(parts)

@@ -1,11 +1,11 @@
-"""The host directories behind a translated pod's volumes (devenv/deploy/docker.prepare_volume)."""
+"""The host directories behind a translated pod's volumes (devenv/deploy/kubelet.prepare_volume)."""
 
 from __future__ import annotations
 
 import stat
 from pathlib import Path
 
-from devenv.deploy.docker import prepare_volume
+from devenv.deploy.kubelet import prepare_volume
 from devenv.deploy.pods import Volume
 
 
