@@ -10,7 +10,7 @@ from __future__ import annotations
 import psycopg
 
 from runtime.settings import Settings
-from sinks.retention import maintain, storage_census
+from sinks.retention import run_maintenance
 
 
 def run(settings: Settings) -> int:
@@ -18,8 +18,7 @@ def run(settings: Settings) -> int:
     with psycopg.connect(settings.database_dsn(), application_name="user-activity-maintain",
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:
-        report = maintain(conn, settings.retention_days)
-        counted = storage_census(conn, settings.retention_days)
+        report = run_maintenance(settings, conn)
     if not report.ran:
         print("another maintenance run holds the lock: nothing done")
     else:
@@ -29,5 +28,5 @@ def run(settings: Settings) -> int:
               f" (retention {settings.retention_days} days)")
     print("storage: " + "; ".join(
         f"{table}: {c.expired} expired partition(s) left, {c.days_ready} day(s) ready"
-        for table, c in counted.items()))
+        for table, c in report.census.items()))
     return 0

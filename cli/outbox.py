@@ -7,7 +7,7 @@ import argparse
 import psycopg
 
 from runtime.settings import Settings
-from sinks.outbox_parked import parked_rows, requeue_parked
+from sinks.outbox import parked_rows, requeue_parked
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

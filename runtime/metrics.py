@@ -139,6 +139,19 @@ OUTBOX_PARKED = Counter(
     " aside for an operator (python -m cli outbox requeue) and the rows behind it go on.",
     ["topic"],
 )
+OUTBOX_HELD = Counter(
+    "user_activity_outbox_held",
+    "Outbox rows held back because the broker refuses their topic (not authorized, the topic"
+    " missing): kept in user_activity.outbox_held in order and sent once the topic accepts"
+    " them; the other topics go on.",
+    ["topic"],
+)
+OUTBOX_HELD_SECONDS = Gauge(
+    "user_activity_outbox_held_seconds",
+    "Seconds since the oldest row still held back for the topic was held (0 when none), as the"
+    " watchdog last measured it.",
+    ["topic"],
+)
 OUTBOX_OLDEST_UNPUBLISHED_SECONDS = Gauge(
     "user_activity_outbox_oldest_unpublished_seconds",
     "Age of the oldest committed, unpublished and unparked outbox row (0 when none), as the"

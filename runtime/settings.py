@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     topic_session_ended: str = Field(
         "pin.user-activity.session-ended.v1",
         description="Output (outbox): session-ended (assumed contract).")
+    publish_session_lifecycle: bool = Field(
+        True, description="Announce the sessions session linking starts and ends on the"
+                          " session-started and session-ended topics (our own contracts); `false`:"
+                          " no outbox row is written for them (session-linked is always sent).")
     topic_session_linking_dlq: str = Field(
         "pin.user-activity.session-linking-dlq.v1",
         description="Dead letters of session linking.")

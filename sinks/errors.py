@@ -31,6 +31,10 @@ Kafka (librdkafka error code, ``KafkaError.code()``)
     idempotent producer's fatal state: the producer is rebuilt) and any code this module does
     not know. Every record would fail alike, and a retry succeeds once the service (or an
     operator) fixes it: the stream pauses with back-off and nothing is dead-lettered.
+
+    Of those, the topic errors (:data:`TOPIC_ERROR_CODES`: ``TOPIC_AUTHORIZATION_FAILED``, and
+    ``UNKNOWN_TOPIC_OR_PART`` / ``_UNKNOWN_TOPIC`` once librdkafka knows the topic is missing)
+    refuse every record of one topic only: the outbox holds back that topic's rows alone.
 """
 
 from __future__ import annotations
@@ -84,6 +88,13 @@ RECORD_ERROR_CODES = frozenset(
 errors."""
 
 
+TOPIC_ERROR_CODES = frozenset({
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+})
+"""Service errors that refuse one topic (its ACL, its absence), not the broker (module doc)."""
+
+
 class DeliveryFailedError(Exception):
     """The broker did not acknowledge a produced record (a delivery report carried an error).
 
@@ -113,6 +124,11 @@ class RecordRejectedError(Exception):
 def is_record_error(err: KafkaError) -> bool:
     """True when ``err`` rejects one record (retrying it is useless); by error code only."""
     return err.code() in RECORD_ERROR_CODES
+
+
+def is_topic_error(err: KafkaError) -> bool:
+    """True when ``err`` refuses every record of one topic (and no other); by error code only."""
+    return err.code() in TOPIC_ERROR_CODES
 
 
 def kafka_error_of(exc: BaseException) -> KafkaError | None:

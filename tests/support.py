@@ -7,6 +7,7 @@ Envelopes and session rows come from :mod:`devenv.harness.messages` and
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -21,6 +22,7 @@ from bytewax.testing import cluster_main, run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from runtime.process import Process
 from runtime.settings import Settings
 from sinks.outbox import OutboxPublisher
 
@@ -225,17 +227,36 @@ def recreate_topic(admin: AdminClient, topic: str, partitions: int) -> None:
             time.sleep(0.5)
 
 
+def start_publisher(publisher: Any) -> Callable[[], None]:
+    """Run ``publisher.run`` in a thread, as the composition root does; the call that stops it.
+
+    The returned call sets the stop, joins the thread and closes the publisher (its last drain).
+    """
+    stop = threading.Event()
+    thread = threading.Thread(target=publisher.run, args=(stop,), daemon=True,
+                              name="test-outbox-publisher")
+    thread.start()
+
+    def stopped() -> None:
+        if not stop.is_set():
+            stop.set()
+            thread.join(60)
+            assert not thread.is_alive(), "the publisher did not stop"
+            publisher.close()
+
+    return stopped
+
+
 @contextlib.contextmanager
 def publishing(settings: Settings) -> Iterator[OutboxPublisher | None]:
     """The outbox publisher of a flow run in this process, drained and stopped at the end."""
-    publisher = OutboxPublisher(settings) if settings.outbox_enabled else None
-    if publisher is not None:
-        publisher.start()
+    publisher = OutboxPublisher(settings, process=Process()) if settings.outbox_enabled else None
+    stop = start_publisher(publisher) if publisher is not None else None
     try:
         yield publisher
     finally:
-        if publisher is not None:
-            publisher.stop()
+        if stop is not None:
+            stop()
 
 
 def run_flow(build: Callable[..., Dataflow], settings: Settings, *, workers: int = 1,

@@ -70,7 +70,8 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
             linked=settings.topic_session_linked, started=settings.topic_session_started,
             ended=settings.topic_session_ended), live_within=timedelta(
                 seconds=settings.session_linking_max_clock_skew_seconds
-                + settings.session_linking_lateness_seconds))
+                + settings.session_linking_lateness_seconds),
+            lifecycle=settings.publish_session_lifecycle)
         self._written: dict[int, tuple[int, int]] = {}
         """Start and commit time (wall ns) of each result not yet reported, for its spans."""
 

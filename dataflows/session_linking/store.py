@@ -48,13 +48,15 @@ class SessionLinksStore:
 
     def __init__(self, topics: SessionTopics, new_id: Callable[[], UUID] = uuid_compat.uuid7,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 live_within: timedelta = timedelta(seconds=70)) -> None:
+                 live_within: timedelta = timedelta(seconds=70), *, lifecycle: bool = True) -> None:
         """A store announcing changes on ``topics``.
 
         ``live_within``: how old a sign-in can be and still be live (clock skew + lateness);
         an older one is *stale* (:func:`~dataflows.session_linking.linking.late_verdict`).
+        ``lifecycle`` False: sessions started and ended are not announced (no outbox row).
         """
         self._topics = topics
+        self._lifecycle = lifecycle
         self._new_id = new_id
         self._clock = clock
         self._live_within = live_within
@@ -150,7 +152,8 @@ class SessionLinksStore:
             return None
         changes.append(self._change(SessionEventKind.STARTED, session_id, message, started_at))
         return LinkResult(message, outcome, session_id, ended_id,
-                          tuple(self._event(change, message, now) for change in changes))
+                          tuple(self._event(change, message, now) for change in changes
+                                if self._lifecycle))
 
     @staticmethod
     def _change(kind: SessionEventKind, session_id: UUID, message: SignInMessage, at: datetime

@@ -18,11 +18,13 @@ import psycopg
 import pytest
 
 from runtime.metrics import OUTBOX_READ_BACK
+from runtime.process import Process
 from runtime.settings import Settings
 from schemas.outbox import OutboxRow
-from sinks.outbox import OutboxPublisher, visible_in
+from sinks.outbox import OutboxPublisher, window
+from sinks.outbox.window import visible_in
 from tests.conftest import SettingsFactory
-from tests.support import consume_all
+from tests.support import consume_all, start_publisher
 
 pytestmark = pytest.mark.e2e
 
@@ -57,11 +59,11 @@ def test_rows_left_unpublished_by_a_crash_are_published_by_the_next_publisher(
 ) -> None:
     settings = make_settings()
     rows = _committed_rows(db, settings.topic_action_tracked, 50)
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
 
-    publisher.start()
+    stop = start_publisher(publisher)
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=50)
-    publisher.stop()
+    stop()
 
     assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
     assert {c.header("traceparent") for c in consumed} == {
@@ -75,7 +77,8 @@ def test_two_publishers_draining_the_same_rows_send_each_row_once(
 ) -> None:
     settings = make_settings(outbox_batch_size=50)
     rows = _committed_rows(db, settings.topic_action_tracked, 600)
-    publishers = [OutboxPublisher(settings, name=f"outbox-{i}") for i in range(2)]
+    publishers = [OutboxPublisher(settings, process=Process(), name=f"outbox-{i}")
+                  for i in range(2)]
     published: list[int] = []
 
     threads = [threading.Thread(target=lambda p=p: published.append(p.drain(wait_seconds=30)))
@@ -85,7 +88,7 @@ def test_two_publishers_draining_the_same_rows_send_each_row_once(
     for thread in threads:
         thread.join(120)
     for publisher in publishers:
-        publisher.stop()
+        publisher.close()
 
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=600)
     assert sum(published) >= 600  # one lease holder sent them (other tests' rows may come along)
@@ -99,20 +102,21 @@ def test_a_standby_publisher_takes_over_when_the_lease_holder_stops(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    first, second = OutboxPublisher(settings, "outbox-a"), OutboxPublisher(settings, "outbox-b")
-    first.start()
+    first = OutboxPublisher(settings, process=Process(), name="outbox-a")
+    second = OutboxPublisher(settings, process=Process(), name="outbox-b")
+    stop_first = start_publisher(first)
     _wait_for(lambda: first.holds_lease, 10)
-    second.start()
+    stop_second = start_publisher(second)
     before = _committed_rows(db, settings.topic_action_tracked, 30)
     consume_all(settings, settings.topic_action_tracked, expect_at_least=30, timeout=10)
     assert not second.holds_lease
 
-    first.stop()
+    stop_first()
     after = _committed_rows(db, settings.topic_action_tracked, 30)
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=60,
                            timeout=15)
     took_over = second.holds_lease
-    second.stop()
+    stop_second()
 
     assert took_over
     assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in before + after)
@@ -123,8 +127,8 @@ def test_offered_rows_are_published_without_waiting_for_the_poll(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings(outbox_idle_poll_seconds=30)  # only the offer wakes it in time
-    publisher = OutboxPublisher(settings)
-    publisher.start()
+    publisher = OutboxPublisher(settings, process=Process())
+    stop = start_publisher(publisher)
     _wait_for(lambda: publisher.holds_lease, 10)
     time.sleep(0.5)  # the loop is now waiting out its 30 s poll
     rows = _committed_rows(db, settings.topic_action_tracked, 20)
@@ -135,7 +139,7 @@ def test_offered_rows_are_published_without_waiting_for_the_poll(
                            timeout=10)
     waited = time.monotonic() - offered
     unpublished = _unpublished(db, rows)
-    publisher.stop()
+    stop()
 
     assert len(consumed) == 20
     assert waited < 5
@@ -147,8 +151,8 @@ def test_a_transaction_committing_after_a_later_one_is_still_published(
 ) -> None:
     settings = make_settings()
     topic = settings.topic_action_tracked
-    publisher = OutboxPublisher(settings)
-    publisher.start()
+    publisher = OutboxPublisher(settings, process=Process())
+    stop = start_publisher(publisher)
     _wait_for(lambda: publisher.holds_lease, 10)
     with psycopg.connect(database_url) as slow:  # begins first (lower txid), commits last
         slow.execute(
@@ -160,18 +164,18 @@ def test_a_transaction_committing_after_a_later_one_is_still_published(
         assert _watermark_moved_past(db, fast)
         slow.commit()
     consumed = consume_all(settings, topic, expect_at_least=6, timeout=10)
-    publisher.stop()
+    stop()
 
     assert sorted(c.key or b"" for c in consumed) == sorted([b"slow", *(r.key for r in fast)])
 
 
 def test_a_crash_between_the_acknowledgement_and_the_watermark_sends_the_rows_again(
-    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+    make_settings: SettingsFactory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings(retry_initial_seconds=0.2)
     rows = _committed_rows(db, settings.topic_action_tracked, 40)
-    publisher = OutboxPublisher(settings)
-    original = publisher._advance
+    publisher = OutboxPublisher(settings, process=Process())
+    original = window.advance
     calls = {"n": 0}
 
     def dying_once(*args: Any, **kwargs: Any) -> int:
@@ -180,11 +184,11 @@ def test_a_crash_between_the_acknowledgement_and_the_watermark_sends_the_rows_ag
             raise psycopg.OperationalError("connection lost before the watermark update")
         return original(*args, **kwargs)
 
-    publisher._advance = dying_once  # type: ignore[method-assign]
-    publisher.start()
+    monkeypatch.setattr("sinks.outbox.publisher.advance", dying_once)
+    stop = start_publisher(publisher)
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=80,
                            timeout=20)
-    publisher.stop()
+    stop()
 
     assert sorted(c.key or b"" for c in consumed) == sorted(2 * [r.key for r in rows])
     assert _unpublished(db, rows) == 0
@@ -210,8 +214,8 @@ def test_an_offer_arriving_after_a_window_sent_its_rows_sends_nothing_again(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    publisher = OutboxPublisher(settings)
-    publisher.start()
+    publisher = OutboxPublisher(settings, process=Process())
+    stop = start_publisher(publisher)
     _wait_for(lambda: publisher.holds_lease, 10)
     rows = _committed_rows(db, settings.topic_action_tracked, 20)  # committed, not yet offered
     assert _watermark_moved_past(db, rows)  # the poll's window sent them
@@ -219,7 +223,7 @@ def test_an_offer_arriving_after_a_window_sent_its_rows_sends_nothing_again(
     publisher.offer(rows)  # the sink's offer, late
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=20,
                            timeout=10, settle=2.0)
-    publisher.stop()
+    stop()
 
     assert len(consumed) == 20
 
@@ -228,7 +232,7 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
     try:
         publisher.drain()  # takes the lease; what earlier tests left is sent
         rows = _committed_rows(db, settings.topic_action_tracked, 5)  # committed, not offered
@@ -244,7 +248,7 @@ def test_a_window_leaves_rows_committed_within_the_grace_to_the_fast_path(
         assert OUTBOX_READ_BACK._value.get() - read_back == 2  # two of them read back
         assert _unpublished(db, rows) == 0
     finally:
-        publisher.stop()
+        publisher.close()
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=5,
                            timeout=10, settle=1.0)
     assert {c.key for c in consumed} == {r.key for r in rows} and len(consumed) == 5
@@ -258,7 +262,7 @@ def test_a_recent_row_no_sink_here_announced_is_read_back_at_once(
     So the watermark stays close behind the fast path (a crash of this process re-sends little).
     """
     settings = make_settings()
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
     try:
         publisher.drain()
         ours = _committed_rows(db, settings.topic_action_tracked, 3)
@@ -271,7 +275,7 @@ def test_a_recent_row_no_sink_here_announced_is_read_back_at_once(
         assert OUTBOX_READ_BACK._value.get() - read_back == 2
         assert _unpublished(db, ours + theirs) == 0
     finally:
-        publisher.stop()
+        publisher.close()
     _assert_on_the_topic_once(settings, ours + theirs)
 
 
@@ -283,19 +287,20 @@ def test_rows_offered_to_a_standby_are_not_sent_from_memory_once_it_takes_the_le
     When the standby takes the lease later (the holder died), it must not send them again.
     """
     settings = make_settings()
-    holder, standby = OutboxPublisher(settings), OutboxPublisher(settings)
+    holder = OutboxPublisher(settings, process=Process())
+    standby = OutboxPublisher(settings, process=Process())
     try:
         holder.drain()  # takes the lease
         rows = _committed_rows(db, settings.topic_action_tracked, 5)
         standby.offer(rows)  # its sink's commits while the other process holds the lease
         assert holder.publish_committed() == 5  # the holder reads them back and sends them
-        holder.stop()  # the lease is free
+        holder.close()  # the lease is free
         assert standby._take_lease(force=True)
         assert standby.publish_offered() == 0  # nothing from memory: they are on the topic
         assert standby.publish_committed() == 0
     finally:
-        holder.stop()
-        standby.stop()
+        holder.close()
+        standby.close()
     _assert_on_the_topic_once(settings, rows)
 
 
@@ -308,7 +313,7 @@ def test_a_window_stops_before_a_recent_row_the_fast_path_has_not_sent(
     back), instead of reading it back from the table (the case of a full benchmark run).
     """
     settings = make_settings()
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
     try:
         publisher.drain()
         first = _committed_rows(db, settings.topic_action_tracked, 5)
@@ -327,7 +332,7 @@ def test_a_window_stops_before_a_recent_row_the_fast_path_has_not_sent(
         assert _unpublished(db, later) == 0
         assert OUTBOX_READ_BACK._value.get() == read_back  # every row went from memory
     finally:
-        publisher.stop()
+        publisher.close()
     _assert_on_the_topic_once(settings, first + later)
 
 
@@ -376,7 +381,7 @@ def test_the_snapshots_kept_for_the_grace_stay_few_while_every_window_is_sent_ea
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
     try:
         publisher.drain()
         for _ in range(40):  # each window: every row sent by the fast path first
@@ -387,6 +392,6 @@ def test_the_snapshots_kept_for_the_grace_stay_few_while_every_window_is_sent_ea
             time.sleep(0.02)
         kept = len(publisher._snapshots)
     finally:
-        publisher.stop()
+        publisher.close()
 
     assert kept <= 8  # ~0.1 s of windows, not one per window for ever

@@ -1,12 +1,7 @@
 """A large outbox backlog drains without holding up new events; a first page reads no old rows.
 
 The backlog: rows committed while the broker could not take them. A window's first page must
-not read the rows already published.
-
-Measured with the real job before the fix (1M backlog rows, 700 new events/s): the drain took
-55 s and a new event waited for all of it (54 s, p50 18 s); a SIGTERM in the middle waited out
-the stop's grace (exit 75 at 20 s); every window's first page read every index entry of the
-outbox (66 ms, 13,872 buffers with 1M rows, several windows a second, growing with retention).
+not read the rows already published (docs/decisions.md: the backlog in slices).
 """
 
 from __future__ import annotations
@@ -20,10 +15,14 @@ import psycopg
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from runtime.process import Process
 from runtime.settings import Settings
 from schemas.outbox import OutboxRow
-from sinks.outbox import _PAGE, OutboxPublisher, page_start
+from sinks.outbox import OutboxPublisher
+from sinks.outbox.sql import query
+from sinks.outbox.window import page_start
 from tests.conftest import SettingsFactory
+from tests.support import start_publisher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -85,10 +84,10 @@ def test_rows_committed_during_a_backlog_drain_are_published_before_the_backlog_
     _backlog(db, topic, BACKLOG)
     arrivals = _Arrivals(settings, topic)
     arrivals.start()
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
     new_rows: list[OutboxRow] = []
+    stop = start_publisher(publisher)
     try:
-        publisher.start()
         _wait(lambda: arrivals.backlog >= 5_000, 60, "the drain to begin")
         for index in range(3):  # a sink's commits while the backlog drains, offered as it does
             row = OutboxRow(uuid.uuid4(), topic, f"new-{index}".encode(), b"{}", {})
@@ -100,7 +99,7 @@ def test_rows_committed_during_a_backlog_drain_are_published_before_the_backlog_
         _wait(lambda: arrivals.backlog >= BACKLOG and len(arrivals.others) == 3, 90,
               "the backlog and the new rows")
     finally:
-        publisher.stop()
+        stop()
         arrivals.done.set()
         arrivals.join(10)
 
@@ -115,18 +114,18 @@ def test_a_window_first_page_reads_no_published_rows(
 ) -> None:
     settings = make_settings()
     _backlog(db, settings.topic_action_tracked, BACKLOG // 2)
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
     try:
         publisher.drain()  # every row of the table is behind the watermark
     finally:
-        publisher.stop()
+        publisher.close()
     found = db.execute("SELECT delivered::text, pg_current_snapshot()::text"
                        " FROM user_activity.outbox_watermark").fetchone()
     assert found is not None
     delivered, current = found
     after = ("0", uuid.UUID(int=0))  # a new window: no row sent yet
     start = page_start(delivered, after)
-    plan = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _PAGE, {
+    plan = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("page"), {
         "delivered": delivered, "target": current, "after_txid": after[0],
         "after_id": after[1], "start_txid": start[0], "start_id": start[1], "limit": 1000,
     }).fetchone()

@@ -1,4 +1,4 @@
-"""The outbox can never wedge: refused rows are parked, the loop is supervised, stalls are seen."""
+"""The outbox never wedges: refused rows are parked, a failed loop restarts, stalls are seen."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -15,7 +16,6 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import KafkaError
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -28,14 +28,20 @@ from prometheus_client import REGISTRY
 from cli.migrate import apply_migrations
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT
-from runtime.health import HEALTH
-from runtime.metrics import BACKGROUND_RESTARTS, OUTBOX_PARKED
+from runtime.metrics import OUTBOX_PARKED
+from runtime.process import Process
+from runtime.shutdown import Shutdown
 from schemas.outbox import OutboxRow
-from sinks.outbox import LeaseLostError, OutboxPublisher
-from sinks.outbox_parked import parked_rows
-from sinks.outbox_watchdog import OutboxWatchdog
+from sinks.outbox import (
+    LeaseLostError,
+    OutboxPublisher,
+    OutboxWatchdog,
+    parked_rows,
+    requeue_parked,
+)
+from sinks.outbox.window import Window, advance
 from tests.conftest import SettingsFactory
-from tests.support import consume_all, scratch_database
+from tests.support import consume_all, scratch_database, start_publisher
 
 pytestmark = pytest.mark.e2e
 
@@ -111,12 +117,12 @@ def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published
     rows = _rows(topic, 30, big={10: 2_500_000})  # over the producer's 1 MB limit
     _insert(db, rows)
     parked_before = _parked(topic)
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
 
-    publisher.start()
+    stop = start_publisher(publisher)
     consumed = consume_all(settings, topic, expect_at_least=29, timeout=30)
     _wait(lambda: _state(db, rows)[rows[10].id][1], 10, "the big row to be parked")
-    publisher.stop()
+    stop()
 
     assert sorted(c.key or b"" for c in consumed) == sorted(
         r.key for i, r in enumerate(rows) if i != 10
@@ -128,22 +134,23 @@ def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published
     assert [row[0] for row in parked_rows(db) if row[1] == topic] == [rows[10].id]
 
 
-def test_an_advance_on_a_stale_generation_moves_nothing_and_parks_nothing(
+def test_an_advance_on_a_stale_generation_moves_nothing_and_sets_nothing_aside(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     """The watermark update is conditional on the generation its window read.
 
     A publisher whose generation is stale (another one moved the watermark) gets
-    LeaseLostError: the watermark stays, and a row it meant to park is not parked (the parking
-    commits with the advance or not at all). On the current generation both take effect.
+    LeaseLostError: the watermark stays, and a row it meant to park or hold back is not (they
+    commit with the advance or not at all). On the current generation all take effect.
     """
     settings = make_settings()
     topic = settings.topic_action_tracked
-    row = _rows(topic, 1)[0]
-    stored: tuple[Any, ...] = (None, row.id, topic, row.key, row.value, {}, datetime.now(UTC))
-    refused: list[tuple[tuple[Any, ...], KafkaError | None]] = [
-        (stored, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))]
-    publisher = OutboxPublisher(settings)
+    big, behind = _rows(topic, 2)
+    now = datetime.now(UTC)
+    parked: list[tuple[tuple[Any, ...], str]] = [
+        ((None, big.id, topic, big.key, big.value, {}, now), "MSG_SIZE_TOO_LARGE")]
+    held: list[tuple[tuple[Any, ...], str]] = [
+        ((None, behind.id, topic, behind.key, behind.value, {}, now), "TOPIC_AUTHORIZATION_FAILED")]
 
     def watermark() -> tuple[Any, ...]:
         found = db.execute("SELECT delivered::text, target::text, generation"
@@ -151,24 +158,30 @@ def test_an_advance_on_a_stale_generation_moves_nothing_and_parks_nothing(
         assert found is not None
         return tuple(found)
 
-    def parked() -> int:
-        found = db.execute("SELECT count(*) FROM user_activity.outbox_parked WHERE id = %s",
-                           (row.id,)).fetchone()
+    def set_aside() -> tuple[int, int]:
+        found = db.execute(
+            "SELECT (SELECT count(*) FROM user_activity.outbox_parked WHERE id = %s),"
+            " (SELECT count(*) FROM user_activity.outbox_held WHERE id = %s)",
+            (big.id, behind.id)).fetchone()
         assert found is not None
-        return int(found[0])
+        return int(found[0]), int(found[1])
 
     delivered, _target, generation = watermark()
-    state = (delivered, None, None, None)  # the same watermark: other tests' rows stay behind
-    for stale in ([], refused):
-        with pytest.raises(LeaseLostError):
-            publisher._advance(db, state, generation - 1, stale)
-        assert watermark() == (delivered, _target, generation)
-        assert parked() == 0
+    # the same watermark: other tests' rows stay behind it
+    same = Window(delivered, delivered, ("0", uuid.UUID(int=0)), generation, False, delivered)
+    try:
+        for stale in ({}, {"parked": parked, "held": held}):
+            with pytest.raises(LeaseLostError):
+                advance(db, same, None, generation - 1, **stale)
+            assert watermark() == (delivered, _target, generation)
+            assert set_aside() == (0, 0)
 
-    assert publisher._advance(db, state, generation, []) == generation + 1
-    assert publisher._advance(db, state, generation + 1, refused) == generation + 2
-    assert watermark() == (delivered, None, generation + 2)
-    assert parked() == 1
+        assert advance(db, same, None, generation) == generation + 1
+        assert advance(db, same, None, generation + 1, parked=parked, held=held) == generation + 2
+        assert watermark() == (delivered, None, generation + 2)
+        assert set_aside() == (1, 1)
+    finally:
+        db.execute("DELETE FROM user_activity.outbox_held WHERE id = %s", (behind.id,))
 
 
 def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
@@ -178,13 +191,13 @@ def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
     topic = settings.topic_action_tracked
     rows = _rows(topic, 5, big={2: 1_500_000})
     _insert(db, rows, age_s=0)
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
 
-    publisher.start()
+    stop = start_publisher(publisher)
     publisher.offer(rows)
     consumed = consume_all(settings, topic, expect_at_least=4, timeout=30)
     _wait(lambda: _state(db, rows)[rows[2].id][1], 10, "the big row to be parked")
-    publisher.stop()
+    stop()
 
     assert len(consumed) == 4
     assert _state(db, rows)[rows[2].id] == (False, True, 1, "MSG_SIZE_TOO_LARGE")
@@ -198,8 +211,8 @@ def test_requeue_publishes_a_parked_row_once_the_topic_accepts_it(
     small = _small_topic(admin, f"{settings.topic_action_tracked}.small")
     row = _rows(small, 1, big={0: 60_000})  # the broker refuses it: over the topic's limit
     _insert(db, row)
-    publisher = OutboxPublisher(settings)
-    publisher.start()
+    publisher = OutboxPublisher(settings, process=Process())
+    stop = start_publisher(publisher)
     try:
         _wait(lambda: _state(db, row)[row[0].id][1], 30, "the row to be parked")
         assert _state(db, row)[row[0].id][3] == "MSG_SIZE_TOO_LARGE"
@@ -219,7 +232,7 @@ def test_requeue_publishes_a_parked_row_once_the_topic_accepts_it(
         assert "requeued 1 parked outbox row(s)" in done.stdout
         _wait(lambda: _state(db, row)[row[0].id][0], 30, "the requeued row to be published")
     finally:
-        publisher.stop()
+        stop()
     assert [c.value for c in consume_all(settings, small, expect_at_least=1)] == [row[0].value]
     assert _state(db, row)[row[0].id][:3] == (True, False, 1)
 
@@ -232,12 +245,12 @@ def test_batch_mates_of_a_row_the_broker_refuses_are_published_not_parked(
     small = _small_topic(admin, f"{settings.topic_action_tracked}.small")
     rows = _rows(small, 12, big={5: 60_000})  # the broker refuses the whole batch for row 5
     _insert(db, rows)
-    publisher = OutboxPublisher(settings)
+    publisher = OutboxPublisher(settings, process=Process())
 
-    publisher.start()
+    stop = start_publisher(publisher)
     consumed = consume_all(settings, small, expect_at_least=11, timeout=30)
     _wait(lambda: _state(db, rows)[rows[5].id][1], 10, "row 5 to be parked")
-    publisher.stop()
+    stop()
 
     state = _state(db, rows)
     assert sorted(c.key or b"" for c in consumed) == sorted(
@@ -247,37 +260,46 @@ def test_batch_mates_of_a_row_the_broker_refuses_are_published_not_parked(
     assert all(state[r.id][0] for i, r in enumerate(rows) if i != 5)
 
 
-def test_an_exception_inside_the_publish_loop_is_logged_counted_and_the_loop_restarts(
+class _Restarts(Shutdown):
+    """A stop request that records a restart instead of arming the exit code 75 at exit."""
+
+    restarted: str | None = None
+
+    def restart(self, reason: str) -> None:
+        self.restarted = reason
+        self.request(reason)
+
+    def unfinished(self, what: str) -> None:
+        pass
+
+
+def test_an_exception_inside_the_publish_loop_is_logged_once_and_restarts_the_job(
     make_settings: SettingsFactory, db: psycopg.Connection[Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings = make_settings(retry_initial_seconds=0.2)
     topic = settings.topic_action_tracked
-    publisher = OutboxPublisher(settings)
-    original = publisher.publish_committed
-    calls = {"n": 0}
+    stopping = _Restarts()
+    publisher = OutboxPublisher(settings, process=Process(stopping=stopping))
 
-    def failing_once(grace: float = 0.0, *, slice_seconds: float | None = None) -> int:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected fault inside the publish loop")
-        return original(grace, slice_seconds=slice_seconds)
+    def failing(grace: float = 0.0, *, slice_seconds: float | None = None) -> int:
+        raise RuntimeError("injected fault inside the publish loop")
 
-    publisher.publish_committed = failing_once  # type: ignore[method-assign]
-    restarts = BACKGROUND_RESTARTS.labels(thread="outbox-publisher")
-    before = restarts._value.get()
+    publisher.publish_committed = failing  # type: ignore[method-assign]
     rows = _rows(topic, 20)
     _insert(db, rows)
 
-    publisher.start()
+    publisher.run(threading.Event())  # returns: the job stops, to be started again
+    publisher.close()
+    restarted = OutboxPublisher(settings, process=Process())  # the next start's
+    stop = start_publisher(restarted)
     consumed = consume_all(settings, topic, expect_at_least=20, timeout=30)
-    publisher.stop()
+    stop()
 
-    assert len({c.key for c in consumed}) == 20
-    assert restarts._value.get() == before + 1
-    crashed = [r for r in caplog.records if r.getMessage() == "background-loop-crashed"]
-    assert crashed and crashed[0].exc_info is not None
-    assert "injected fault" in str(crashed[0].exc_info[1])
+    assert stopping.restarted == "the outbox publisher failed: RuntimeError"
+    [failed] = [r for r in caplog.records if r.getMessage() == "outbox-publisher-failed"]
+    assert failed.exc_info is not None and "injected fault" in str(failed.exc_info[1])
+    assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
 
 
 def test_readyz_reports_the_stall_while_a_committed_row_waits_unpublished(
@@ -286,47 +308,59 @@ def test_readyz_reports_the_stall_while_a_committed_row_waits_unpublished(
     settings = make_settings(outbox_stall_seconds=2)
     rows = _rows(settings.topic_action_tracked, 1)
     _insert(db, rows, age_s=10)  # older than the threshold, and nobody publishes it
-    watchdog = OutboxWatchdog(settings).start()
+    process = Process()
+    watchdog = OutboxWatchdog(settings, process=process)
     try:
-        _wait(lambda: HEALTH.snapshot().state == "stalled", 10, "the stall to be reported")
-        assert "oldest unpublished outbox row" in dict(HEALTH.snapshot().stalled)["outbox"]
+        _wait(lambda: _measured(watchdog, process) == "stalled", 10, "the stall to be reported")
+        assert "oldest unpublished outbox row" in dict(process.health.snapshot().stalled)["outbox"]
         # a publisher moves the watermark past it (and past other tests' waiting rows)
         db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
                    " target = NULL, after_txid = NULL, after_id = NULL,"
                    " generation = generation + 1")
-        _wait(lambda: HEALTH.snapshot().state != "stalled", 10, "the stall to clear")
+        _wait(lambda: _measured(watchdog, process) != "stalled", 10, "the stall to clear")
     finally:
-        watchdog.stop()
+        watchdog.close()
+
+
+def _measured(watchdog: OutboxWatchdog, process: Process) -> str:
+    """What the composition root's housekeeping does every few seconds: the health state after."""
+    watchdog.measure()
+    return process.health.snapshot().state
 
 
 def test_a_requeued_row_whose_topic_is_gone_does_not_stop_the_other_rows(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    """A requeued row that keeps failing with a service error does not hold up the others.
+    """A requeued row whose topic is missing is held back for that topic alone.
 
     An operator requeued a parked row whose topic was deleted since: every send of it fails
-    (retried, never parked again); the rows behind the watermark still go.
+    (retried with back-off, never parked again, never dropped); the other rows still go.
     """
     settings = make_settings()
     gone = f"{settings.topic_action_tracked}.gone"  # never created
     [stuck] = _rows(gone, 1)
     db.execute(
         "INSERT INTO user_activity.outbox_parked (id, topic, key, value, created_at, attempts,"
-        " last_error, requeued_at) VALUES (%s, %s, %s, %s, now(), 1, 'MSG_SIZE_TOO_LARGE', now())",
+        " last_error) VALUES (%s, %s, %s, %s, now(), 1, 'MSG_SIZE_TOO_LARGE')",
         (stuck.id, stuck.topic, stuck.key, stuck.value))
+    assert requeue_parked(db, [stuck.id]) == 1  # held for its topic, which does not exist
     rows = _rows(settings.topic_action_tracked, 20)
     _insert(db, rows)
-    publisher = OutboxPublisher(settings)
-    publisher.start()
+    publisher = OutboxPublisher(settings, process=Process())
+    stop = start_publisher(publisher)
     try:
         consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=20,
                                timeout=20)
         _wait(lambda: all(state[0] for state in _state(db, rows).values()), 10,
               "the rows to be behind the watermark")
+        held = db.execute("SELECT topic FROM user_activity.outbox_held WHERE id = %s",
+                          (stuck.id,)).fetchall()
     finally:
-        publisher.stop()
+        stop()
+        db.execute("DELETE FROM user_activity.outbox_held WHERE id = %s", (stuck.id,))
         db.execute("DELETE FROM user_activity.outbox_parked WHERE id = %s", (stuck.id,))
     assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
+    assert held == [(gone,)]
 
 
 def test_a_watermark_copied_from_another_cluster_is_reset_and_every_row_is_sent(
@@ -348,14 +382,14 @@ def test_a_watermark_copied_from_another_cluster_is_reset_and_every_row_is_sent(
                        " AS x) ahead WHERE id = 1")
             rows = _rows(settings.topic_action_tracked, 10)
             _insert(db, rows)
-            publisher = OutboxPublisher(settings)
+            publisher = OutboxPublisher(settings, process=Process())
             try:
                 with caplog.at_level(logging.ERROR, logger="sinks.outbox"):
-                    publisher.start()
+                    stop = start_publisher(publisher)
                     consumed = consume_all(settings, settings.topic_action_tracked,
                                            expect_at_least=10, timeout=20)
             finally:
-                publisher.stop()
+                stop()
             state = _state(db, rows)
     assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
     [line] = [r for r in caplog.records if r.getMessage() == "outbox-watermark-reset"]
@@ -384,17 +418,18 @@ def test_a_lock_that_blocks_the_watchdogs_query_is_reported_as_a_stall(
     # nothing pending: the watermark passes every row other tests left
     db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
                " target = NULL, after_txid = NULL, after_id = NULL, generation = generation + 1")
-    watchdog = OutboxWatchdog(settings).start()
+    process = Process()
+    watchdog = OutboxWatchdog(settings, process=process)
     try:
-        _wait(lambda: HEALTH.snapshot().state != "stalled" and _oldest_unpublished_gauge() < 1,
-              10, "a first measurement of nothing pending")
+        _wait(lambda: _measured(watchdog, process) != "stalled"
+              and _oldest_unpublished_gauge() < 1, 10, "a first measurement of nothing pending")
         with psycopg.connect(database_url) as locker:  # a transaction holding the lock
             locker.execute("LOCK TABLE user_activity.outbox_watermark IN ACCESS EXCLUSIVE MODE")
-            _wait(lambda: HEALTH.snapshot().state == "stalled", 15, "the blocked outbox")
-            reason = dict(HEALTH.snapshot().stalled)["outbox"]
+            _wait(lambda: _measured(watchdog, process) == "stalled", 15, "the blocked outbox")
+            reason = dict(process.health.snapshot().stalled)["outbox"]
             assert "its query has been blocked" in reason
             assert _oldest_unpublished_gauge() > 2
-        _wait(lambda: HEALTH.snapshot().state != "stalled", 10, "the stall to clear")
+        _wait(lambda: _measured(watchdog, process) != "stalled", 10, "the stall to clear")
         assert _oldest_unpublished_gauge() < 2
     finally:
-        watchdog.stop()
+        watchdog.close()

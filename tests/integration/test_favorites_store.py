@@ -19,7 +19,7 @@ from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.outbox import OutboxPublisher
+from sinks.outbox.window import whole_rows
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ def test_rows_written_are_exactly_the_recorded_actions(db: psycopg.Connection[An
         assert (row["outbox_id"], row["topic"], row["key"], row["value"], row["headers"]) == (
             outbox.id, TOPIC, None, None, outbox.headers)
         assert row["outbox_created_at"] == now
-        [whole] = OutboxPublisher._whole_rows(db, [(row["txid"], row["outbox_id"])])
+        [whole] = whole_rows(db, [(row["txid"], row["outbox_id"])])
         assert whole[1:6] == (outbox.id, TOPIC, outbox.key, outbox.value, outbox.headers)
         assert row["unpublished"]
         assert outbox.key == str(event.id).encode()
@@ -232,7 +232,7 @@ def test_a_thin_outbox_row_renders_to_the_bytes_the_sink_rendered(
         "SELECT o.txid, o.id FROM user_activity.outbox o JOIN user_activity.action_events e"
         " ON o.action_event_id = e.id WHERE e.source_message_id = %s", (message.message_id,),
     ).fetchall()
-    [whole] = OutboxPublisher._whole_rows(db, keys)
+    [whole] = whole_rows(db, keys)
     outbox = action.outbox
     assert (whole[3], whole[4]) == (outbox.key, outbox.value)
     wire = orjson.loads(whole[4])

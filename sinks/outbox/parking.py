@@ -1,0 +1,134 @@
+"""Rows set aside from the outbox's stream: parked (refused for good) and held (topic refused).
+
+Parked (``outbox_parked``): the broker refused the record itself (too large, invalid; confirmed by
+sending it alone). Kept with ``attempts`` and ``last_error`` until an operator requeues it
+(``user-activity outbox parked | requeue``). Held (``outbox_held``, migration 0013): the broker
+refuses the row's topic (:func:`sinks.errors.is_topic_error`), so the row, and every later row of
+that topic while any is held, waits there in the outbox's order while the other topics go on; the
+publisher retries each held topic with back-off (:class:`HeldTopics`) and sends its rows in order,
+deleting each once acknowledged. A requeued parked row is held for its topic too. Rows are set
+aside in the transaction that moves the watermark past them (:func:`sinks.outbox.window.advance`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg import Cursor
+from psycopg.types.json import Jsonb
+
+from runtime.backoff import Backoff
+from sinks.db import Connection
+from sinks.outbox.sql import query
+
+_Row = tuple[Any, ...]  # (txid, id, topic, key, value, headers, created_at): window.Row
+
+
+def park(cur: Cursor[Any], refused: Sequence[tuple[_Row, str]]) -> None:
+    """Park ``refused`` rows (with their error's name); a row parked before gets attempts + 1."""
+    cur.executemany(query("park"), [(r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6], error)
+                                    for r, error in refused])
+
+
+def hold(cur: Cursor[Any], held: Sequence[tuple[_Row, str]]) -> None:
+    """Hold ``held`` rows back for their topics, in this order (a row held already stays)."""
+    cur.executemany(query("hold"), [(r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6], error)
+                                    for r, error in held])
+
+
+def held_topics(conn: Connection) -> list[str]:
+    """The topics that have rows held back."""
+    return [topic for (topic,) in conn.execute(query("held_topics")).fetchall()]
+
+
+def held_rows(conn: Connection, topic: str, limit: int) -> list[_Row]:
+    """The first ``limit`` held rows of ``topic``, in order, as whole rows (no txid)."""
+    return [(None, *row) for row in conn.execute(query("held_page"), (topic, limit)).fetchall()]
+
+
+def settle_held(conn: Connection, sent: Sequence[UUID],
+                refused: Sequence[tuple[_Row, str]]) -> None:
+    """Held rows acknowledged (``sent``) or refused for good (parked), in one transaction."""
+    with conn.transaction(), conn.cursor() as cur:
+        if sent:
+            cur.execute(query("held_sent"), {"ids": list(sent)})
+        if refused:
+            park(cur, refused)
+            cur.execute(query("unhold"), ([r[1] for r, _ in refused],))
+
+
+def requeue_parked(conn: Connection, ids: Sequence[UUID] | None) -> int:
+    """Give parked rows back to the publisher (all of them when ``ids`` is None); how many.
+
+    Each is held for its topic: the lease holder sends it within seconds, after the rows of that
+    topic held before it, and marks it published. Idempotent: a row already requeued or
+    published is left alone.
+    """
+    return conn.execute(query("requeue"), {"ids": None if ids is None else list(ids)}).rowcount
+
+
+def parked_rows(conn: Connection, limit: int = 100) -> list[tuple[Any, ...]]:
+    """``(id, topic, attempts, last_error, parked_at, value size)`` of parked rows, oldest first."""
+    return conn.execute(query("parked"), (limit,)).fetchall()
+
+
+@dataclass
+class _Hold:
+    error: str
+    attempts: int = 0
+    due: float = 0.0
+
+
+class HeldTopics:
+    """The lease holder's held topics: the last error of each and when it is tried next."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self._backoff = backoff
+        self._topics: dict[str, _Hold] = {}
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self._topics
+
+    def error(self, topic: str) -> str:
+        """The last error ``topic`` was refused with."""
+        return self._topics[topic].error
+
+    def hold(self, topic: str, error: str) -> bool:
+        """Hold ``topic`` back, first tried after one back-off delay; True if it was not held."""
+        if topic in self._topics:
+            return False
+        self._topics[topic] = _Hold(error, due=time.monotonic() + self._backoff.delay(0))
+        return True
+
+    def known(self, topics: Iterable[str]) -> None:
+        """Topics found held in the table (requeued rows, another holder's): tried at once."""
+        for topic in topics:
+            self._topics.setdefault(topic, _Hold("held"))
+
+    def due(self, *, force: bool = False) -> list[str]:
+        """The held topics to try now (all of them with ``force``)."""
+        now = time.monotonic()
+        return [topic for topic, hold in self._topics.items() if force or hold.due <= now]
+
+    def failed(self, topic: str, error: str) -> float:
+        """A try of ``topic`` failed with ``error``: the delay before the next one."""
+        hold = self._topics[topic]
+        delay = self._backoff.delay(hold.attempts)
+        hold.attempts, hold.error, hold.due = hold.attempts + 1, error, time.monotonic() + delay
+        return delay
+
+    def sent(self, topic: str) -> None:
+        """A try of ``topic`` delivered its rows: the next page goes at once."""
+        self._topics[topic] = _Hold(self._topics[topic].error)
+
+    def release(self, topic: str) -> None:
+        """``topic`` has no held row left: its rows go with the others again."""
+        self._topics.pop(topic, None)
+
+    def clear(self) -> None:
+        """Forget every topic (the lease was lost; the next holder reads them from the table)."""
+        self._topics.clear()

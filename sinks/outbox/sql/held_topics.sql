@@ -1,0 +1,2 @@
+-- The topics that have rows held back.
+SELECT DISTINCT topic FROM user_activity.outbox_held

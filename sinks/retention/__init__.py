@@ -1,0 +1,215 @@
+"""Bounded storage: the maintenance of the daily partitions of the marks and the outbox.
+
+One run (:func:`maintain`) creates the partitions of today and the next 3 days, drops every
+partition whose day is past ``retention_days`` (an outbox partition only once none of its rows
+is after the publication watermark; else it is kept and dropped by a later run), and deletes in
+chunks the expired rows of the DEFAULT partitions, late-conflict records and published parked
+rows. Idempotent; one run at a time across processes (advisory lock: a concurrent run returns at
+once, ``ran=False``); a partition and its parent are locked with a 2 s ``lock_timeout`` first
+(writers wait that long at most; one not locked in time is left to the next run). The unique
+``action_events.source_message_id`` is never touched. :func:`run_maintenance` is what the job
+(hourly) and ``user-activity maintain`` call: a run, then the census gauges. SQL: ``*.sql`` here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import cache
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+from runtime.logs import log_event
+from runtime.metrics import STORAGE_EXPIRED_PARTITIONS, STORAGE_PARTITION_DAYS_READY
+from runtime.settings import Settings
+from sinks.db import Connection, Database
+
+logger = logging.getLogger(__name__)
+
+MAINTENANCE_KEY = 0x75615F6D61696E74
+"""The session advisory lock of the one running maintenance step ('ua_maint')."""
+PARTITIONS_AHEAD_DAYS = 3
+"""Days after today whose partitions exist after a run."""
+DELETE_CHUNK_ROWS = 5_000
+"""Rows one DELETE statement removes at most."""
+PARENTS = ("consumer_idempotency_marks", "outbox")
+"""The daily-partitioned tables, by their name in ``user_activity``."""
+
+_DAY = re.compile(r"_p(\d{8})$")
+
+
+@cache
+def _query(name: str) -> str:
+    return resources.files(__name__).joinpath(f"{name}.sql").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class PartitionCensus:
+    """What storage looks like for one partitioned table, as of a UTC ``today``."""
+
+    expired: int
+    """Day partitions past the retention still there (0 right after a good run)."""
+    days_ready: int
+    """Consecutive days from today on with their partition (0: today's rows go to DEFAULT)."""
+
+
+@dataclass
+class MaintenanceReport:
+    """What one run did."""
+
+    ran: bool = True
+    """False when another run held the lock (this one did nothing)."""
+    created: int = 0
+    dropped: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    """Expired outbox partitions kept: rows in them are not published yet (or not lockable)."""
+    deleted_rows: int = 0
+    census: dict[str, PartitionCensus] = field(default_factory=dict)
+    """Per table, after the run (:func:`run_maintenance` only)."""
+
+
+def run_maintenance(settings: Settings, conn: Connection | None = None, *,
+                    today: date | None = None) -> MaintenanceReport:
+    """One :func:`maintain`, then the census gauges (``user_activity_storage_*``).
+
+    The census is taken also when another process's run held the lock. On ``conn``, else on a
+    connection of its own. Raises psycopg errors (PostgreSQL down): the caller says so and runs
+    it again at its next interval.
+    """
+    own = Database(settings, "user-activity-maintenance") if conn is None else None
+    try:
+        target = own.connection() if own is not None else conn
+        assert target is not None
+        report = maintain(target, settings.retention_days, today)
+        report.census = storage_census(target, settings.retention_days, today)
+    finally:
+        if own is not None:
+            own.close()
+    for parent, counted in report.census.items():
+        STORAGE_EXPIRED_PARTITIONS.labels(parent).set(counted.expired)
+        STORAGE_PARTITION_DAYS_READY.labels(parent).set(counted.days_ready)
+    return report
+
+
+def maintain(conn: Connection, retention_days: int, today: date | None = None
+             ) -> MaintenanceReport:
+    """One maintenance run on the autocommit ``conn`` (module doc); ``today`` in UTC."""
+    today = today or datetime.now(UTC).date()
+    report = MaintenanceReport()
+    locked = conn.execute("SELECT pg_try_advisory_lock(%s)", (MAINTENANCE_KEY,)).fetchone()
+    if not (locked and locked[0]):
+        report.ran = False
+        return report
+    try:
+        report.created = _create_ahead(conn, today)
+        newest_expired = today - timedelta(days=retention_days + 1)
+        for parent in PARENTS:
+            for name in _partitions(conn, parent):
+                day = _day_of(name)
+                if day is None or day > newest_expired:
+                    continue
+                if _drop(conn, parent, name, check_published=parent == "outbox"):
+                    report.dropped.append(name)
+                else:
+                    report.kept.append(name)
+        report.deleted_rows = _delete_expired_rows(conn, today - timedelta(days=retention_days))
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))
+    log_event(logger, "maintenance-done", logging.INFO, partitions_created=report.created,
+              dropped=report.dropped, kept=report.kept, deleted_rows=report.deleted_rows)
+    return report
+
+
+def census(names: Iterable[str], today: date, retention_days: int) -> PartitionCensus:
+    """The census of one table's partition ``names`` (``..._pYYYYMMDD``; others are ignored).
+
+    Day D is expired when D + 1 day <= today - ``retention_days``, as :func:`maintain` drops.
+    """
+    days = {day for day in map(_day_of, names) if day is not None}
+    newest_expired = today - timedelta(days=retention_days + 1)
+    ready = 0
+    while today + timedelta(days=ready) in days:
+        ready += 1
+    return PartitionCensus(expired=sum(d <= newest_expired for d in days), days_ready=ready)
+
+
+def storage_census(conn: Connection, retention_days: int, today: date | None = None
+                   ) -> dict[str, PartitionCensus]:
+    """:func:`census` of each partitioned table, read from the catalog (no lock, no row read)."""
+    today = today or datetime.now(UTC).date()
+    return {parent: census(_partitions(conn, parent), today, retention_days)
+            for parent in PARENTS}
+
+
+def _partitions(conn: Connection, parent: str) -> list[str]:
+    return [name for (name,) in conn.execute(_query("partitions"),
+                                             (f"user_activity.{parent}",)).fetchall()]
+
+
+def _create_ahead(conn: Connection, today: date) -> int:
+    """Create the missing partitions of today and the days ahead; how many (0: lock timeout)."""
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '2s'")
+            created = conn.execute(_query("ensure_partitions"), (
+                today, today + timedelta(days=PARTITIONS_AHEAD_DAYS))).fetchone()
+    except psycopg.errors.LockNotAvailable:
+        log_event(logger, "maintenance-create-postponed", logging.WARNING, reason="lock timeout")
+        return 0
+    return int(created[0]) if created else 0
+
+
+def _day_of(name: str) -> date | None:
+    """The day of partition ``name`` (``..._pYYYYMMDD``); None for any other name."""
+    found = _DAY.search(name)
+    try:
+        return datetime.strptime(found[1], "%Y%m%d").date() if found else None
+    except ValueError:  # eight digits that are no date: not one of ours
+        return None
+
+
+def _drop(conn: Connection, parent: str, name: str, *, check_published: bool) -> bool:
+    """Drop partition ``name`` (after checking its rows are published); False if kept.
+
+    The parent is locked before the partition, in the order writers lock them (a writer
+    inserting through the parent then waits instead of deadlocking with the drop).
+    """
+    table = sql.Identifier("user_activity", name)
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '2s'")
+            conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier("user_activity", parent)))
+            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
+            if check_published:
+                unpublished = sql.SQL(_query("unpublished_in"))
+                row = conn.execute(unpublished.format(partition=sql.Identifier(name))).fetchone()
+                if row is not None and row[0]:
+                    log_event(logger, "maintenance-partition-kept", logging.WARNING,
+                              partition=name, reason="unpublished rows")
+                    return False
+            conn.execute(sql.SQL("DROP TABLE {}").format(table))
+    except psycopg.errors.LockNotAvailable:
+        log_event(logger, "maintenance-partition-kept", logging.WARNING, partition=name,
+                  reason="lock timeout")
+        return False
+    return True
+
+
+def _delete_expired_rows(conn: Connection, cutoff_day: date) -> int:
+    """Expired rows: DEFAULT partitions', late conflicts', published parked ones (chunked)."""
+    cutoff = datetime(cutoff_day.year, cutoff_day.month, cutoff_day.day, tzinfo=UTC)
+    deleted = 0
+    for name, bound in (("delete_expired_marks", cutoff_day), ("delete_expired_outbox", cutoff),
+                        ("delete_expired_conflicts", cutoff)):
+        while True:
+            count = conn.execute(_query(name), (bound, DELETE_CHUNK_ROWS)).rowcount
+            deleted += count
+            if count < DELETE_CHUNK_ROWS:
+                break
+    return deleted + conn.execute(_query("delete_published_parked"), (cutoff,)).rowcount
