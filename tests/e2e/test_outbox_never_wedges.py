@@ -26,6 +26,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from prometheus_client import REGISTRY
 
 from cli.migrate import apply_migrations
+from cli.topics import ensure_topics
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT
 from runtime.metrics import OUTBOX_PARKED
@@ -433,3 +434,57 @@ def test_a_lock_that_blocks_the_watchdogs_query_is_reported_as_a_stall(
         assert _oldest_unpublished_gauge() < 2
     finally:
         watchdog.close()
+
+
+def test_a_missing_topic_holds_back_only_its_own_rows_which_go_out_in_order_once_it_exists(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    tracked, missing = settings.topic_action_tracked, f"{settings.topic_action_tracked}.missing"
+    made = [OutboxRow(uuid.uuid4(), tracked if i % 2 else missing, f"k-{i}".encode(), b"{}", {})
+            for i in range(36)]
+    rows, later = made[:30], made[30:]  # later: committed while the topic is held
+    for start in range(0, 30, 10):  # three transactions
+        _insert(db, rows[start : start + 10])
+    process = Process()
+    watchdog = OutboxWatchdog(settings, process=process)
+    publisher = OutboxPublisher(settings, process=process)
+    stop = start_publisher(publisher)
+    try:
+        _wait(lambda: len(_held(db, missing)) == 15, 30, "the missing topic's rows held back")
+        _insert(db, later)
+        consumed = consume_all(settings, tracked, expect_at_least=18, timeout=30)
+        _wait(lambda: len(_held(db, missing)) == 18, 20, "later rows held behind them")
+        watchdog.measure()
+        held_for = REGISTRY.get_sample_value("user_activity_outbox_held_seconds",
+                                             {"topic": missing})
+        waiting = [r.id for r in rows + later if r.topic == missing]
+        in_order = [row_id for (row_id,) in db.execute(
+            "SELECT id FROM user_activity.outbox WHERE id = ANY(%s) ORDER BY txid, id",
+            (waiting,)).fetchall()]
+        assert _held(db, missing) == in_order
+
+        ensure_topics(settings.kafka_client_config(), [missing], 1)  # the operator's fix
+        _wait(lambda: not _held(db, missing), 30, "the held rows to be sent")
+        sent = consume_all(settings, missing, expect_at_least=18, timeout=30, settle=1.0)
+        watchdog.measure()
+    finally:
+        stop()
+        watchdog.close()
+        db.execute("DELETE FROM user_activity.outbox_held WHERE topic = %s", (missing,))
+
+    by_key = {r.key: r.id for r in rows + later}
+    assert sorted(c.key or b"" for c in consumed) == sorted(
+        r.key for r in rows + later if r.topic == tracked)
+    assert [by_key[c.key or b""] for c in sent] == in_order  # once each, in the outbox's order
+    assert held_for is not None and held_for > 0
+    assert REGISTRY.get_sample_value("user_activity_outbox_held_seconds",
+                                     {"topic": missing}) == 0
+    assert REGISTRY.get_sample_value("user_activity_outbox_held_total", {"topic": missing}) == 18
+
+
+def _held(db: psycopg.Connection[Any], topic: str) -> list[uuid.UUID]:
+    """The ids held back for ``topic``, in the order they are to be sent."""
+    return [row_id for (row_id,) in db.execute(
+        "SELECT id FROM user_activity.outbox_held WHERE topic = %s ORDER BY seq",
+        (topic,)).fetchall()]

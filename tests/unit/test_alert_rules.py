@@ -69,6 +69,7 @@ EXPECTED_ALERTS = {
     "UserActivitySessionLinkingLateConflict",
     "UserActivityOutboxStalled",
     "UserActivityOutboxRowsParked",
+    "UserActivityOutboxTopicHeld",
     "UserActivityInputStalled",
     "UserActivityInputRecordsExpired",
     "UserActivityInputRecordsUndecodable",
@@ -82,7 +83,7 @@ EXPECTED_ALERTS = {
     "UserActivityPartitionsMissingAhead",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
-WITHOUT_FOR = {"UserActivityOutboxStalled"}
+WITHOUT_FOR = {"UserActivityOutboxStalled", "UserActivityOutboxTopicHeld"}
 
 
 def _expr(name: str) -> str:
@@ -109,6 +110,13 @@ def test_outbox_stalled_compares_the_oldest_unpublished_row_with_the_threshold_a
         " - user_activity_outbox_stall_threshold_seconds) > 0"
     )
     assert "for" not in rule
+
+
+def test_a_held_topic_is_compared_with_the_stall_threshold_per_topic_at_once() -> None:
+    assert _expr("UserActivityOutboxTopicHeld") == (
+        "max by (namespace, topic) (user_activity_outbox_held_seconds"
+        " - on (namespace, pod) group_left user_activity_outbox_stall_threshold_seconds) > 0"
+    )
 
 
 @pytest.mark.parametrize(
