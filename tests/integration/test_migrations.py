@@ -642,3 +642,30 @@ def test_migrate_by_a_role_without_the_rights_is_one_line_naming_the_right(
                 conn.execute(f"DROP OWNED BY {role}")
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f"DROP ROLE {role}")
+
+
+def test_0013_holds_requeued_parked_rows_for_their_topic(
+    database_url: str, tmp_path: Path
+) -> None:
+    with scratch_database(database_url, "migrations") as dsn:
+        later = _apply_first(dsn, tmp_path, 12)
+        requeued, parked = uuid.uuid4(), uuid.uuid4()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO user_activity.outbox_parked (id, topic, value, created_at, attempts,"
+                " last_error, requeued_at) VALUES (%s, 't', 'r', now(), 1, 'MSG_SIZE_TOO_LARGE',"
+                " now()), (%s, 't', 'p', now(), 2, 'INVALID_RECORD', NULL)", (requeued, parked))
+
+        assert later[0] == "0013_outbox_held_topics"  # and what follows
+        assert apply_migrations(dsn) == later
+        assert apply_migrations(dsn) == []
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT id, topic, value, last_error FROM user_activity.outbox_held"
+                                ).fetchall() == [(requeued, "t", b"r", "MSG_SIZE_TOO_LARGE")]
+            assert conn.execute("SELECT id FROM user_activity.outbox_unpublished").fetchall() == [
+                (requeued,)]
+            with pytest.raises(psycopg.errors.UniqueViolation):  # held once
+                conn.execute("INSERT INTO user_activity.outbox_held (id, topic, value,"
+                             " created_at, last_error) VALUES (%s, 't', 'x', now(), 'e')",
+                             (requeued,))
