@@ -228,7 +228,8 @@ def replay(
     directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out,
                               min_free_bytes=settings.recovery_min_free_bytes)
     process = Process(Health(), SHUTDOWN)
-    publisher = None if dry_run or not settings.outbox_enabled else OutboxPublisher(bounded)
+    publisher = (None if dry_run or not settings.outbox_enabled
+                 else OutboxPublisher(bounded, process=process))
     flow = replayed.build(bounded, start, topics, tally, process, publisher)
     if not any(directory.glob("part-*.sqlite3")):
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]
@@ -260,8 +261,11 @@ def replay(
     reporter = threading.Thread(target=report_progress, daemon=True)
     reporter.start()
     ended = False
-    if publisher is not None:
-        publisher.start()
+    publishing = threading.Event()  # set: the publisher's loop returns
+    loop = None if publisher is None else threading.Thread(
+        target=publisher.run, args=(publishing,), name="outbox-publisher", daemon=True)
+    if loop is not None:
+        loop.start()
     try:
         run_main(  # type: ignore[no-untyped-call]
             flow,
@@ -270,8 +274,10 @@ def replay(
         )
         ended = not SHUTDOWN.requested()
     finally:
-        if publisher is not None:  # its rows on the topic before the summary
-            publisher.stop()
+        if publisher is not None and loop is not None:  # its rows out before the summary
+            publishing.set()
+            loop.join(SHUTDOWN.time_left(30.0))
+            publisher.close()
         done.set()
         reporter.join()
         if dry_run or (ended and recovery_dir is None):

@@ -15,6 +15,7 @@ import atexit
 import importlib
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -45,8 +46,8 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     from runtime.logs import configure_logging
     from runtime.process import Process
     from runtime.shutdown import SHUTDOWN, abandon, install_signal_handlers
-    from sinks.outbox import OutboxPublisher
-    from sinks.retention import PeriodicMaintenance
+    from sinks.outbox import OutboxPublisher, OutboxWatchdog
+    from sinks.retention import maintenance_task
 
     settings = load_settings()
     configure_logging(settings.log_level)
@@ -67,7 +68,7 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
               f" USER_ACTIVITY_HTTP_PORT): {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     tracing.configure_from_env(_consumer_group(settings, flow_id))
-    publisher = OutboxPublisher(settings) if settings.outbox_enabled else None
+    publisher = OutboxPublisher(settings, process=process) if settings.outbox_enabled else None
 
     housekeeping = Housekeeping()
     housekeeping.every(1.0, "wall-clock", ClockCheck(abandon).check)
@@ -77,20 +78,28 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
         housekeeping.every(1.0, "cluster-stop", stop.check)
     housekeeping.every(settings.malloc_trim_interval_seconds, "malloc-trim", memory.trim_heap)
     housekeeping.every(settings.gc_full_collect_interval_seconds, "gc", memory.collect_full)
-    if publisher is not None and settings.maintenance_interval_seconds > 0:
-        housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
-                           PeriodicMaintenance(settings).tick)
+    if publisher is not None:
+        watchdog = OutboxWatchdog(settings, process=process)
+        housekeeping.every(watchdog.interval, "outbox-watchdog", watchdog.measure)
+        if settings.maintenance_interval_seconds > 0:
+            housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
+                               maintenance_task(settings))
 
     flow: Dataflow = module.build_flow(settings, process=process, publisher=publisher)
     memory.tune_gc(settings.gc_young_threshold)
-    if publisher is not None:
-        publisher.start()
+    publishing = threading.Event()  # set: the publisher's loop returns
+    loop = threading.Thread(target=publisher.run, args=(publishing,), name="outbox-publisher",
+                            daemon=True) if publisher is not None else None
+    if loop is not None:
+        loop.start()
     housekeeping.start()
 
     def finish() -> None:
         housekeeping.stop(process.stopping.time_left(5.0))
-        if publisher is not None:
-            publisher.stop()
+        if publisher is not None and loop is not None:
+            publishing.set()
+            loop.join(process.stopping.time_left(30.0))
+            publisher.close()  # the last drain (unless the loop still runs), then the lease
         tracing.shutdown(process.stopping.time_left(tracing.SHUTDOWN_FLUSH_SECONDS))
         process.stopping.finish()
 

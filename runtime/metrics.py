@@ -187,7 +187,7 @@ STORAGE_PARTITION_DAYS_READY = Gauge(
     " land in the DEFAULT partition, which only chunked DELETEs shrink.",
     ["table"],
 )
-BACKGROUND_RESTARTS = Counter(  # runtime.supervisor's, until the outbox runs without it
+BACKGROUND_RESTARTS = Counter(  # runtime.periodic's, until its last user goes
     "user_activity_background_restarts",
     "Restarts of a supervised background loop after an unexpected exception.",
     ["thread"],

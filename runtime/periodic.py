@@ -1,16 +1,20 @@
 """A daemon thread that runs a task every ``interval`` seconds until stopped.
 
-An exception from a tick is logged with its traceback and counted
-(:func:`runtime.supervisor.report_crash`); the next tick runs as planned.
+An exception from a tick is logged with its traceback (``background-loop-crashed``) and
+counted (``user_activity_background_restarts_total{thread}``); the next tick runs as planned.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from abc import ABC, abstractmethod
 from typing import Self
 
-from runtime.supervisor import report_crash
+from runtime.metrics import BACKGROUND_RESTARTS
+
+logger = logging.getLogger(__name__)
 
 
 class Periodic(ABC):
@@ -47,6 +51,10 @@ class Periodic(ABC):
             try:
                 if not self.tick():
                     return
-            except Exception as exc:  # noqa: BLE001 - a failed tick must not end the thread
+            except Exception as exc:
                 failures += 1
-                report_crash(self._thread.name, exc, failures, self.interval)
+                BACKGROUND_RESTARTS.labels(thread=self._thread.name).inc()
+                with contextlib.suppress(Exception):  # reporting must never end the thread
+                    logger.error("background-loop-crashed", exc_info=exc, extra={
+                        "loop": self._thread.name, "error": type(exc).__name__,
+                        "attempt": failures})

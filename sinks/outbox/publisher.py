@@ -131,11 +131,11 @@ class OutboxPublisher:
         # a missing topic is known missing (UNKNOWN_TOPIC_OR_PART, held back) after 5 s, not
         # after the 30 s message time-out (a service error that holds every topic)
         missing_after: dict[str, Any] = {"topic.metadata.propagation.max.ms": 5000}
-        self._producer = KafkaProducer(settings, name, **missing_after)
+        self._producer = KafkaProducer(settings, name, stopping=process.stopping, **missing_after)
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._ran = False
+        self._ran = self._running = False
         self._offered: queue.Queue[Sequence[OutboxRow]] = queue.Queue(_OFFER_QUEUE_BATCHES)
         self._sent_early: set[UUID] = set()
         self._sent_by_window = _RecentIds(_RECENT_IDS)
@@ -181,7 +181,7 @@ class OutboxPublisher:
         paused. Any other exception is logged once with its traceback and answered with
         ``process.stopping.restart``: a clean stop, then exit 75.
         """
-        self._stop, self._ran = stop, True
+        self._stop, self._ran, self._running = stop, True, True
         self._producer.producer  # noqa: B018 - built now: it connects while the flow starts
         try:
             while not stop.is_set():
@@ -197,6 +197,8 @@ class OutboxPublisher:
             logger.error("outbox-publisher-failed", exc_info=exc,
                          extra={"error": type(exc).__name__})
             self._process.stopping.restart(f"the outbox publisher failed: {type(exc).__name__}")
+        finally:
+            self._running = False
 
     def drain(self, wait_seconds: float = 0.0, publish_seconds: float | None = None) -> int:
         """Publish every row committed before the call; return how many rows this one sent.
@@ -230,9 +232,14 @@ class OutboxPublisher:
 
         During a stop the last drain is bounded by the stop's grace (10 s at most: a backlog
         is left to the next start, and the stop exits 75); a bounded run's drain sends it all.
+        A loop still running (held up by an outage past the grace) is left alone: no drain.
         """
         stopping = self._process.stopping
-        if self._ran:
+        if self._running:
+            log_event(logger, "outbox-final-drain-failed", logging.WARNING,
+                      error="the publish loop did not stop")
+            stopping.unfinished("committed outbox rows not published (the next start does)")
+        elif self._ran:
             try:
                 left = stopping.time_left(_STOP_DRAIN_SECONDS)
                 self.drain(wait_seconds=left,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
@@ -94,6 +95,23 @@ def run_maintenance(settings: Settings, conn: Connection | None = None, *,
         STORAGE_EXPIRED_PARTITIONS.labels(parent).set(counted.expired)
         STORAGE_PARTITION_DAYS_READY.labels(parent).set(counted.days_ready)
     return report
+
+
+def maintenance_task(settings: Settings) -> Callable[[], None]:
+    """:func:`run_maintenance` every ``maintenance_interval_seconds``, when called more often.
+
+    For the housekeeping thread, which calls it each minute: the first call runs it, so a job
+    restarted more often than the interval still does.
+    """
+    last = [float("-inf")]
+
+    def run_when_due() -> None:
+        now = time.monotonic()
+        if now - last[0] >= settings.maintenance_interval_seconds:
+            last[0] = now
+            run_maintenance(settings)
+
+    return run_when_due
 
 
 def maintain(conn: Connection, retention_days: int, today: date | None = None

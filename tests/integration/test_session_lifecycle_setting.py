@@ -13,7 +13,7 @@ import pytest
 
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import SessionTopics
-from dataflows.session_linking.sink import SessionLinksStore
+from dataflows.session_linking.store import SessionLinksStore
 from devenv.harness.messages import sign_in_envelope
 from devenv.harness.sessions import insert_session
 from schemas.kafka_record import SourceRecord
