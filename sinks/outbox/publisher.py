@@ -447,7 +447,8 @@ class OutboxPublisher:
             log_event(logger, "outbox-watermark-reset", logging.ERROR, delivered=reset[0],
                       target=reset[1], current=reset[2])
         self._lease = conn
-        self._held_refresh = 0.0  # the held topics are read at the first try
+        self._held.known(held_topics(conn))  # a previous holder's: their new rows go behind
+        self._held_refresh = time.monotonic() + _HELD_REFRESH_SECONDS
         while True:  # offered while a standby (a race with offer()): the old holder sent them
             try:
                 self._offered.get_nowait()

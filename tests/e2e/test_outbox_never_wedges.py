@@ -476,3 +476,24 @@ def _held(db: psycopg.Connection[Any], topic: str) -> list[uuid.UUID]:
     return [row_id for (row_id,) in db.execute(
         "SELECT id FROM user_activity.outbox_held WHERE topic = %s ORDER BY seq",
         (topic,)).fetchall()]
+
+
+def test_a_new_lease_holder_sends_a_topics_new_rows_behind_the_rows_held_before(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    settings = make_settings()
+    topic = f"{settings.topic_action_tracked}.one"  # refused before; accepted again now
+    ensure_topics(settings.kafka_client_config(), [topic], 1)
+    old, new = (OutboxRow(uuid.uuid4(), topic, key, b"{}", {}) for key in (b"old", b"new"))
+    db.execute("INSERT INTO user_activity.outbox_held (id, topic, key, value, created_at,"
+               " last_error) VALUES (%s, %s, %s, %s, now(), 'TOPIC_AUTHORIZATION_FAILED')",
+               (old.id, old.topic, old.key, old.value))  # the previous lease holder's
+    _insert(db, [new])
+    publisher = OutboxPublisher(settings, process=Process())
+    try:
+        publisher.drain()
+    finally:
+        publisher.close()
+        db.execute("DELETE FROM user_activity.outbox_held WHERE id = %s", (old.id,))
+
+    assert [c.key for c in consume_all(settings, topic, expect_at_least=2)] == [b"old", b"new"]
