@@ -29,6 +29,7 @@ class Periodic(ABC):
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        BACKGROUND_RESTARTS.labels(thread=name)  # the series exists (at 0) before any crash
 
     @abstractmethod
     def tick(self) -> bool:
