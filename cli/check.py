@@ -41,6 +41,7 @@ TABLES = {
     "outbox": "SELECT, INSERT",
     "outbox_default": "SELECT, DELETE",
     "outbox_parked": "SELECT, INSERT, UPDATE, DELETE",
+    "outbox_held": "SELECT, INSERT, DELETE",
     "outbox_watermark": "SELECT, UPDATE",
     "sign_in_conflicts": "SELECT, INSERT, DELETE",
     "stream_stops": "SELECT, INSERT",
