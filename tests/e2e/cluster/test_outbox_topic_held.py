@@ -57,8 +57,8 @@ def own_database(database_url: str) -> Iterator[str]:
 
 def _settings(cluster: KafkaCluster, dsn: str, prefix: str, user: str) -> Settings:
     topics: dict[str, Any] = {name: f"{prefix}.{name.removeprefix('topic_').replace('_', '-')}"
-              for name in Settings.model_fields
-              if name.startswith("topic_") and name != "topic_partitions"}
+                              for name, field in Settings.model_fields.items()
+                              if name.startswith("topic_") and isinstance(field.default, str)}
     config = cluster.client_config(user)
     return Settings(
         kafka_bootstrap_servers=cluster.bootstrap, kafka_security_protocol="SASL_PLAINTEXT",
