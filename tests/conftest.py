@@ -27,6 +27,8 @@ from cli.topics import ensure_topics
 from devenv.harness.jobs import JobSupervisor, supervised_jobs
 from runtime.settings import Settings
 
+pytest_plugins = ("tests.workers",)  # on xdist workers: own ports, longest tests first
+
 # deadline None: a property's examples are timed, and this 2-core machine shared with the
 # services makes a slow example a matter of the moment, not of the code
 hypothesis_settings.register_profile("suite", derandomize=True, print_blob=True, deadline=None)
