@@ -48,6 +48,8 @@ SYSTEM_USER = "postgres"
 DEFAULT_RUN_DIR = Path(__file__).resolve().parent.parent / ".run" / "postgres"
 DEFAULT_DATABASE = "user_activity"
 _OPTIONS = {"listen_addresses": HOST, "max_connections": "200"}
+_GUARD = 'read _; "$0" stop -D "$1" -m immediate; [ -z "$2" ] || rm -rf "$2"'
+"""Run by ``sh -c`` with pg_ctl, the data dir and a private base dir ("" for none)."""
 
 
 def _bin_dir() -> Path:
@@ -111,8 +113,10 @@ class PostgresServer:
     ``stop()`` then ``start()`` comes back on the same port with the same data, so DSNs stay
     valid (the chaos tests simulate an outage so).  ``close()`` stops it and removes a private
     data directory (one in ``run_dir`` is kept).  ``settings`` are extra ``postgres -c``
-    options, e.g. ``{"fsync": "on"}``.  A server started by this process is killed when the
-    process exits (mirakuru's exit hook) unless ``detach`` is true.
+    options, e.g. ``{"fsync": "on"}``.  Unless ``detach`` is true, a server started by this
+    process does not outlive it: mirakuru's exit hook kills it when the process exits, and a
+    guard (:data:`_GUARD`) stops it, and removes a private data directory, when the process
+    ends without that hook (killed, or an xdist worker ended with ``os._exit``).
     """
 
     def __init__(self, run_dir: Path | None = None, *, settings: Mapping[str, str] | None = None,
@@ -153,6 +157,8 @@ class PostgresServer:
             postgres_options=" ".join(f"-c {name}={value}" for name, value in options.items()),
         )
         self._executor.detached = detach
+        self._pg_ctl = pg_ctl
+        self._guard: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -191,6 +197,8 @@ class PostgresServer:
             for path in (self.data_dir, self.log_path):
                 os.chown(path, user.pw_uid, user.pw_gid)
         self._executor.start()
+        if not self._executor.detached:
+            self._start_guard()
         deadline = time.monotonic() + 30  # pg_ctl -w may return while it still starts up
         while True:
             try:
@@ -203,6 +211,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         """Stop the server (``pg_ctl stop -m fast``); the port and data are kept."""
+        self._end_guard()
         if self.is_running():
             self._executor.stop()
 
@@ -214,6 +223,23 @@ class PostgresServer:
             (self.run_dir / "state.json").unlink(missing_ok=True)
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _start_guard(self) -> None:
+        """A shell that waits for EOF on a pipe only this process holds, then stops the server."""
+        self._end_guard()
+        private = str(self.data_dir.parent) if self._relocated else ""
+        self._guard = subprocess.Popen(  # its own session: no terminal SIGINT ends it first
+            ["sh", "-c", _GUARD, str(self._pg_ctl), str(self.data_dir), private],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd="/", start_new_session=True)
+
+    def _end_guard(self) -> None:
+        if self._guard is not None:
+            self._guard.kill()
+            self._guard.wait()
+            if self._guard.stdin is not None:
+                self._guard.stdin.close()
+            self._guard = None
 
     def __enter__(self) -> Self:
         self.start()
