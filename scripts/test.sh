@@ -14,16 +14,9 @@ echo "== mypy" && .venv/bin/mypy .
 echo "== import layers" && .venv/bin/lint-imports
 echo "== schemas" && .venv/bin/python -m schemas.export --check
 echo "== configuration reference" && .venv/bin/python -m cli.configuration_doc --check
-# Workers with their own PostgreSQL and Kafka each (tests/workers.py); against external services
-# one process, since tests that share a server must not run at the same time.
-workers="${USER_ACTIVITY_TEST_WORKERS:-4}"
-if [ -n "${USER_ACTIVITY_TEST_DATABASE_URL:-}${USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
-  workers=0
-fi
-echo "== pytest ($workers workers)"
+echo "== pytest"  # on xdist workers with their own services (tests/workers.py)
 set +e
-.venv/bin/pytest -p no:cacheprovider --durations=20 -n "$workers" --dist loadgroup \
-  --no-loadscope-reorder "$@"
+.venv/bin/pytest -p no:cacheprovider --durations=20 "$@"
 rc=$?
 set -e
 echo "suite took $(( $(date +%s) - start )) s"

@@ -1,5 +1,6 @@
-"""The suite on pytest-xdist workers (scripts/test.sh): own ports, longest tests first, groups.
+"""The suite on pytest-xdist workers: how many, own ports, longest tests first, groups.
 
+pyproject's addopts ask for ``-n auto``; :func:`pytest_xdist_auto_num_workers` says how many.
 Each worker is a pytest session of its own, so the session fixtures of tests/conftest.py give
 each worker its own PostgreSQL and Kafka, started when a test of that worker first needs one.
 This plugin gives each worker a disjoint share of ports (devenv.harness.ports), keeps the
@@ -11,6 +12,7 @@ the long e2e tests spread over the workers and the short ones fill the gaps at t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ import pytest
 from devenv.harness.ports import use_port_share
 
 DURATIONS = Path(__file__).with_name("durations.json")
+UNIT = Path(__file__).with_name("unit")
 # the guess for a test not in DURATIONS yet, by the folder it is in
 _UNKNOWN = {"e2e": 15.0, "integration": 3.0}
 _MIN_STORED = 0.5  # seconds; shorter unit tests are all alike to the schedule
@@ -26,6 +29,26 @@ _MIN_STORED = 0.5  # seconds; shorter unit tests are all alike to the schedule
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--store-durations", action="store_true",
                      help=f"write each test's seconds to {DURATIONS.name} (the workers' schedule)")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The workers of ``-n auto``: ``USER_ACTIVITY_TEST_WORKERS`` if set, else by what is run.
+
+    None against an external server or broker (the tests that share one must not run at the
+    same time), nor for tests named one by one (``file::test``); one per core for unit tests
+    alone (they compute), two per core otherwise (the e2e tests mostly wait).
+    """
+    if os.environ.get("USER_ACTIVITY_TEST_DATABASE_URL") or os.environ.get(
+            "USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS"):
+        return 0
+    if count := os.environ.get("USER_ACTIVITY_TEST_WORKERS"):
+        return int(count)
+    args = config.args
+    if args and all("::" in arg for arg in args):
+        return 0
+    cores = len(os.sched_getaffinity(0))
+    unit_only = args and all(Path(arg).resolve().is_relative_to(UNIT) for arg in args)
+    return cores if unit_only else 2 * cores
 
 
 def pytest_configure(config: pytest.Config) -> None:
