@@ -84,10 +84,15 @@ class _Executor(PostgreSQLExecutor):
 
     @property
     def envvars(self) -> dict[str, str]:
-        """Without mirakuru's mark, its exit hook does not SIGKILL a detached server."""
+        """The environment without mirakuru's mark: its exit hook never SIGKILLs our server.
+
+        The hook of every exiting process that imported mirakuru (each pytest process, through
+        pytest-postgresql) kills the processes whose mark *contains* its pid: with pids
+        recycled below 32768, a server died at random in a busy suite. The guard of
+        :class:`PostgresServer` stops a server that its process leaves behind instead.
+        """
         env = super().envvars
-        if self.detached:
-            del env[ENV_UUID]
+        del env[ENV_UUID]
         return env
 
     def _build_initdb_command(self, initdb_options: list[str],
@@ -114,9 +119,8 @@ class PostgresServer:
     valid (the chaos tests simulate an outage so).  ``close()`` stops it and removes a private
     data directory (one in ``run_dir`` is kept).  ``settings`` are extra ``postgres -c``
     options, e.g. ``{"fsync": "on"}``.  Unless ``detach`` is true, a server started by this
-    process does not outlive it: mirakuru's exit hook kills it when the process exits, and a
-    guard (:data:`_GUARD`) stops it, and removes a private data directory, when the process
-    ends without that hook (killed, or an xdist worker ended with ``os._exit``).
+    process does not outlive it: a guard (:data:`_GUARD`) stops it, and removes a private data
+    directory, when the process ends, however it ends (an exit, a kill, ``os._exit``).
     """
 
     def __init__(self, run_dir: Path | None = None, *, settings: Mapping[str, str] | None = None,
