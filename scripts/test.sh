@@ -9,6 +9,10 @@ bash scripts/bootstrap.sh
 export PYTHONDONTWRITEBYTECODE=1
 
 start=$(date +%s)
+# Bytecode of the project, as the image has it (k8s/Dockerfile): with PYTHONDONTWRITEBYTECODE
+# every job and command the tests start compiled the modules it imports again (0.15 s of CPU).
+.venv/bin/python -m compileall -q -j 0 schemas runtime sources sinks dataflows cli devenv bench \
+  >/dev/null
 echo "== ruff" && .venv/bin/ruff check .
 echo "== mypy" && .venv/bin/mypy .
 echo "== import layers" && .venv/bin/lint-imports
