@@ -48,6 +48,8 @@ SYSTEM_USER = "postgres"
 DEFAULT_RUN_DIR = Path(__file__).resolve().parent.parent / ".run" / "postgres"
 DEFAULT_DATABASE = "user_activity"
 _OPTIONS = {"listen_addresses": HOST, "max_connections": "200"}
+_GUARD = 'read _; "$0" stop -D "$1" -m immediate; [ -z "$2" ] || rm -rf "$2"'
+"""Run by ``sh -c`` with pg_ctl, the data dir and a private base dir ("" for none)."""
 
 
 def _bin_dir() -> Path:
@@ -82,11 +84,38 @@ class _Executor(PostgreSQLExecutor):
 
     @property
     def envvars(self) -> dict[str, str]:
-        """Without mirakuru's mark, its exit hook does not SIGKILL a detached server."""
+        """The environment without mirakuru's mark: its exit hook never SIGKILLs our server.
+
+        The hook of every exiting process that imported mirakuru (each pytest process, through
+        pytest-postgresql) kills the processes whose mark *contains* its pid: with pids
+        recycled below 32768, a server died at random in a busy suite. The guard of
+        :class:`PostgresServer` stops a server that its process leaves behind instead.
+        """
         env = super().envvars
-        if self.detached:
-            del env[ENV_UUID]
+        del env[ENV_UUID]
         return env
+
+    def _kill_all_kids(self, sig: int) -> set[int]:
+        """Nothing: without the mark none is found, and the scan is not even made.
+
+        mirakuru reads the environment of every process of the machine at each stop and when
+        the executor is collected; on a busy machine a process that vanished or changed midway
+        made that raise, and its ``__del__`` printed a banner to stdout (the CLI's DSN line).
+        """
+        return set()
+
+    def start(self) -> Self:
+        """Start the server, then wait for ``pg_ctl start -w`` to end and forget that process.
+
+        Its handle is all that mirakuru's ``kill`` and ``__del__`` look at: a launcher still
+        ending at exit made ``killpg`` fail (ESRCH), and mirakuru printed a banner of
+        asterisks to stdout after the CLI's DSN line (a loaded machine, 1 run in 3).
+        """
+        super().start()
+        if self.process is not None:
+            self.process.wait(timeout=self._timeout)
+        self._clear_process()
+        return self
 
     def _build_initdb_command(self, initdb_options: list[str],
                               pgdata: str | None = None) -> list[str]:
@@ -111,8 +140,9 @@ class PostgresServer:
     ``stop()`` then ``start()`` comes back on the same port with the same data, so DSNs stay
     valid (the chaos tests simulate an outage so).  ``close()`` stops it and removes a private
     data directory (one in ``run_dir`` is kept).  ``settings`` are extra ``postgres -c``
-    options, e.g. ``{"fsync": "on"}``.  A server started by this process is killed when the
-    process exits (mirakuru's exit hook) unless ``detach`` is true.
+    options, e.g. ``{"fsync": "on"}``.  Unless ``detach`` is true, a server started by this
+    process does not outlive it: a guard (:data:`_GUARD`) stops it, and removes a private data
+    directory, when the process ends, however it ends (an exit, a kill, ``os._exit``).
     """
 
     def __init__(self, run_dir: Path | None = None, *, settings: Mapping[str, str] | None = None,
@@ -153,6 +183,8 @@ class PostgresServer:
             postgres_options=" ".join(f"-c {name}={value}" for name, value in options.items()),
         )
         self._executor.detached = detach
+        self._pg_ctl = pg_ctl
+        self._guard: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -191,6 +223,8 @@ class PostgresServer:
             for path in (self.data_dir, self.log_path):
                 os.chown(path, user.pw_uid, user.pw_gid)
         self._executor.start()
+        if not self._executor.detached:
+            self._start_guard()
         deadline = time.monotonic() + 30  # pg_ctl -w may return while it still starts up
         while True:
             try:
@@ -203,6 +237,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         """Stop the server (``pg_ctl stop -m fast``); the port and data are kept."""
+        self._end_guard()
         if self.is_running():
             self._executor.stop()
 
@@ -214,6 +249,23 @@ class PostgresServer:
             (self.run_dir / "state.json").unlink(missing_ok=True)
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _start_guard(self) -> None:
+        """A shell that waits for EOF on a pipe only this process holds, then stops the server."""
+        self._end_guard()
+        private = str(self.data_dir.parent) if self._relocated else ""
+        self._guard = subprocess.Popen(  # its own session: no terminal SIGINT ends it first
+            ["sh", "-c", _GUARD, str(self._pg_ctl), str(self.data_dir), private],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd="/", start_new_session=True)
+
+    def _end_guard(self) -> None:
+        if self._guard is not None:
+            self._guard.kill()
+            self._guard.wait()
+            if self._guard.stdin is not None:
+                self._guard.stdin.close()
+            self._guard = None
 
     def __enter__(self) -> Self:
         self.start()

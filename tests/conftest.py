@@ -21,11 +21,16 @@ from typing import Any
 import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
 from devenv.harness.jobs import JobSupervisor, supervised_jobs
 from runtime.settings import Settings
+from tests.support import with_database
+
+pytest_plugins = ("tests.workers",)  # on xdist workers: own ports, longest tests first
 
 # deadline None: a property's examples are timed, and this 2-core machine shared with the
 # services makes a slow example a matter of the moment, not of the code
@@ -50,13 +55,31 @@ def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         server.close()
 
 
-@pytest.fixture(scope="session")
-def database_url(postgres_server: Any) -> str:
-    """A migrated database on a real PostgreSQL server."""
+def migrated_database(postgres_server: Any, suffix: str = "") -> str:
+    """A migrated database on the suite's server, or the external one (``suffix``: one beside it).
+
+    The database is created if missing; its URL.
+    """
     external = os.environ.get("USER_ACTIVITY_TEST_DATABASE_URL")
-    dsn = external or str(postgres_server.create_database("user_activity_test"))
+    if not external:
+        dsn = str(postgres_server.create_database(f"user_activity_test{suffix}"))
+    elif suffix:
+        name = f"{conninfo_to_dict(external)['dbname']}{suffix}"
+        with psycopg.connect(with_database(external, "postgres"), autocommit=True) as conn:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                (name,)).fetchone():
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        dsn = with_database(external, name)
+    else:
+        dsn = external
     apply_migrations(dsn)
     return dsn
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_server: Any) -> str:
+    """A migrated database on a real PostgreSQL server (tests/integration have their own)."""
+    return migrated_database(postgres_server)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A free TCP port on loopback."""
+"""A free TCP port on loopback; disjoint shares of ports for processes running side by side."""
 
 from __future__ import annotations
 
@@ -8,6 +8,17 @@ import socket
 from pathlib import Path
 
 HOST = "127.0.0.1"
+_LOWEST = 20000
+
+
+class _Share:
+    """The ports of this process (none: any free port), handed out in turn from ``cursor``."""
+
+    ports: range = range(0)
+    cursor = 0
+
+
+_share = _Share()  # set by use_port_share
 
 
 def ephemeral_low() -> int:
@@ -17,14 +28,38 @@ def ephemeral_low() -> int:
     return 32768
 
 
+def use_port_share(index: int, count: int) -> None:
+    """From now on, hand out only ports of share ``index`` of ``count``, each in turn.
+
+    The range below the kernel's ephemeral one is cut into ``count`` disjoint shares, so
+    ``count`` processes started side by side (test workers) never pick the same port, and a
+    port a process handed out is not handed out again soon (a job started later cannot get the
+    port of a server stopped for a restart).  Outgoing connections never take these ports.
+    """
+    low = ephemeral_low()
+    if not 0 <= index < count or low - _LOWEST < 100 * count:
+        raise ValueError(f"no share {index} of {count} below port {low}")
+    size = (low - _LOWEST) // count
+    _share.ports = range(_LOWEST + index * size, _LOWEST + (index + 1) * size)
+    _share.cursor = random.randrange(size)  # two runs side by side rarely walk in step
+
+
 def free_port(host: str = HOST, *, below_ephemeral: bool = False, exclude: int = 0) -> int:
     """A TCP port on ``host`` that nothing listens on right now (never ``exclude``).
 
     ``below_ephemeral``: below the kernel's ephemeral range if possible, so that no outgoing
-    connection can take it while the server that owns it is stopped for a restart.
+    connection can take it while the server that owns it is stopped for a restart.  After
+    :func:`use_port_share`, every port comes from this process's share, in turn.
     """
+    if ports := _share.ports:
+        for _ in ports:
+            port = ports[_share.cursor]
+            _share.cursor = (_share.cursor + 1) % len(ports)
+            if port != exclude and _bindable(host, port):
+                return port
+        raise OSError(f"no free port on {host} in this process's share")
     low = ephemeral_low() if below_ephemeral else 0
-    below = [random.randint(20000, low - 1) for _ in range(100)] if low > 20100 else []
+    below = [random.randint(_LOWEST, low - 1) for _ in range(100)] if low > _LOWEST + 100 else []
     for port in [*below, 0, 0, 0]:  # 0: any port the kernel picks
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -34,3 +69,12 @@ def free_port(host: str = HOST, *, below_ephemeral: bool = False, exclude: int =
             if (chosen := int(sock.getsockname()[1])) != exclude:
                 return chosen
     raise OSError(f"no free port on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -46,6 +46,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.timing  # ten commands start at once, then all must end within 25 s
 def test_postgresql_and_kafka_not_answering_or_down_is_one_line_and_exit_75(
     silent_port: int,
 ) -> None:
