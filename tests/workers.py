@@ -63,7 +63,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_configure(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", None)
     if worker is not None:
-        use_port_share(int(worker["workerid"].removeprefix("gw")), int(worker["workercount"]))
+        # a crashed worker's replacement is numbered past the count: spare shares for it
+        shares = 2 * int(worker["workercount"])
+        use_port_share(int(worker["workerid"].removeprefix("gw")) % shares, shares)
         with contextlib.suppress(OSError):  # a scheduling group of its own (module doc)
             os.setsid()
 
