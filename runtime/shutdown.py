@@ -27,7 +27,7 @@ query. Measured with a PostgreSQL stopped by SIGSTOP: SIGTERM, then nothing unti
 seconds after the grace (:func:`abandon`, 75: a SIGKILL with a reason), before Kubernetes' kill.
 
 The job may also stop itself to be started again (:meth:`Shutdown.restart`: an input topic
-gained partitions, :mod:`sources.partition_watch`): a clean stop like SIGTERM's, then exit
+gained partitions, :mod:`sources.topic`): a clean stop like SIGTERM's, then exit
 code 75, which every supervisor restarts.
 """
 

@@ -37,27 +37,22 @@ _FILL_CAP_POLLS = 4
 
 def consumer_config(config: Mapping[str, Any], group: str, receive_max_bytes: int
                     ) -> dict[str, Any]:
-    """What every input consumer has: offsets are ours, batches up to ``receive_max_bytes``.
-
-    ``receive.message.max.bytes`` also bounds a zstd batch once decompressed (librdkafka checks
-    no other codec's); ``fetch.max.bytes`` must stay 512 below it.
-    """
+    """Every input consumer's: offsets are ours; zstd batches of up to ``receive_max_bytes``."""
     return {**config, "logger": LIBRDKAFKA_LOGGER, "group.id": group or "user-activity-unused",
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "enable.partition.eof": False, "auto.offset.reset": "earliest",
-            # bounds close and a synchronous commit while Kafka is down (no group is joined)
-            "session.timeout.ms": 5_000,
-            "receive.message.max.bytes": receive_max_bytes,
+            "session.timeout.ms": 5_000,  # bounds close and a commit while Kafka is down
+            "receive.message.max.bytes": receive_max_bytes,  # zstd's only, once decompressed
             "fetch.max.bytes": min(PREFETCH_KBYTES * 1024, receive_max_bytes - 512)}
 
 
 def waiter(key: Key) -> str:
-    """The health waiter of an input partition."""
+    """An input partition's name in health and logs."""
     return f"{key[0]}[{key[1]}]"
 
 
 def error_name(exc: KafkaException) -> str:
-    """The librdkafka error name of ``exc`` (its class name if it has none)."""
+    """The librdkafka error name of ``exc``."""
     error = exc.args[0] if exc.args else None
     return error.name() if isinstance(error, KafkaError) else type(exc).__name__
 
@@ -72,18 +67,15 @@ class SharedConsumer:
         self._backoff = backoff
         self._count_retry = count_retry
         self._forget = forget
-        self.down_attempts = 0
-        """Failed reachability checks since every broker went down (0: not known down)."""
-        self.resumed_at = time.monotonic()
-        """When the consumer was made, or Kafka answered again after an outage."""
+        self.down_attempts = 0  # failed checks since every broker went down (0: not down)
+        self.resumed_at = time.monotonic()  # made, or Kafka answered again after an outage
         self._last_error = ""
         self._probe_at = self._checked_at = 0.0
         self._commit_warned_at = -60.0
         self._buffers: dict[Key, list[Message]] = {}
         self._buffered = 0
         self._held: set[Key] = set()  # paused by the input's alignment
-        self.users: set[Key] = set()
-        """The partitions using this consumer (joined or not): the last to leave closes it."""
+        self.users: set[Key] = set()  # joined or not: the last to leave closes the consumer
         self.consumer = Consumer({
             **config, "error_cb": self._on_error, "on_commit": self._on_commit,
             "fetch.min.bytes": 65_536, "fetch.wait.max.ms": fetch_wait_ms,
@@ -129,10 +121,7 @@ class SharedConsumer:
         self._buffered += kept
 
     def put_back(self, key: Key, messages: list[Message]) -> None:
-        """Put ``messages`` back at the front of ``key``'s buffer; pause it until its next take.
-
-        What a held partition buffers does not count against the fill cap.
-        """
+        """``messages`` back at the front of ``key``'s buffer, paused (not counted) till taken."""
         self._buffers[key][:0] = messages
         self._buffered += len(messages)
         if key not in self._held:
@@ -147,11 +136,7 @@ class SharedConsumer:
         self.consumer.incremental_assign([TopicPartition(*key, offset)])
 
     def drained_position(self, key: Key) -> int | None:
-        """The consumer's position in ``key`` once none of its records wait here (else None).
-
-        librdkafka's position is past every record handed out and past what is never handed out
-        (transaction markers, aborted records); a local call.
-        """
+        """The position in ``key`` (past markers and aborted records) once none of it waits."""
         if self._buffers.get(key):
             return None
         offset = self.consumer.position([TopicPartition(*key)])[0].offset
@@ -172,10 +157,9 @@ class SharedConsumer:
             self.consumer.close()
 
     def check_reachable(self, *, fetched: bool) -> None:
-        """While down: one metadata call when due (back-off); resume every member if answered.
+        """While down, when due: one metadata call; answered, every member resumes.
 
-        A fetch makes it due at once (at most once a second): records may still come from the
-        local queue while every broker is down.
+        A fetch makes it due at once (at most once a second): the local queue may still give.
         """
         if not self.down_attempts or not self._buffers:
             return

@@ -80,12 +80,10 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
     ) -> None:
         """Read ``topic``.
 
-        ``stuck_after``: seconds without a record before the broker is asked whether records
-        wait (0: never); ``partition_check``: seconds between checks of a tailed topic
-        (:class:`sources.topic.TopicWatch`, 0: never); ``fetch_wait_ms``: how long the broker
-        may hold a fetch to gather 64 KiB; ``receive_max_bytes``: the largest zstd batch read,
-        decompressed; ``consumer_group``: where offsets are also committed (empty: nowhere);
-        ``flow``: the flow lag gauge fed; ``alignment``: event-time order across partitions.
+        ``stuck_after``, ``partition_check``: seconds between checks (0: none);
+        ``fetch_wait_ms``: how long the broker may hold a fetch to gather 64 KiB;
+        ``consumer_group``: where offsets are also committed (empty: nowhere); ``flow``: the
+        flow lag gauge fed; ``alignment``: event-time order across the partitions.
         """
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
         self.topic, self.process, self.tail = topic, process, tail
@@ -115,18 +113,8 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         return [f"{self.topic}#{p}" for p in partitions]
 
     def _partitions(self, admin: AdminClient) -> list[int]:
-        # calls of a second at most: the main thread runs a SIGTERM's handler between calls
-        deadline = time.monotonic() + self.process.stopping.time_left(10.0)
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                metadata = admin.list_topics(self.topic, timeout=min(max(left, 0.1), 1.0))
-                break
-            except KafkaException:
-                if left <= 1.0:
-                    raise
-                self.process.stopping.wait(0.1)
-        topic = metadata.topics[self.topic]
+        # short: on the main thread a SIGTERM's handler runs only between calls
+        topic = admin.list_topics(self.topic, timeout=2.0).topics[self.topic]
         if topic.error is not None:
             raise KafkaException(topic.error)
         return sorted(topic.partitions)
@@ -323,7 +311,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         return batch
 
     def _careful_done(self, careful: CarefulReader) -> None:
-        """Read carefully up to the start's high watermark: the count ends, back to sharing."""
+        """Read carefully up to its start's end: the count ends, back to the shared consumer."""
         careful.close()
         self._careful = None
         self._commit(self._next_offset)
@@ -345,11 +333,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         return messages
 
     def _gap(self, expected: int, got: int) -> None:
-        """Offsets ``expected`` to ``got`` were not delivered: counted if they expired unread.
-
-        Markers and compaction leave gaps too; only what lies before the log start (cached:
-        no broker call) was deleted by retention before this job read it.
-        """
+        """Offsets ``expected`` to ``got`` not delivered: counted if before the log start."""
         low = self._consumer.get_watermark_offsets(self._tp, cached=True)[0]
         if low > expected:
             lost_to = min(got, low)
@@ -359,11 +343,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
                       records=lost_to - expected, log_start_offset=low)
 
     def _expired_unseen(self, next_offset: int | None, end: int | None) -> int | None:
-        """The next offset, moved to the log start when everything after it expired unread.
-
-        No record arrives then to show the gap (:meth:`_gap`); only when nothing is left
-        (log start = high watermark), so records still queued are never taken for lost ones.
-        """
+        """The next offset, moved to the log start when all after it expired (no record came)."""
         low, high = self._consumer.get_watermark_offsets(self._tp, cached=True)
         if next_offset is None or high > low or min(low, end or low) <= next_offset:
             return next_offset
@@ -373,11 +353,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         return low
 
     def _passed(self, next_offset: int | None, end: int | None) -> int | None:
-        """The next offset moved past offsets never delivered (markers, aborted records).
-
-        With nothing of this partition waiting, the consumer's position is past every record
-        it was given; capped at a bounded run's end.
-        """
+        """The next offset moved past offsets never delivered (markers, aborted records)."""
         position = self._shared.drained_position(self._key) if self._careful is None \
             else self._careful.drained_position()
         if position is None or (next_offset is not None and position <= next_offset):
@@ -387,10 +363,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         return position
 
     def _undecodable(self, base: int | None, reason: str) -> int | None:
-        """Skip the batch at ``base`` librdkafka refuses: the offset after it, or None (later).
+        """Skip the batch at ``base`` librdkafka refuses: the offset after it, or None.
 
-        Its end is probed (:mod:`sources.undecodable`); None, and a retry after a back-off,
-        when the broker could not be asked (the error then goes on as a consumer error).
+        None when the broker could not be probed: the error goes on as a consumer error and
+        the next one, after a back-off, tries again.
         """
         now = time.monotonic()
         base = self._next_offset if base is None or base < 0 else base
@@ -434,11 +410,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._next_offset = self._progress.next_offset = end
 
     def _check_stuck(self, now: float) -> None:
-        """Nothing read for ``stuck_after``: restart if records wait at one offset at two checks.
+        """Restart if records wait at one offset at two checks; unanswered in 1 s: Kafka down.
 
-        One watermark query of at most a second: no answer pauses the worker on kafka (a broker
-        that accepts and never answers). The high watermark asked is the last stable offset
-        (``read_committed``), so records behind a transaction open upstream are not a stall.
+        The high watermark asked is the last stable offset (``read_committed``): records behind
+        a transaction open upstream are no stall, said once instead.
         """
         self._stuck_check_at = now + self._src.stuck_after
         try:
@@ -512,11 +487,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         self._shared.leave(self._key)
 
 
+# Not msg.headers(): specialized in a hot loop, CPython 3.11 ignores the exception set by a
+# header name that is not UTF-8 (confluent-kafka 2.x) and crashed; this call raises it.
 _HEADERS_OF = operator.methodcaller("headers")
-"""``msg.headers()``, called so that a result with an exception set raises ``SystemError``.
-
-Called plainly in a hot loop, CPython 3.11 specializes it into a C call that does not check,
-and a header name that is not UTF-8 (confluent-kafka 2.x) crashed the process."""
 
 
 def _unreadable_headers(topic: str, partition: int, offset: int, exc: Exception
