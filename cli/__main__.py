@@ -5,9 +5,7 @@ one line naming the variable and exit code 2. PostgreSQL or Kafka unreachable, o
 within :data:`CONNECT_TIMEOUT_S` (a server that accepts connections and never answers), stops
 ``migrate``, ``maintain``, ``outbox`` and ``create-topics`` with one line naming the service and
 exit code 75 (run it again: each is idempotent). Before, ``maintain`` and ``outbox`` waited for
-ever without a word on a frozen server, and every command ended in a traceback. A server that
-stops answering after ``maintain`` or ``outbox`` connected is said by ``dependency-not-answering``
-(their connections' waits are watched like the job's: :func:`sinks.db.connect_watched`). Kafka
+ever without a word on a frozen server, and every command ended in a traceback. Kafka
 refusing (authentication, authorization, a replication factor above its brokers) is one line
 and exit code 2; a PostgreSQL error that is no outage (:func:`_postgres_unavailable`) is raised.
 """
@@ -159,14 +157,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     elif args.command == "init-recovery":
         from bytewax.recovery import init_db_dir
 
-        from runtime import recovery_volume
+        from runtime.bytewax_0_21 import recovery
 
         if held := sorted(p.name for p in args.directory.glob("part-*.sqlite3")):
             print(f"user-activity init-recovery: {args.directory} already holds a recovery"
                   f" store ({', '.join(held)}); nothing changed", file=sys.stderr)
             return 2
         args.directory.mkdir(parents=True, exist_ok=True)
-        recovery_volume.require_room(args.directory, settings.recovery_min_free_bytes)
+        recovery.require_room(args.directory, settings.recovery_min_free_bytes)
         init_db_dir(args.directory, args.partitions)  # type: ignore[no-untyped-call]
         print(f"recovery store with {args.partitions} partition(s) in {args.directory}")
     elif args.command == "outbox":

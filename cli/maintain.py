@@ -9,15 +9,15 @@ the lock (nothing to do then). Its last line is the partitions' census (what the
 
 from __future__ import annotations
 
+import psycopg
+
 from runtime.settings import Settings
-from sinks.db import COMMAND_SLOW_SECONDS, connect_watched
 from sinks.retention import maintain, storage_census
 
 
 def run(settings: Settings) -> int:
     """Run :func:`sinks.retention.maintain` once and print what it did; the exit code."""
-    with connect_watched(settings.database_dsn(), "user-activity-maintain",
-                         COMMAND_SLOW_SECONDS,
+    with psycopg.connect(settings.database_dsn(), application_name="user-activity-maintain",
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:
         report = maintain(conn, settings.retention_days)

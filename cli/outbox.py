@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+import psycopg
+
 from runtime.settings import Settings
-from sinks.db import COMMAND_SLOW_SECONDS, connect_watched
 from sinks.outbox_parked import parked_rows, requeue_parked
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """List parked rows (``parked``) or requeue them (``requeue --id ID | --all``); exit code."""
-    with connect_watched(settings.database_dsn(), "user-activity-outbox",
-                         COMMAND_SLOW_SECONDS,
+    with psycopg.connect(settings.database_dsn(), application_name="user-activity-outbox",
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:
         if args.outbox_command == "parked":

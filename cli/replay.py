@@ -36,10 +36,14 @@ from bytewax.testing import run_main
 from prometheus_client import REGISTRY
 
 from dataflows.session_linking.linking import LinkOutcome
-from runtime import recovery_store, recovery_volume
+from runtime.bytewax_0_21 import recovery
+from runtime.health import Health
+from runtime.process import Process
 from runtime.settings import Settings
 from runtime.shutdown import SHUTDOWN
 from sinks.dry_run import Tally
+from sinks.outbox import OutboxPublisher
+from sinks.transactional import Publishing
 from sources.kafka_input import StartPosition
 
 _SKIPPED = "user_activity_favorites_skipped_total"
@@ -108,28 +112,32 @@ class _Replayed:
     """How one flow is replayed: its outcomes, its bounded flow, its counters."""
 
     outcomes: tuple[str, ...]
-    build: Callable[[Settings, StartPosition, Sequence[str] | None, Tally | None], Dataflow]
+    build: Callable[[Settings, StartPosition, Sequence[str] | None, Tally | None, Process,
+                     Publishing | None], Dataflow]
     totals: Callable[[], dict[str, int]]
     upstream: tuple[str, ...]
     """Outcomes counted before the sinks (a dry run adds their counters to its tally)."""
 
 
-def _build_favorites(
+def _build_favorites(  # noqa: PLR0917
     settings: Settings, start: StartPosition, topics: Sequence[str] | None, tally: Tally | None,
+    process: Process, publisher: Publishing | None,
 ) -> Dataflow:
     from dataflows.favorite_actions.flow import FavoritesSinks, build_flow
 
     sinks = None if tally is None else FavoritesSinks.dry_run(settings, tally)
-    return build_flow(settings, start=start, topics=topics, sinks=sinks)
+    return build_flow(settings, start=start, topics=topics, sinks=sinks, process=process,
+                      publisher=publisher)
 
 
 def _build_session_linking(
     settings: Settings, start: StartPosition, _topics: Sequence[str] | None, tally: Tally | None,
+    process: Process, publisher: Publishing | None,
 ) -> Dataflow:
     from dataflows.session_linking.flow import SessionLinkingSinks, build_flow
 
     sinks = None if tally is None else SessionLinkingSinks.dry_run(settings, tally)
-    return build_flow(settings, start=start, sinks=sinks)
+    return build_flow(settings, start=start, sinks=sinks, process=process, publisher=publisher)
 
 
 FLOWS = {
@@ -145,7 +153,7 @@ class ReplayRefused(ValueError):
     """A replay that would do something other than what was asked: refused before it reads."""
 
 
-_MARKER = recovery_store.REPLAY_MARKER
+_MARKER = recovery.REPLAY_MARKER
 """Written into a recovery directory a replay made: what it replays, from where (the main job
 refuses such a store)."""
 
@@ -156,7 +164,7 @@ def _refuse_if_in_use(recovery_dir: Path) -> None:
     Two replays on one store each read the whole range (measured: 80,000 messages read twice,
     the second all duplicates) and overwrite each other's snapshots.
     """
-    if held := recovery_store.lock(recovery_dir, 0):
+    if held := recovery.lock(recovery_dir, 0):
         pid = held.partition("(")[2].partition(")")[0] or "pid ?"  # the lock's reason names it
         raise ReplayRefused(f"{recovery_dir} is in use by another process ({pid}: a replay, or"
                             " the job on its own store): wait for it to end, or pass another"
@@ -177,7 +185,7 @@ def _recovery_dir(
     runs on is refused (its lock, as the job's ``.job-lock-0``): before, both read the whole
     range. A directory a replay did not make (the main job's store) is refused: resuming from it
     reads from the main job's offsets, not from the start asked for, and moves them. Every store
-    but a dry run's needs the room of the job's (:func:`runtime.recovery_volume.require_room`:
+    but a dry run's needs the room of the job's (:func:`runtime.bytewax_0_21.recovery.require_room`:
     exit 74 before anything is written).
     """
     if dry_run and recovery_dir is not None:
@@ -186,7 +194,7 @@ def _recovery_dir(
     if dry_run:
         return Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     if recovery_dir is None:
-        recovery_volume.require_room(Path(tempfile.gettempdir()), min_free_bytes)
+        recovery.require_room(Path(tempfile.gettempdir()), min_free_bytes)
         return Path(tempfile.mkdtemp(prefix="user-activity-replay-"))
     wanted = {"flow": flow_name, "start": repr(start)}
     marker = recovery_dir / _MARKER
@@ -201,10 +209,10 @@ def _recovery_dir(
         if made["start"] != wanted["start"]:
             print(f"resuming the replay in {recovery_dir}: its first run's start applies"
                   f" ({made['start']}), not this one's", file=out, flush=True)
-        recovery_volume.require_room(recovery_dir, min_free_bytes)
+        recovery.require_room(recovery_dir, min_free_bytes)
         return recovery_dir
     recovery_dir.mkdir(parents=True, exist_ok=True)
-    recovery_volume.require_room(recovery_dir, min_free_bytes)  # before the marker (ENOSPC)
+    recovery.require_room(recovery_dir, min_free_bytes)  # before the marker (ENOSPC)
     _refuse_if_in_use(recovery_dir)  # another replay may be making it
     marker.write_text(json.dumps(wanted))
     return recovery_dir
@@ -232,7 +240,9 @@ def replay(
     tally = Tally() if dry_run else None
     directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out,
                               min_free_bytes=settings.recovery_min_free_bytes)
-    flow = replayed.build(bounded, start, topics, tally)
+    process = Process(Health(), SHUTDOWN)
+    publisher = None if dry_run or not settings.outbox_enabled else OutboxPublisher(bounded)
+    flow = replayed.build(bounded, start, topics, tally, process, publisher)
     if not any(directory.glob("part-*.sqlite3")):
         init_db_dir(directory, 1)  # type: ignore[no-untyped-call]
     before = replayed.totals()
@@ -263,6 +273,8 @@ def replay(
     reporter = threading.Thread(target=report_progress, daemon=True)
     reporter.start()
     ended = False
+    if publisher is not None:
+        publisher.start()
     try:
         run_main(  # type: ignore[no-untyped-call]
             flow,
@@ -271,6 +283,8 @@ def replay(
         )
         ended = not SHUTDOWN.requested()
     finally:
+        if publisher is not None:  # its rows on the topic before the summary
+            publisher.stop()
         done.set()
         reporter.join()
         if dry_run or (ended and recovery_dir is None):
@@ -357,13 +371,14 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
         start = StartPosition(timestamp_ms=args.from_ts, until_ms=until)
     else:
         start = StartPosition(until_ms=until)
-    from runtime.gc_tuning import tune_gc
-    from runtime.shutdown import STOPPED_DURING_OUTAGE, install_signal_handlers
+    from runtime.memory import tune_gc
+    from runtime.shutdown import EXIT_RESTART, install_signal_handlers
 
-    tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
+    tune_gc(settings.gc_young_threshold)
     # SIGTERM and the first Ctrl-C end the inputs: what was read commits, the summary is
-    # printed, and the same directory resumes (a traceback, or no summary at all, before)
-    install_signal_handlers(settings.stop_grace_seconds)
+    # printed, and the same directory resumes
+    SHUTDOWN.grace = settings.stop_grace_seconds
+    install_signal_handlers(SHUTDOWN)
     replay(settings, start, flow_name=args.flow, topics=topics, dry_run=args.dry_run,
            recovery_dir=args.recovery_dir)
-    return STOPPED_DURING_OUTAGE if SHUTDOWN.requested() else 0
+    return EXIT_RESTART if SHUTDOWN.requested() else 0

@@ -1,87 +1,104 @@
-"""The lazy module attributes every flow package exposes to ``python -m bytewax.run``.
+"""The composition root: ``python -m bytewax.run dataflows.<flow>:flow`` starts a job here.
 
-``flow`` is the job's entry point, so the process services start here, never in ``build_flow``
-(which stays free of side effects, so tests run the real flow on Bytewax's testing source and
-sink): the settings (a bad one is one line and exit code 2), JSON logging, the health/metrics
-server, the malloc trimmer, tracing (``OTEL_*``, :mod:`runtime.tracing`), garbage-collector
-tuning, SIGTERM / Ctrl-C as a clean stop of the whole cluster, and the recovery volume's watch
-(:mod:`runtime.recovery_volume`: a start on a full volume is one line and exit code 74), and
-the recovery store's check and lock (:mod:`runtime.recovery_store`: a missing, foreign or shared
-store is one line and exit code 78; a tailing job without one, one WARNING), and the wall
-clock's watch (:mod:`runtime.clock_watch`: a step back of more than 30 s is exit code 75).
+Asking a flow package for ``flow`` (and only that) reads the settings (a bad one: one line,
+exit 2), checks the recovery store (exit 74 or 78), makes the job's one
+:class:`~runtime.process.Process`, starts every process service and hands each adapter what it
+needs. The job's threads besides Bytewax's: ``http`` (``/metrics``, ``/livez``, ``/readyz``),
+``outbox-publisher``, ``housekeeping`` (every periodic task), ``stop-deadline`` and, with
+``OTEL_*`` set, the span exporter's. At exit the publisher drains and stops, and the run ends
+with exit 75 when a restart was asked for or a stop left work undone.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
+from types import ModuleType
 from typing import Any
+
+from bytewax.dataflow import Dataflow
+
+from runtime.settings import Settings
 
 
 def flow_attribute(flow_module: str, name: str) -> Any:
-    """``build_flow`` from ``flow_module``, or ``flow`` built from the environment.
-
-    Called from a package's ``__getattr__``: importing the package (or its pure step modules)
-    has no side effects; the flow, its settings and JSON logging exist only once asked for.
-    """
+    """``build_flow`` from ``flow_module``, or the job's ``flow`` (:func:`start_job`)."""
     module = importlib.import_module(flow_module)
     if name == "build_flow":
         return module.build_flow
     if name == "flow":
-        from runtime import recovery_store, recovery_volume
-        from runtime.clock_watch import ClockWatch
-        from runtime.cluster_stop import ClusterStop
-        from runtime.configuration import load_settings
-        from runtime.gc_tuning import tune_gc
-        from runtime.health import serve_http
-        from runtime.logs import configure_logging
-        from runtime.memory import start_trimmer
-        from runtime.shutdown import install_signal_handlers
-        from runtime.tracing import configure_from_env
-
-        settings = load_settings()
-        configure_logging(settings.log_level)
-        # Before Bytewax opens its SQLite store: on a full volume it panicked (exit code 1).
-        options = recovery_store.run_options(sys.argv, os.environ)
-        if options.recovery_dir is not None:
-            recovery_volume.require_room(options.recovery_dir, settings.recovery_min_free_bytes)
-            recovery_volume.watch(options.recovery_dir, settings.recovery_min_free_bytes)
-        # Before Bytewax opens it: a missing, foreign or shared store (recovery_store's list).
-        if not recovery_store.check_at_start(options, _flow_id(flow_module), tail=settings.tail):
-            raise SystemExit(recovery_store.RECOVERY_REFUSED)
-        # Before /readyz answers: a SIGTERM from then on is a clean stop (the inputs end at
-        # their first poll), never the default kill (exit -15) of a process still starting.
-        handled = install_signal_handlers(settings.stop_grace_seconds)
-        try:
-            serve_http(settings.http_host, settings.http_port)
-        except OSError as exc:  # a port in use, a host it cannot bind: one line, not a traceback
-            print(f"user-activity: cannot serve /metrics, /livez and /readyz on"
-                  f" {settings.http_host}:{settings.http_port} (USER_ACTIVITY_HTTP_HOST,"
-                  f" USER_ACTIVITY_HTTP_PORT): {exc}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        start_trimmer(settings.malloc_trim_interval_seconds)
-        ClockWatch().start()  # a long step back of the wall clock: exit 75, to start again
-        configure_from_env(_consumer_group(settings, flow_module))
-        flow = module.build_flow(settings)
-        tune_gc(settings.gc_young_threshold, settings.gc_full_collect_interval_seconds)
-        if handled:  # a stop requested meanwhile is announced at its first check
-            ClusterStop(settings.database_dsn(), flow.flow_id,
-                        tcp_options=settings.database_tcp_options()).start()
-        return flow
+        return start_job(module, flow_module.split(".")[1])
     raise AttributeError(name)
 
 
-def _flow_id(flow_module: str) -> str:
-    """The flow's Bytewax id, the prefix of its step ids in a recovery store.
+def start_job(module: ModuleType, flow_id: str) -> Dataflow:
+    """Start the process services of the job running ``module``'s flow; return the flow."""
+    from runtime import memory, tracing
+    from runtime.bytewax_0_21 import recovery
+    from runtime.bytewax_0_21.clock import ClockCheck
+    from runtime.bytewax_0_21.cluster_stop import ClusterStop
+    from runtime.configuration import load_settings
+    from runtime.health import Health, serve_http
+    from runtime.housekeeping import Housekeeping
+    from runtime.logs import configure_logging
+    from runtime.process import Process
+    from runtime.shutdown import SHUTDOWN, abandon, install_signal_handlers
+    from sinks.outbox import OutboxPublisher
+    from sinks.retention import PeriodicMaintenance
 
-    Its package: ``dataflows.favorite_actions.flow`` -> ``favorite_actions``.
-    """
-    return flow_module.split(".")[1]
+    settings = load_settings()
+    configure_logging(settings.log_level)
+    options = recovery.run_options(sys.argv, os.environ)
+    if options.recovery_dir is not None:
+        recovery.require_room(options.recovery_dir, settings.recovery_min_free_bytes)
+        recovery.watch(options.recovery_dir, settings.recovery_min_free_bytes)
+    if not recovery.check_at_start(options, flow_id, tail=settings.tail):
+        raise SystemExit(recovery.RECOVERY_REFUSED)
+    process = Process(Health(), SHUTDOWN)
+    process.stopping.grace = settings.stop_grace_seconds
+    handled = install_signal_handlers(process.stopping)  # before /readyz answers
+    try:
+        serve_http(settings.http_host, settings.http_port, process.health)
+    except OSError as exc:  # a port in use, a host it cannot bind: one line, not a traceback
+        print(f"user-activity: cannot serve /metrics, /livez and /readyz on"
+              f" {settings.http_host}:{settings.http_port} (USER_ACTIVITY_HTTP_HOST,"
+              f" USER_ACTIVITY_HTTP_PORT): {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    tracing.configure_from_env(_consumer_group(settings, flow_id))
+    publisher = OutboxPublisher(settings) if settings.outbox_enabled else None
+
+    housekeeping = Housekeeping()
+    housekeeping.every(1.0, "wall-clock", ClockCheck(abandon).check)
+    if handled:
+        stop = ClusterStop(settings.database_dsn(), flow_id, process.stopping,
+                           tcp_options=settings.database_tcp_options())
+        housekeeping.every(1.0, "cluster-stop", stop.check)
+    housekeeping.every(settings.malloc_trim_interval_seconds, "malloc-trim", memory.trim_heap)
+    housekeeping.every(settings.gc_full_collect_interval_seconds, "gc", memory.collect_full)
+    if publisher is not None and settings.maintenance_interval_seconds > 0:
+        housekeeping.every(60.0, "maintenance", PeriodicMaintenance(settings).tick)
+
+    flow: Dataflow = module.build_flow(settings, process=process, publisher=publisher)
+    memory.tune_gc(settings.gc_young_threshold)
+    if publisher is not None:
+        publisher.start()
+    housekeeping.start()
+
+    def finish() -> None:
+        housekeeping.stop(process.stopping.time_left(5.0))
+        if publisher is not None:
+            publisher.stop()
+        tracing.shutdown(process.stopping.time_left(tracing.SHUTDOWN_FLUSH_SECONDS))
+        process.stopping.finish()
+
+    atexit.register(finish)
+    return flow
 
 
-def _consumer_group(settings: Any, flow_module: str) -> str:
+def _consumer_group(settings: Settings, flow_id: str) -> str:
     """The consumer group the flow's lag is reported under (a span attribute)."""
-    if "session_linking" in flow_module:
-        return str(settings.consumer_group_session_linking)
-    return str(settings.consumer_group_favorites)
+    if flow_id == "session_linking":
+        return settings.consumer_group_session_linking
+    return settings.consumer_group_favorites

@@ -19,12 +19,10 @@ from prometheus_client import Counter
 
 from dataflows.dedup import DedupState, DedupWindow
 from runtime.backoff import Backoff
-from runtime.health import HEALTH
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
 from runtime.process import Process
 from runtime.settings import Settings, StartingOffset
-from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.alignment import EventTimeAlignment
 from sources.kafka_input import InputItem, KafkaInput, StartPosition
@@ -64,8 +62,8 @@ def kafka_inputs(
     *,
     flow_name: str,
     consumer_group: str,
+    process: Process,
     alignment: EventTimeAlignment | None = None,
-    process: Process | None = None,
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
@@ -73,10 +71,8 @@ def kafka_inputs(
     every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
     ``flow_name`` names the flow's lag gauge; snapshotted offsets are also committed to
     ``consumer_group`` (informational; empty: not at all). ``alignment``: the inputs' partitions
-    pass records on in event-time order (:mod:`sources.alignment`). ``process``: the job's
-    (default: one of the process-wide health and stop request).
+    pass records on in event-time order (:mod:`sources.alignment`). ``process``: the job's.
     """
-    process = process or Process(HEALTH, SHUTDOWN)
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
         op.input(
@@ -114,12 +110,13 @@ def kafka_records(
     *,
     flow_name: str,
     consumer_group: str,
+    process: Process,
     alignment: EventTimeAlignment | None = None,
 ) -> Stream[SourceRecord]:
     """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
     consumed = kafka_inputs(
         flow, settings, inputs, start, retries, flow_name=flow_name,
-        consumer_group=consumer_group, alignment=alignment,
+        consumer_group=consumer_group, process=process, alignment=alignment,
     )
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)

@@ -149,7 +149,7 @@ HEALTH = Health()
 
 
 class _Handler(BaseHTTPRequestHandler):
-    health: ClassVar[Health] = HEALTH
+    health: ClassVar[Health]
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -180,17 +180,18 @@ _server_lock = threading.Lock()
 _server: ThreadingHTTPServer | None = None
 
 
-def serve_http(host: str, port: int) -> int | None:
-    """Start the health/metrics server once per process (idempotent); return its port.
+def serve_http(host: str, port: int, health: Health) -> int | None:
+    """Serve ``health`` and the metrics once per process (idempotent, a thread named ``http``).
 
-    ``port == 0`` disables the server and returns None.
+    Returns the port; ``port == 0`` disables the server and returns None.
     """
     global _server  # noqa: PLW0603
     if port == 0:
         return None
     with _server_lock:
         if _server is None:
-            _server = ThreadingHTTPServer((host, port), _Handler)
+            handler = type("HealthHandler", (_Handler,), {"health": health})
+            _server = ThreadingHTTPServer((host, port), handler)
             _server.daemon_threads = True
             threading.Thread(target=_server.serve_forever, name="http", daemon=True).start()
         return int(_server.server_address[1])

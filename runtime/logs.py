@@ -8,7 +8,6 @@ lines, rendered without a LogRecord each and written to the JSON handler with on
 
 from __future__ import annotations
 
-import atexit
 import codecs
 import io
 import logging
@@ -109,60 +108,16 @@ class RepeatThrottle(logging.Filter):
 _DIGITS = re.compile(r"\d+")
 
 
-class BufferedStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to stderr through a 64 KiB buffer, flushed every ``interval`` seconds.
-
-    A per-message log line flushed one syscall at a time cost ~9 % of the job's CPU. Lines at
-    WARNING and above flush at once; the rest reach stderr within ``interval`` (and at exit). A
-    SIGKILL loses at most that last interval of INFO lines. The text layer writes through to the
-    byte buffer, so :func:`log_events` can hand it a batch of encoded lines directly.
-    """
-
-    def __init__(self, interval: float = 0.5) -> None:
-        stream = open(  # noqa: SIM115 - lives as long as the process
-            sys.stderr.fileno(), "w", buffering=1 << 16, encoding="utf-8", closefd=False
-        )
-        stream.reconfigure(write_through=True)
-        super().__init__(stream)
-        self._interval = interval
-        self._stop = threading.Event()
-        threading.Thread(target=self._flush_periodically, name="log-flush", daemon=True).start()
-        atexit.register(self.close)
-
-    def flush(self) -> None:
-        """Flushing happens in the background (see class doc)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Buffer the line; flush at once for WARNING and above."""
-        super().emit(record)
-        if record.levelno >= logging.WARNING:
-            self._flush_now()
-
-    def _flush_now(self) -> None:
-        with self.lock:  # type: ignore[union-attr]
-            if not self.stream.closed:
-                self.stream.flush()
-
-    def _flush_periodically(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._flush_now()
-
-    def close(self) -> None:
-        """Flush what is buffered and stop the flusher."""
-        self._stop.set()
-        self._flush_now()
-        super().close()
-
-
 def configure_logging(level: str = "INFO") -> None:
-    """Send JSON lines at ``level`` to stderr; idempotent (replaces earlier handlers)."""
-    handler = BufferedStderrHandler()
+    """Send JSON lines at ``level`` to stderr, each write at once; idempotent."""
+    stream = open(  # noqa: SIM115 - lives as long as the process
+        sys.stderr.fileno(), "w", encoding="utf-8", closefd=False)
+    stream.reconfigure(write_through=True)
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-        if isinstance(old, BufferedStderrHandler):
-            old.close()
     root.addHandler(handler)
     root.setLevel(level.upper())
     for old_filter in list(LIBRDKAFKA_LOGGER.filters):
@@ -233,8 +188,6 @@ def log_events(
         else:
             stream.write(data.decode())
         handler.flush()
-        if isinstance(handler, BufferedStderrHandler) and level >= logging.WARNING:
-            handler._flush_now()  # what its emit does for WARNING and above
     except RecursionError:
         raise
     except Exception:  # noqa: BLE001 - as StreamHandler.emit: report, never raise
@@ -245,7 +198,7 @@ def log_events(
 
 _HEADER_KEYS = frozenset({"ts", "level", "logger", "event"})
 _LOG_EVENT_PARAMS = frozenset({"logger", "event", "level"})
-_BATCH_HANDLER_TYPES = (BufferedStderrHandler, logging.StreamHandler)
+_BATCH_HANDLER_TYPES = (logging.StreamHandler,)
 
 
 def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[Any] | None:

@@ -2,7 +2,7 @@
 
 Bytewax calls a sink only when items reach it; a tick gives each partition of a tailing job a
 periodic call (to finish a deferred commit, to sweep waiting rows) without a thread of its own.
-Ticks end with the job's inputs: at a stop request (:data:`runtime.shutdown.SHUTDOWN`).
+Ticks end with the job's inputs: at a stop request.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Final
 from bytewax.inputs import DynamicSource, StatelessSourcePartition
 from typing_extensions import override
 
-from runtime.shutdown import SHUTDOWN
+from runtime.shutdown import Shutdown
 
 
 class Tick:
@@ -31,24 +31,27 @@ TICK: Final = Tick()
 class TickSource(DynamicSource[tuple[str, Tick]]):
     """``(key, TICK)`` for each of ``keys`` every ``interval``, on every worker, until a stop."""
 
-    def __init__(self, keys: list[str], interval: timedelta) -> None:
+    def __init__(self, keys: list[str], interval: timedelta, stopping: Shutdown) -> None:
         self._items = [(key, TICK) for key in keys]
         self._interval = interval
+        self._stopping = stopping
 
     @override
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Ticks:
-        return _Ticks(self._items, self._interval)
+        return _Ticks(self._items, self._interval, self._stopping)
 
 
 class _Ticks(StatelessSourcePartition[tuple[str, Tick]]):
-    def __init__(self, items: list[tuple[str, Tick]], interval: timedelta) -> None:
+    def __init__(self, items: list[tuple[str, Tick]], interval: timedelta,
+                 stopping: Shutdown) -> None:
         self._items = items
         self._interval = interval
+        self._stopping = stopping
         self._awake = datetime.now(UTC) + interval
 
     @override
     def next_batch(self) -> list[tuple[str, Tick]]:
-        if SHUTDOWN.requested():
+        if self._stopping.requested():
             raise StopIteration
         self._awake = datetime.now(UTC) + self._interval
         return self._items

@@ -23,8 +23,7 @@ span will have, so the outbox row can name that span before the span exists.
 Spans are made **after the outcome is known**, with their real start and end times (the
 consumer's hand-over time is ``SourceRecord.received_at``), by :func:`finish_messages`. They are
 made finished (``ReadableSpan``, handed to the processor's ``on_end``: no tracer, no live span)
-and exported with a direct protobuf encoder (:mod:`runtime.otlp_export`): a sampled message
-costs about 30 µs here instead of 140 µs through the SDK's tracer and encoder.
+and exported by the SDK's OTLP/HTTP exporter.
 
 * ``consume <topic>`` (CONSUMER, messaging attributes), child of the incoming context, from the
   hand-over to the outcome;
@@ -64,7 +63,6 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util.types import AttributeValue
 
 from runtime.logs import log_event
-from runtime.shutdown import SHUTDOWN
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import TRACEPARENT, MessageTrace, valid_traceparent
 
@@ -456,22 +454,18 @@ def install(
 def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None = None) -> bool:
     """Turn tracing on if the ``OTEL_*`` variables ask for it (module doc); True if on.
 
-    Idempotent: a second call keeps the first set-up. Spans are flushed at exit
-    (:func:`shutdown`, also registered with :mod:`atexit`).
+    Idempotent: a second call keeps the first set-up. The caller flushes at exit
+    (:func:`shutdown`).
     """
     env = os.environ if env is None else env
     if _state is not None or not tracing_wanted(env):
         return _state is not None
-    import atexit
-
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from runtime.otlp_export import OtlpSpanExporter
-
     sampling = Sampling.from_env(env)
-    install(BatchSpanProcessor(OtlpSpanExporter()), sampling, resource=resource_from_env(env),
+    install(BatchSpanProcessor(OTLPSpanExporter()), sampling, resource=resource_from_env(env),
             consumer_group=consumer_group)
-    atexit.register(shutdown)
     logger.info("tracing on: OTLP/HTTP to %s, sampler %s %s",
                 env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
@@ -481,27 +475,22 @@ def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None =
 
 
 SHUTDOWN_FLUSH_SECONDS = 2.0
-"""The longest the spans still queued at exit may take to export: what is not sent by then is
-dropped. The SDK's own shutdown waits up to 30 s for its worker, whose export of a batch to a
-collector that accepts connections and never answers waits the exporter's 10 s time-out, then
-retries: measured, a clean stop with such a collector took 17-20 s and then the harness's
-SIGKILL (Kubernetes' grace is 30 s), instead of about one second."""
+"""The longest the spans still queued at exit may take to export (the rest is dropped)."""
 
 
 def shutdown(timeout: float = SHUTDOWN_FLUSH_SECONDS) -> None:
     """Flush and stop tracing; tracing is off after it. Never waits longer than ``timeout``.
 
-    Finished spans are exported first, within ``timeout`` and within what is left of a stop's
-    grace (:data:`runtime.shutdown.SHUTDOWN`); past it the export is left to a daemon thread,
-    which ends with the process (the spans are lost, never the stop), and that is logged once
-    (``tracing-flush-abandoned``).
+    The SDK's own shutdown waits for an export to a collector that never answers: it runs on a
+    daemon thread, given up after ``timeout`` (the spans are lost, never the stop; logged
+    ``tracing-flush-abandoned``).
     """
     global _state
     with _state_lock:
         state, _state = _state, None
     if state is None:
         return
-    wait = SHUTDOWN.time_left(timeout)
+    wait = timeout
     flushing = threading.Thread(target=state.processor.shutdown, name="tracing-flush",
                                 daemon=True)
     flushing.start()

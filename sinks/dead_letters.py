@@ -45,10 +45,9 @@ from prometheus_client import Counter
 from typing_extensions import override
 
 from runtime.backoff import Backoff, retry_forever
-from runtime.health import HEALTH
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
+from runtime.process import Process
 from runtime.settings import Settings
-from runtime.shutdown import SHUTDOWN
 from schemas.dlq_letter import DeadLetter, LetterForm, next_form
 from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
 from sinks.kafka_producer import KafkaProducer, OutgoingRecord, Sending
@@ -101,9 +100,10 @@ class DeadLetterPublisher:
 
     def __init__(
         self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
-        *, name: str,
+        *, name: str, process: Process,
     ) -> None:
         self._topic = topic
+        self._process = process
         self._name = name  # the waiter a Kafka outage pauses (health)
         self._settings = settings
         self._producer: KafkaProducer | None = None  # built on the first letter: poison is rare
@@ -228,7 +228,8 @@ class DeadLetterPublisher:
             # retried with its sequence number until the broker answers (_deliver).
             overrides: dict[str, Any] = {"compression.type": "zstd", "message.timeout.ms": 0,
                                          "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit)}
-            self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True, **overrides)
+            self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True,
+                                           stopping=self._process.stopping, **overrides)
         return self._producer
 
     def _read_topic_limit(self) -> int:
@@ -262,18 +263,19 @@ class DeadLetterPublisher:
         """``attempt()``, retried forever with back-off while ``is_transient`` (Kafka paused)."""
         return retry_forever(attempt, is_transient=is_transient, backoff=self._backoff,
                              on_retry=self._on_retry,
-                             on_recovered=lambda _n: HEALTH.resumed(waiter=self._name),
-                             sleep=SHUTDOWN.retry_sleep)
+                             on_recovered=lambda _n: self._process.health.resumed(
+                                 waiter=self._name),
+                             sleep=self._process.stopping.retry_sleep)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries_counter.inc()
-        HEALTH.paused("kafka", attempt, type(exc).__name__, waiter=self._name)
+        self._process.health.paused("kafka", attempt, type(exc).__name__, waiter=self._name)
         log_event(logger, "dlq-publish-retry", logging.WARNING, error=type(exc).__name__,
                   detail=str(exc), attempt=attempt, delay_s=round(delay, 2))
 
     def close(self) -> None:
         """Flush what is queued (bounded) and drop the producer."""
-        HEALTH.resumed(waiter=self._name)
+        self._process.health.resumed(waiter=self._name)
         if self._producer is not None:
             self._producer.close(10)
             self._producer = None
@@ -283,14 +285,16 @@ class DeadLetterSink(DynamicSink[DeadLetter]):
     """Publishes a flow's dead letters to its DLQ topic (``write_batch`` blocks until acked)."""
 
     def __init__(
-        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter
+        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
+        process: Process,
     ) -> None:
         self._publisher_args = (settings, topic, dlq_counter, retries_counter)
+        self._process = process
 
     @override
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _DeadLetterPartition:
         return _DeadLetterPartition(DeadLetterPublisher(
-            *self._publisher_args, name=f"{step_id}-{worker_index}"))
+            *self._publisher_args, name=f"{step_id}-{worker_index}", process=self._process))
 
 
 class _DeadLetterPartition(StatelessSinkPartition[DeadLetter]):

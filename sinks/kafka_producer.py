@@ -29,10 +29,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
-from runtime.shutdown import SHUTDOWN
+from runtime.shutdown import Shutdown
 from sinks.errors import is_record_error
 
 logger = logging.getLogger(__name__)
+
+_NEVER_STOPPING = Shutdown()
+"""The stop of a producer not told of the process's (its waits are bounded by their time-out)."""
 
 Headers = Sequence[tuple[str, bytes]] | Mapping[str, str | bytes]
 """Kafka headers: ``(name, value)`` pairs, or a mapping (``str`` values are sent UTF-8 encoded)."""
@@ -152,6 +155,7 @@ def produce_and_wait(
     timeout: float = 35.0,
     *,
     exact_reports: bool = False,
+    stopping: Shutdown | None = None,
 ) -> list[KafkaError | None]:
     """Produce ``records`` and wait until all are settled; the i-th result is i's error.
 
@@ -183,13 +187,15 @@ def produce_and_wait(
 
     A record's ``headers`` may be a list of ``(name, bytes)`` tuples or a dict (``str`` values
     are sent UTF-8 encoded), both passed to confluent-kafka as they are; any other sequence or
-    mapping is copied into a list first (confluent-kafka rejects a tuple).
+    mapping is copied into a list first (confluent-kafka rejects a tuple). A requested stop
+    (``stopping``) waits no longer than its grace.
     """
-    return _produce_and_wait(producer, records, timeout, exact_reports)[0]
+    return _produce_and_wait(producer, records, timeout, exact_reports, stopping)[0]
 
 
 def _produce_and_wait(
-    producer: Producer, records: Sequence[Producible], timeout: float, exact_reports: bool
+    producer: Producer, records: Sequence[Producible], timeout: float, exact_reports: bool,
+    stopping: Shutdown | None,
 ) -> tuple[list[KafkaError | None], list[bool] | None]:
     """:func:`produce_and_wait`, plus (with ``exact_reports``) which records got a report."""
     results: list[KafkaError | None] = [None] * len(records)
@@ -226,7 +232,8 @@ def _produce_and_wait(
         _hand_over(producer, records, lambda index: functools.partial(on_report, index), refused)
     deadline = time.monotonic() + timeout
     left = producer.flush(min(timeout, 1.0))  # as soon as all is settled, in steps of a second
-    while left > 0 and (rest := SHUTDOWN.time_left(deadline - time.monotonic())) > 0:
+    time_left = _NEVER_STOPPING.time_left if stopping is None else stopping.time_left
+    while left > 0 and (rest := time_left(deadline - time.monotonic())) > 0:
         left = producer.flush(min(rest, 1.0))  # a stop past its grace waits no longer
     if left > 0:
         timed_out = KafkaError(KafkaError._TIMED_OUT)
@@ -327,9 +334,12 @@ class KafkaProducer:
         *,
         exact_reports: bool = False,
         factory: ProducerFactory = build_producer,
+        stopping: Shutdown | None = None,
         **overrides: Any,
     ) -> None:
+        """``stopping``: a requested stop bounds the waits by its grace."""
         self._settings = settings
+        self._stopping = stopping or _NEVER_STOPPING
         self._suffix = client_suffix
         self._exact = exact_reports
         self._factory = factory
@@ -359,7 +369,8 @@ class KafkaProducer:
     ) -> list[KafkaError | None]:
         """Produce ``records`` and wait; one ``KafkaError | None`` per record, never raises."""
         producer = self.producer
-        results, settled = _produce_and_wait(producer, records, timeout, self._exact)
+        results, settled = _produce_and_wait(producer, records, timeout, self._exact,
+                                             self._stopping)
         fatal = fatal_error_of(producer) or next(
             (err for err in results if err is not None and err.code() == KafkaError._FATAL), None
         )
@@ -412,7 +423,7 @@ class KafkaProducer:
         if producer is not None and not sending.done:
             deadline = time.monotonic() + timeout
             while (not sending.done and
-                   (rest := SHUTDOWN.time_left(deadline - time.monotonic())) > 0):
+                   (rest := self._stopping.time_left(deadline - time.monotonic())) > 0):
                 producer.flush(min(rest, 1.0))
         fatal = None if producer is None else fatal_error_of(producer)
         if fatal is not None and not sending.done:
@@ -437,7 +448,7 @@ class KafkaProducer:
         """Flush what is queued (bounded) and drop the producer."""
         if self._producer is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
-                self._producer.flush(SHUTDOWN.time_left(timeout))
+                self._producer.flush(self._stopping.time_left(timeout))
             self._producer = None
 
     def _replace(self, dead: Producer) -> None:

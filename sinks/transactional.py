@@ -1,30 +1,25 @@
-"""The shared Bytewax sink partition of the flows: batches -> one transaction each, or the DLQ.
+"""The Bytewax sink partition shared by the flows: each batch in one transaction, or the DLQ.
 
-Guarantees every flow's sink inherits (SPEC §4-§5):
-- ``write_batch`` returns only after the batch's transaction(s) committed and its poison, if
-  any, was acknowledged by the DLQ topic; Bytewax snapshots input offsets only at the end of an
-  epoch whose batches all returned (a subclass that defers a commit, the favorites sink, makes
-  ``snapshot()`` wait for it), so a crash loses nothing.
-- Partitions: items are routed by their key (the owner, the AnonymousId) to one of
-  ``sink_partitions`` fixed partitions, each with its own connection; one
-  key's messages are written in order by one partition. Bytewax spreads the partitions
-  evenly over the workers.
-- Infrastructure failures (classified by :mod:`sinks.errors`: PostgreSQL unreachable, timeouts,
-  admin shutdown, too many connections, serialization failure, deadlock, ...): retried forever
-  with back-off (1 s -> 60 s, jitter); the worker blocks, so no new input is consumed
-  (back-pressure), nothing is skipped and nothing goes to the DLQ. Health reports the pause.
+- ``write_batch`` returns only after the batch's transaction committed (and its poison was
+  acknowledged by the DLQ topic); Bytewax snapshots the input offsets only after the sinks
+  returned at the end of an epoch, so a crash loses nothing.
+- Items go by key (one owner or device shard) to one of ``sink_partitions`` fixed partitions,
+  one connection each: one key's messages are written in order by one partition.
+- Infrastructure failures (:mod:`sinks.errors`) are retried forever with back-off; the worker
+  blocks (back-pressure), the partition is paused in health, nothing goes to the DLQ.
 - A data error or an unexpected exception: the batch is bisected; a message failing alone
-  ``poison_attempts`` times is dead-lettered (``data-error`` for SQLSTATE class 22/23, else
-  ``processing-error``) and its batch-mates are written normally.
+  ``poison_attempts`` times is dead-lettered and its batch-mates are written.
+- The outbox rows of a committed batch are offered to the process's publisher at once.
 """
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
+from uuid import UUID
 
 import psycopg
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
@@ -33,10 +28,9 @@ from typing_extensions import override
 
 from runtime import tracing
 from runtime.backoff import Backoff, retry_forever
-from runtime.health import HEALTH
 from runtime.logs import log_event
+from runtime.process import Process
 from runtime.settings import Settings
-from runtime.shutdown import SHUTDOWN
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
@@ -44,7 +38,6 @@ from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
-from sinks.outbox import acquire_shared_publisher, release_shared_publisher
 from sinks.poison import Poisoned, write_isolating_poison
 
 
@@ -75,28 +68,32 @@ class FlowLag(Protocol):
     def finished(self, flow: str, part: str, newest: datetime | None) -> None: ...  # noqa: D102
 
 
+class Publishing(Protocol):
+    """What a sink needs of the outbox publisher (:class:`sinks.outbox.OutboxPublisher`)."""
+
+    def offer(self, rows: Sequence[OutboxRow]) -> None:
+        """Committed rows, to send from memory at once (never blocks)."""
+
+    def expect(self, ids: Iterable[UUID]) -> None:
+        """Rows a statement sent will write (offered once it committed)."""
+
+
 M = TypeVar("M", bound=FromRecord)
 R = TypeVar("R")
 T = TypeVar("T")
 
 
-def sink_step_id(base: str, settings: Settings) -> str:
-    """The step id of a :class:`PartitionedSink` output: ``base`` and its partition count.
-
-    Bytewax keeps a snapshot per sink partition in the recovery store and, on resume, panics on
-    one its step no longer lists ("Key StateKey("1") is not in this worker's routing map"): a
-    lowered ``USER_ACTIVITY_SINK_PARTITIONS`` crash-looped the job. The snapshots hold no state
-    (``None``, a barrier only), so a count is a step of its own and a changed one starts clean;
-    the old step's snapshots are ignored.
-    """
-    return f"{base}_{settings.sink_partitions}_partitions"
-
-
 class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
-    """``sink_partitions`` fixed partitions; the snapshot state is ``None`` (only a barrier)."""
+    """``sink_partitions`` fixed partitions; the snapshot state is ``None`` (only a barrier).
 
-    def __init__(self, settings: Settings) -> None:
+    ``publisher``: the process's outbox publisher (None: rows wait for another process's).
+    """
+
+    def __init__(self, settings: Settings, process: Process,
+                 publisher: Publishing | None = None) -> None:
         self._settings = settings
+        self._process = process
+        self._publisher = publisher
 
     @override
     def list_parts(self) -> list[str]:
@@ -123,6 +120,8 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def __init__(
         self,
         settings: Settings,
+        process: Process,
+        publisher: Publishing | None,
         *,
         name: str,
         dlq_topic: str,
@@ -134,16 +133,18 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     ) -> None:
         """``lag`` is told what the partition holds, for ``flow``'s lag gauge."""
         self._settings = settings
+        self._process = process
+        self._health = process.health
         self._flow = flow
         self._lag = lag
         self._name = name
         self._db = Database(settings, name)
         self._dlq = DeadLetterPublisher(settings, dlq_topic, dlq_counter, retries_counter,
-                                        name=f"{name}-dlq")
+                                        name=f"{name}-dlq", process=process)
         self._retries = retries_counter
         self._logger = logger
         self._backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
-        self._publisher = acquire_shared_publisher(settings)
+        self._publisher = publisher
 
     @abstractmethod
     def write(self, conn: Connection, batch: Sequence[M]) -> R:
@@ -165,7 +166,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def write_batch(self, values: list[M]) -> None:
         """Commit ``values`` (retrying outages, isolating poison); return after the commit."""
         self._write_now(values)
-        HEALTH.beat()
+        self._health.beat()
 
     @override
     def snapshot(self) -> None:
@@ -203,17 +204,13 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                 self.report(result)
             if poisoned:
                 self._dead_letter(poisoned)
-        HEALTH.beat()
+        self._health.beat()
 
     @override
     def close(self) -> None:
-        HEALTH.resumed(waiter=self._name)  # a closed partition waits for nothing
-        try:
-            self._dlq.close()
-            self._db.close()
-        finally:
-            if self._publisher is not None:
-                release_shared_publisher()
+        self._health.resumed(waiter=self._name)  # a closed partition waits for nothing
+        self._dlq.close()
+        self._db.close()
 
     def _write_retrying(self, batch: Sequence[M]) -> R:
         return self._write_retrying_call(lambda: self.write(self._db.connection(), batch))
@@ -234,12 +231,12 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
             backoff=self._backoff,
             on_retry=self._on_retry,
             on_recovered=self._on_recovered,
-            sleep=SHUTDOWN.retry_sleep,
+            sleep=self._process.stopping.retry_sleep,
         )
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries.inc()
-        HEALTH.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
+        self._health.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
         log_event(
             self._logger,
             "postgres-retry",
@@ -251,7 +248,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         )
 
     def _on_recovered(self, attempts: int) -> None:
-        HEALTH.resumed(waiter=self._name)
+        self._health.resumed(waiter=self._name)
         log_event(self._logger, "postgres-recovered", attempts=attempts)
 
     def _dead_letter(self, poisoned: list[Poisoned[M]]) -> None:

@@ -26,7 +26,7 @@ import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
 from dataflows.session_linking.decode import SignInMessage
-from dataflows.session_linking.sink import SessionLinksStore
+from dataflows.session_linking.store import SessionLinksStore
 from devenv.harness.jobs import HttpAnswer, JobProcess
 from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import seed_owners

@@ -9,17 +9,20 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import psycopg
+from bytewax.dataflow import Dataflow
+from bytewax.testing import cluster_main, run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from runtime.settings import Settings
+from sinks.outbox import OutboxPublisher
 
 
 @dataclass(frozen=True)
@@ -220,3 +223,32 @@ def recreate_topic(admin: AdminClient, topic: str, partitions: int) -> None:
         except KafkaException:
             assert time.monotonic() < deadline, f"{topic} not created again in 30 s"
             time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def publishing(settings: Settings) -> Iterator[OutboxPublisher | None]:
+    """The outbox publisher of a flow run in this process, drained and stopped at the end."""
+    publisher = OutboxPublisher(settings) if settings.outbox_enabled else None
+    if publisher is not None:
+        publisher.start()
+    try:
+        yield publisher
+    finally:
+        if publisher is not None:
+            publisher.stop()
+
+
+def run_flow(build: Callable[..., Dataflow], settings: Settings, *, workers: int = 1,
+             **run_options: Any) -> None:
+    """Run ``build(settings)``'s flow to its end in this process, as a job does.
+
+    Its outbox rows are published (the publisher drained at the end); ``workers`` > 1 runs that
+    many workers in this one Bytewax process.
+    """
+    with publishing(settings) as publisher:
+        flow = build(settings, publisher=publisher)
+        if workers > 1:
+            cluster_main(flow, addresses=[], proc_id=0, worker_count_per_proc=workers,
+                         **run_options)
+        else:
+            run_main(flow, **run_options)

@@ -52,12 +52,14 @@ from dataflows.operators import (
     log_consumer_error,
     warn_version_mismatch,
 )
+from runtime.bytewax_0_21.steps import sink_step_id
 from runtime.logs import log_event
 from runtime.metrics import (
     FAVORITES_DLQ,
     FAVORITES_RETRIES,
     FAVORITES_SKIPPED,
 )
+from runtime.process import Process
 from runtime.settings import Settings
 from runtime.ticks import TickSource
 from schemas.dlq_letter import DeadLetter
@@ -65,7 +67,7 @@ from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
 from sinks.dry_run import DryRunDeadLetterSink, Tally
-from sinks.transactional import sink_step_id
+from sinks.transactional import Publishing
 from sources.kafka_input import InputItem, StartPosition
 
 logger = logging.getLogger(__name__)
@@ -181,13 +183,13 @@ class FavoritesSinks:
     dead_letters: Sink[DeadLetter]
 
     @classmethod
-    def of(cls, settings: Settings) -> FavoritesSinks:
+    def of(cls, settings: Settings, process: Process,
+           publisher: Publishing | None = None) -> FavoritesSinks:
         """PostgreSQL (one transaction per batch, outbox) and the favorites DLQ topic."""
         return cls(
-            ActionHistorySink(settings),
-            DeadLetterSink(
-                settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES
-            ),
+            ActionHistorySink(settings, process, publisher),
+            DeadLetterSink(settings, settings.topic_favorites_dlq, FAVORITES_DLQ,
+                           FAVORITES_RETRIES, process),
         )
 
     @classmethod
@@ -203,15 +205,19 @@ def build_flow(
     sinks: FavoritesSinks | None = None,
     start: StartPosition | None = None,
     topics: Sequence[str] | None = None,
+    process: Process | None = None,
+    publisher: Publishing | None = None,
 ) -> Dataflow:
     """The favorites dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the two Kafka inputs (tests: a ``TestingSource`` of
     :class:`~schemas.kafka_record.SourceRecord` items whose ``topic`` names the favorites topic
-    they came from); ``sinks`` replaces the PostgreSQL and DLQ sinks. With the Kafka inputs,
+    they came from); ``sinks`` replaces the PostgreSQL and DLQ sinks, else made for ``process``
+    (the composition root's; a new one if None) and ``publisher``. With the Kafka inputs,
     ``start`` overrides the starting position and ``topics`` limits them to some of the two
     favorites topics (a replay of one topic).
     """
+    process = process or Process()
     flow = Dataflow("favorite_actions")
     if source is not None:
         consumed: Stream[InputItem] = op.input("favorites_input", flow, source)
@@ -227,8 +233,9 @@ def build_flow(
         consumed = kafka_inputs(
             flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
             flow_name="favorites", consumer_group=settings.consumer_group_favorites,
+            process=process,
         )
-    outputs = sinks or FavoritesSinks.of(settings)
+    outputs = sinks or FavoritesSinks.of(settings, process, publisher)
     action_types = {
         settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
         settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES,
@@ -242,9 +249,11 @@ def build_flow(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
         DedupBound("favorites", settings.dedup_max_ids, len(shards)),
     )
-    if source is None and settings.tail:  # a tailing job: each sink partition gets a tick a second
+    if source is None and settings.tail:  # a tailing job: each sink partition ticks (runtime.ticks)
         ticks = op.input("sink_ticks", flow, TickSource(
-            [str(i) for i in range(settings.sink_partitions)], timedelta(seconds=1)))
+            [str(i) for i in range(settings.sink_partitions)], timedelta(seconds=0.1),
+            process.stopping))
         fresh = op.merge("merge_sink_ticks", fresh, ticks)
-    op.output(sink_step_id("record_action_history", settings), fresh, outputs.history)
+    op.output(sink_step_id("record_action_history", settings.sink_partitions), fresh,
+              outputs.history)
     return flow

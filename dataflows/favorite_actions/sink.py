@@ -25,8 +25,6 @@ from dataflows.favorite_actions.store import (
     WaitingSwept,
 )
 from dataflows.favorite_actions.traces import trace_batch
-from runtime.backlog import BACKLOG
-from runtime.health import HEALTH
 from runtime.logs import log_event, log_events
 from runtime.metrics import (
     FAVORITES_CONSUME_DURATION_MS,
@@ -38,13 +36,14 @@ from runtime.metrics import (
     FAVORITES_WRITE_DURATION_MS,
     observe_durations_ms,
 )
+from runtime.process import Process
 from runtime.settings import Settings
 from runtime.ticks import TICK, Tick
 from schemas.favorites import ActionType
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.errors import is_infrastructure_error
-from sinks.transactional import PartitionedSink, TransactionalPartition
+from sinks.transactional import PartitionedSink, Publishing, TransactionalPartition
 from sources.progress import INPUT_PROGRESS
 
 logger = logging.getLogger(__name__)
@@ -79,31 +78,27 @@ class ActionHistorySink(PartitionedSink[FavoriteMessage]):
 
     @override
     def build_partition(self, part: str) -> _ActionHistoryPartition:
-        return _ActionHistoryPartition(self._settings, part)
+        return _ActionHistoryPartition(self._settings, self._process, self._publisher, part)
 
 
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
-    """The favorites sink partition; large batches commit while the worker goes on.
+    """The favorites sink partition; a large batch commits while the worker goes on.
 
-    A batch of at least ``sink_defer_min_batch`` messages written while the worker's Kafka
-    inputs read a backlog (:mod:`runtime.backlog`: some partition's last poll came back full)
-    is deferred: its sessions are resolved and its insert sent (one statement, one
-    transaction), and ``write_batch`` returns at once, so PostgreSQL executes and commits it
-    while Bytewax polls, decodes and deduplicates the next batch. The next ``write_batch``, the
-    epoch's ``snapshot()`` (the barrier before Bytewax snapshots the input offsets) and
-    ``close()`` first wait for it, and so does this worker's first poll that finds its inputs
-    caught up (this partition may get no more items); only then are its outbox rows offered and
-    its outcome logged. At most one batch is in flight, so an epoch never closes with rows
-    uncommitted and a crash loses nothing. If the deferred insert fails or the connection
-    breaks, the batch is written again by the synchronous path (retries, poison isolation); it
-    is idempotent. Smaller batches (a steady trickle) and the batch written once the polls come
-    back short (the end of a burst) commit synchronously, so their latency never waits for a
-    next batch.
+    A batch of at least ``sink_defer_min_batch`` messages (a backlog) is deferred: its one
+    statement is sent and ``write_batch`` returns, so PostgreSQL commits it while Bytewax reads
+    the next batch. The next ``write_batch`` (a tick of :mod:`runtime.ticks` at the latest),
+    the epoch's ``snapshot()`` (the barrier before Bytewax snapshots the offsets) and
+    ``close()`` wait for it first; only then are its outbox rows offered and its outcome
+    logged. At most one batch is in flight, so an epoch never closes with rows uncommitted. If
+    the deferred statement fails, the batch is written again synchronously (idempotent).
     """
 
-    def __init__(self, settings: Settings, part: str) -> None:
+    def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
+                 part: str) -> None:
         super().__init__(
             settings,
+            process,
+            publisher,
             name=f"user-activity-favorites-{part}",
             dlq_topic=settings.topic_favorites_dlq,
             dlq_counter=FAVORITES_DLQ,
@@ -132,10 +127,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             if self._sweeps and time.monotonic() - self._swept_at >= 1.0:
                 self.sweep_waiting()
             if not values:
-                HEALTH.beat()
+                self._health.beat()
                 return
         messages = cast("list[FavoriteMessage]", list(values))
-        if self._defer_min and len(messages) >= self._defer_min and BACKLOG.reading():
+        if self._defer_min and len(messages) >= self._defer_min:
             started_ns = time.time_ns()
             self.track_held(messages)
             try:
@@ -147,9 +142,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
                 sent.outcome.written_ns = (started_ns, 0)
                 if self._publisher is not None and sent.pending is not None:
                     self._publisher.expect(sent.pending.outbox_ids)  # offered once finished
-                # finished by the next write or snapshot, or as soon as the polls catch up
-                BACKLOG.when_caught_up(self._finish_in_flight)
-            HEALTH.beat()
+            self._health.beat()
             return
         super().write_batch(messages)
 

@@ -53,14 +53,16 @@ from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
 from dataflows.session_linking.reorder import ReorderLogic
 from dataflows.session_linking.sink import SessionLinkSink
 from dataflows.session_linking.traces import trace_duplicate, trace_invalid, trace_poison
+from runtime.bytewax_0_21.steps import sink_step_id
 from runtime.logs import log_event
 from runtime.metrics import SESSION_LINKING_DLQ, SESSION_LINKING_OUTCOMES, SESSION_LINKING_RETRIES
+from runtime.process import Process
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DeadLetterSink
 from sinks.dry_run import DryRunDeadLetterSink, Tally
-from sinks.transactional import sink_step_id
+from sinks.transactional import Publishing
 from sources.alignment import EventTimeAlignment
 from sources.kafka_input import StartPosition
 
@@ -137,11 +139,12 @@ class SessionLinkingSinks:
     dead_letters: Sink[DeadLetter]
 
     @classmethod
-    def of(cls, settings: Settings) -> SessionLinkingSinks:
+    def of(cls, settings: Settings, process: Process,
+           publisher: Publishing | None = None) -> SessionLinkingSinks:
         """PostgreSQL (one transaction per batch, outbox) and the session-linking DLQ topic."""
-        return cls(SessionLinkSink(settings), DeadLetterSink(
+        return cls(SessionLinkSink(settings, process, publisher), DeadLetterSink(
             settings, settings.topic_session_linking_dlq, SESSION_LINKING_DLQ,
-            SESSION_LINKING_RETRIES))
+            SESSION_LINKING_RETRIES, process))
 
     @classmethod
     def dry_run(cls, settings: Settings, tally: Tally) -> SessionLinkingSinks:
@@ -151,14 +154,17 @@ class SessionLinkingSinks:
 
 def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None,
                sinks: SessionLinkingSinks | None = None, start: StartPosition | None = None,
+               process: Process | None = None, publisher: Publishing | None = None,
                ) -> Dataflow:
     """The session-linking dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the Kafka input (tests: a ``TestingSource`` of records), ``sinks`` the
-    PostgreSQL and DLQ sinks; ``start`` overrides the Kafka input's starting position.
+    PostgreSQL and DLQ sinks (else made for ``process``, a new one if None, and ``publisher``);
+    ``start`` overrides the Kafka input's starting position.
     """
+    process = process or Process()
     flow = Dataflow("session_linking")
-    outputs = sinks or SessionLinkingSinks.of(settings)
+    outputs = sinks or SessionLinkingSinks.of(settings, process, publisher)
     alignment = sign_in_alignment(settings)
     if source is not None:
         records: Stream[SourceRecord] = op.input("user_signed_in_input", flow, source)
@@ -167,7 +173,7 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
             flow, settings, [("user_signed_in_input", settings.topic_user_signed_in)],
             start or configured_start(settings), SESSION_LINKING_RETRIES,
             flow_name="session-linking", consumer_group=settings.consumer_group_session_linking,
-            alignment=alignment)
+            process=process, alignment=alignment)
 
     max_skew = timedelta(seconds=settings.session_linking_max_clock_skew_seconds)
     decoded = op.map("decode_sign_in", records, _decoder(max_skew))
@@ -189,6 +195,6 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
         lambda state: ReorderLogic(lateness, state, flush_on_eof=bounded,
                                    max_pending=per_shard, reading=alignment.reading),
     )
-    op.output(sink_step_id("link_sessions", settings), in_order, outputs.links)
+    op.output(sink_step_id("link_sessions", settings.sink_partitions), in_order, outputs.links)
     return flow
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from bytewax.testing import cluster_main, run_main
 from prometheus_client import REGISTRY
 
 from dataflows.favorite_actions import build_flow
@@ -19,7 +18,7 @@ from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionTrackedEnvelope
 from tests.conftest import SettingsFactory
-from tests.support import action_rows, consume_all, envelope_record, produce
+from tests.support import action_rows, consume_all, envelope_record, produce, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +42,7 @@ def test_favorite_added_with_an_active_session_records_a_row_and_publishes_actio
     produce(settings, [envelope_record(settings.topic_favorite_added, envelope,
                                        headers=(("traceparent", TRACEPARENT),))])
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     message_id = uuid.UUID(envelope["MessageId"])
     [row] = action_rows(db, [message_id])
@@ -70,7 +69,7 @@ def test_favorite_removed_records_remove_from_favorites_and_publishes_it(
     envelope = favorite_envelope(anonymous_id=anonymous)
     produce(settings, [envelope_record(settings.topic_favorite_removed, envelope)])
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     [row] = action_rows(db, [uuid.UUID(envelope["MessageId"])])
     assert row["action_type"] == "RemoveFromFavorites"
@@ -91,10 +90,10 @@ def test_redelivered_message_id_on_two_partitions_and_after_a_restart_records_on
         envelope_record(settings.topic_favorite_added, envelope, partition=0),
         envelope_record(settings.topic_favorite_added, envelope, partition=3),
     ])
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
     produce(settings, [record])  # redelivered after the job's restart (no snapshot: full replay)
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert len(action_rows(db, [uuid.UUID(envelope["MessageId"])])) == 1
     tracked = _tracked(settings, 1)
@@ -111,7 +110,7 @@ def test_both_or_neither_owner_is_invalid_owner_with_no_row_and_no_dlq(
     neither = favorite_envelope()
     produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in (both, neither)])
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert action_rows(db, [uuid.UUID(e["MessageId"]) for e in (both, neither)]) == []
     assert consume_all(settings, settings.topic_action_tracked, settle=0.5) == []
@@ -125,7 +124,7 @@ def test_owner_without_any_session_is_skipped_with_no_row(
     envelope = favorite_envelope(user_id=new_id())
     produce(settings, [envelope_record(settings.topic_favorite_added, envelope)])
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert action_rows(db, [uuid.UUID(envelope["MessageId"])]) == []
     assert consume_all(settings, settings.topic_action_tracked, settle=0.5) == []
@@ -140,7 +139,7 @@ def test_guest_like_shows_in_the_users_history_after_the_session_is_linked(
     envelope = favorite_envelope(anonymous_id=anonymous)
     produce(settings, [envelope_record(settings.topic_favorite_added, envelope)])
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
     [row] = action_rows(db, [uuid.UUID(envelope["MessageId"])])
     assert (row["anonymous_id"], row["user_id"]) == (anonymous, None)
     [tracked] = _tracked(settings, 1)
@@ -174,7 +173,7 @@ def test_a_guest_like_processed_after_the_sign_in_keeps_a_null_user_id_a_later_l
     # The sign-in is applied by the real session-linking flow before the like is processed.
     produce(settings, [envelope_record(settings.topic_user_signed_in, sign_in_envelope(
         user_id=user, anonymous_id=anonymous))])
-    run_main(build_session_linking_flow(settings))
+    run_flow(build_session_linking_flow, settings)
     linked = db.execute(
         "SELECT user_id, linked_at FROM user_activity.sessions WHERE id = %s", (session,)
     ).fetchone()
@@ -183,7 +182,7 @@ def test_a_guest_like_processed_after_the_sign_in_keeps_a_null_user_id_a_later_l
         anonymous_id=anonymous, occurred_at=(linked[1] + timedelta(seconds=1)).isoformat())
     produce(settings, [envelope_record(settings.topic_favorite_added, signed_in_like)])
 
-    run_main(build_flow(settings))  # the guest like is processed only now, after the link
+    run_flow(build_flow, settings)  # the guest like is processed only now, after the link
 
     rows = {r["source_message_id"]: r for r in action_rows(
         db, [uuid.UUID(guest_like["MessageId"]), uuid.UUID(signed_in_like["MessageId"])])}
@@ -211,7 +210,7 @@ def test_two_workers_record_every_message_exactly_once(
     produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in envelopes])
     produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in envelopes[:50]])
 
-    cluster_main(build_flow(settings), addresses=[], proc_id=0, worker_count_per_proc=2)
+    run_flow(build_flow, settings, workers=2)
 
     assert len(action_rows(db, [uuid.UUID(e["MessageId"]) for e in envelopes])) == 200
     tracked = _tracked(settings, 200)
@@ -252,7 +251,7 @@ def test_a_schema_the_code_does_not_match_pauses_the_stream_and_dead_letters_not
     restorer = threading.Thread(target=restore_after_three_retries, daemon=True)
     restorer.start()
     try:
-        run_main(build_flow(settings))
+        run_flow(build_flow, settings)
     finally:
         restorer.join(90)
     assert restored.is_set()
@@ -277,7 +276,7 @@ def test_a_dedup_window_bound_of_one_id_still_records_every_redelivered_message_
     duplicates = ("user_activity_favorites_skipped_total", {"reason": "duplicate"})
     before = [REGISTRY.get_sample_value(*m) or 0.0 for m in (forgotten, duplicates)]
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     ids = [uuid.UUID(e["MessageId"]) for e in sent]
     assert len(action_rows(db, ids)) == 12

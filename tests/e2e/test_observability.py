@@ -8,17 +8,16 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from bytewax.testing import run_main
 
 from dataflows.favorite_actions import build_flow
 from devenv.harness.messages import favorite_envelope, new_id
 from devenv.harness.metrics import scrape, value
 from devenv.harness.ports import free_port
 from devenv.harness.sessions import insert_session
-from runtime.health import serve_http
+from runtime.health import Health, serve_http
 from runtime.logs import JsonFormatter
 from tests.conftest import SettingsFactory
-from tests.support import Produced, envelope_record, produce
+from tests.support import Produced, envelope_record, produce, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +35,7 @@ def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
     settings = make_settings()
-    port = serve_http("127.0.0.1", free_port())
+    port = serve_http("127.0.0.1", free_port(), Health())
     assert port is not None
     anonymous = new_id()
     insert_session(db, anonymous_id=anonymous)
@@ -52,7 +51,7 @@ def test_metrics_endpoint_counts_exactly_what_the_flow_processed(
     ])
     before = scrape(port)
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
     after = scrape(port)
 
     def delta(name: str, **labels: str) -> float:
@@ -92,7 +91,7 @@ def test_log_lines_are_json_with_ids_and_never_notes_ips_user_agents_or_secrets(
     produce(settings, [envelope_record(settings.topic_favorite_added, envelope)])
     caplog.set_level("DEBUG")
 
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
 
     formatter = JsonFormatter()
     lines = [formatter.format(record) for record in caplog.records]

@@ -18,7 +18,7 @@ import pytest
 
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, JobProcess, JobSupervisor
-from runtime.recovery_store import RECOVERY_REFUSED, read_store
+from runtime.bytewax_0_21.recovery import RECOVERY_REFUSED, read_store
 from tests.chaos import (
     PacedProducer,
     assert_exact_outcome,

@@ -24,7 +24,7 @@ import pytest
 
 from devenv.harness.env import settings_env
 from devenv.harness.jobs import ROOT, JobProcess, JobSupervisor, wait_until
-from runtime.recovery_volume import RECOVERY_VOLUME_FULL
+from runtime.bytewax_0_21.recovery import RECOVERY_VOLUME_FULL
 from tests.chaos import (
     PacedProducer,
     assert_exact_outcome,

@@ -17,7 +17,6 @@ import orjson
 import psycopg
 import pytest
 from bytewax.recovery import RecoveryConfig, init_db_dir
-from bytewax.testing import run_main
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
@@ -38,6 +37,7 @@ from tests.support import (
     produce,
     produce_in_transactions,
     recreate_topic,
+    run_flow,
 )
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +73,7 @@ def test_replaying_an_already_processed_range_writes_no_row_and_publishes_nothin
 ) -> None:
     settings = make_settings()
     envelopes = _backlog(settings, db, 30)
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
     assert len(consume_all(settings, settings.topic_action_tracked, expect_at_least=30)) == 30
     out = io.StringIO()
 
@@ -96,7 +96,7 @@ def test_replay_restores_exactly_the_rows_that_were_lost(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the temporary stores go
     settings = make_settings()
     envelopes = _backlog(settings, db, 20)
-    run_main(build_flow(settings))
+    run_flow(build_flow, settings)
     lost = _ids(envelopes[:5])
     with db.transaction():  # test fixture: bypass the immutability trigger
         db.execute("SET LOCAL session_replication_role = replica")
@@ -166,7 +166,7 @@ def test_a_replay_refuses_a_recovery_store_it_did_not_make(
     settings = make_settings()
     envelopes = _backlog(settings, db, 4)
     main_store = _recovery_store(tmp_path / "main")
-    run_main(build_flow(settings), epoch_interval=None,
+    run_flow(build_flow, settings, epoch_interval=None,
              recovery_config=RecoveryConfig(str(main_store)))
     snapshot = {p.name: p.read_bytes() for p in main_store.iterdir()}
 
@@ -193,7 +193,7 @@ def test_the_sink_partitions_can_be_lowered_and_raised_on_an_existing_recovery_s
         produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in batch])
         recorded += batch
         changed = settings.model_copy(update={"sink_partitions": partitions})
-        run_main(build_flow(changed), epoch_interval=None,
+        run_flow(build_flow, changed, epoch_interval=None,
                  recovery_config=RecoveryConfig(str(store)))
         assert len(action_rows(db, _ids(recorded))) == len(recorded)
     users = [new_id() for _ in owners[:2]]
@@ -202,7 +202,7 @@ def test_the_sink_partitions_can_be_lowered_and_raised_on_an_existing_recovery_s
                                            sign_in_envelope(user_id=user, anonymous_id=owner))])
         for partitions in (2, 1):
             changed = settings.model_copy(update={"sink_partitions": partitions})
-            run_main(build_session_linking_flow(changed), epoch_interval=None,
+            run_flow(build_session_linking_flow, changed, epoch_interval=None,
                      recovery_config=RecoveryConfig(str(store)))
     assert db.execute("SELECT array_agg(user_id ORDER BY user_id) FROM user_activity.sessions"
                       " WHERE anonymous_id = ANY(%s)", (owners[:2],)).fetchone() == (
@@ -221,13 +221,13 @@ def test_after_its_topic_was_deleted_and_created_again_a_restart_reads_the_new_t
     store = _recovery_store(tmp_path / "recovery")
     old = [favorite_envelope(anonymous_id=owner) for _ in range(30)]
     produce(settings, [envelope_record(topic, e, partition=0) for e in old])
-    run_main(build_flow(settings), epoch_interval=None,
+    run_flow(build_flow, settings, epoch_interval=None,
              recovery_config=RecoveryConfig(str(store)))
     recreate_topic(AdminClient(settings.kafka_client_config()), topic, settings.topic_partitions)
     new = [favorite_envelope(anonymous_id=owner) for _ in range(50)]
     produce(settings, [envelope_record(topic, e, partition=0) for e in new])
 
-    run_main(build_flow(settings), epoch_interval=None,
+    run_flow(build_flow, settings, epoch_interval=None,
              recovery_config=RecoveryConfig(str(store)))
 
     assert len(action_rows(db, _ids(old))) == 30
@@ -245,14 +245,14 @@ def test_restart_from_snapshot_keeps_offsets_and_the_dedup_window(
     settings = make_settings()
     recovery = _recovery_store(tmp_path / "recovery")
     envelopes = _backlog(settings, db, 10)
-    run_main(build_flow(settings), epoch_interval=None,
+    run_flow(build_flow, settings, epoch_interval=None,
              recovery_config=RecoveryConfig(str(recovery)))
     again = favorite_envelope(anonymous_id=uuid.UUID(envelopes[0]["Payload"]["AnonymousId"]))
     produce(settings, [envelope_record(settings.topic_favorite_added, envelopes[0]),
                        envelope_record(settings.topic_favorite_added, again)])
     caplog.set_level(logging.INFO)
 
-    run_main(build_flow(settings), epoch_interval=None,
+    run_flow(build_flow, settings, epoch_interval=None,
              recovery_config=RecoveryConfig(str(recovery)))
 
     sink_lines = [r for r in caplog.records if r.name == "dataflows.favorite_actions.sink"]
@@ -303,7 +303,7 @@ def test_replaying_applied_sign_ins_changes_no_session_and_publishes_nothing(
 ) -> None:
     settings = make_settings()
     devices, count = _sign_ins(settings, db)
-    run_main(build_session_linking_flow(settings))
+    run_flow(build_session_linking_flow, settings)
     sessions, events = _sessions_of(db, devices), _session_outbox(db, settings)
     assert events == count  # 2 session-linked, 1 session-started
 

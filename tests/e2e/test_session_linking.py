@@ -13,15 +13,13 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from bytewax.dataflow import Dataflow
-from bytewax.testing import cluster_main, run_main
 from pydantic import BaseModel
 
 from dataflows.favorite_actions import build_flow as build_favorites_flow
 from dataflows.session_linking import build_flow
 from dataflows.session_linking.decode import SignInMessage, decode_sign_in
 from dataflows.session_linking.linking import LinkOutcome, SessionTopics
-from dataflows.session_linking.sink import SessionLinksStore
+from dataflows.session_linking.store import SessionLinksStore
 from devenv.harness.messages import dotnet_time, favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from runtime.settings import Settings
@@ -29,16 +27,19 @@ from schemas.kafka_record import SourceRecord
 from schemas.sessions import SessionEndedEnvelope, SessionLinkedEnvelope, SessionStartedEnvelope
 from tests.chaos import fail_sign_in_batches_of
 from tests.conftest import SettingsFactory
-from tests.support import Consumed, Produced, action_rows, consume_all, envelope_record, produce
+from tests.support import (
+    Consumed,
+    Produced,
+    action_rows,
+    consume_all,
+    envelope_record,
+    produce,
+    run_flow,
+)
 
 pytestmark = pytest.mark.e2e
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def run(flow: Dataflow) -> None:
-    """One bounded run of ``flow`` on one worker (settings ``tail=False``)."""
-    run_main(flow)
 
 
 def sign_in(settings: Settings, envelope: dict[str, Any], **kwargs: Any) -> Produced:
@@ -99,7 +100,7 @@ def test_guest_sign_in_links_the_session_and_publishes_exactly_one_session_linke
     envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, envelope, headers=(("traceparent", TRACEPARENT),))])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     row = session_row(db, session)
     assert (row["user_id"], row["status"]) == (user, "Active")
@@ -136,7 +137,7 @@ def test_sign_in_of_the_same_user_again_changes_nothing_and_publishes_nothing(
     produce(settings, [sign_in(settings, sign_in_envelope(
         user_id=user, anonymous_id=anonymous, signed_in_at=signed_in_at))])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     after = session_row(db, session)
     # Only the device's last applied SignedInAt moves (it decides whether a later-arriving
@@ -159,7 +160,7 @@ def test_sign_in_of_another_user_ends_the_session_and_starts_a_new_linked_one(
         headers=(("traceparent", TRACEPARENT),),
     )])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     ended_row, new_row = device_sessions(db, anonymous)
     assert ended_row["id"] == old
@@ -193,11 +194,11 @@ def test_redelivered_sign_in_publishes_session_linked_only_once(
     envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, envelope, partition=0),
                        sign_in(settings, envelope, partition=4)])
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
     linked_at = session_row(db, session)["linked_at"]
     produce(settings, [sign_in(settings, envelope)])  # redelivered after a restart: full replay
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert session_row(db, session)["linked_at"] == linked_at
     assert outbox_counts(db, settings) == {settings.topic_session_linked: 1}
@@ -216,12 +217,12 @@ def test_replayed_old_sign_in_does_not_end_the_newer_session(
     first = sign_in_envelope(user_id=first_user, anonymous_id=anonymous)
     second = sign_in_envelope(user_id=second_user, anonymous_id=anonymous)
     produce(settings, [sign_in(settings, first)])
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
     produce(settings, [sign_in(settings, second)])
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
     produce(settings, [sign_in(settings, first)])  # a backfill replays the old sign-in
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     sessions = device_sessions(db, anonymous)
     assert [(s["id"] == guest, s["status"], s["user_id"]) for s in sessions] == [
@@ -247,7 +248,7 @@ def test_sign_in_on_a_device_without_a_session_starts_a_linked_session(
     insert_session(db, anonymous_id=anonymous, status="Ended")
     produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     active = [s for s in device_sessions(db, anonymous) if s["status"] == "Active"]
     assert len(active) == 1
@@ -271,7 +272,7 @@ def test_guest_likes_show_in_the_users_history_after_the_sign_in_is_processed(
     insert_session(db, anonymous_id=anonymous)
     likes = [favorite_envelope(anonymous_id=anonymous) for _ in range(2)]
     produce(settings, [envelope_record(settings.topic_favorite_added, e) for e in likes])
-    run(build_favorites_flow(settings))
+    run_flow(build_favorites_flow, settings)
     rows = action_rows(db, [uuid.UUID(e["MessageId"]) for e in likes])
     assert [r["user_id"] for r in rows] == [None, None]
     history_query = (
@@ -280,7 +281,7 @@ def test_guest_likes_show_in_the_users_history_after_the_sign_in_is_processed(
     assert db.execute(history_query, (user,)).fetchall() == []
     produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     history = db.execute(history_query, (user,)).fetchall()
     assert history == sorted((r["id"],) for r in rows)
@@ -303,7 +304,7 @@ def test_undecodable_sign_ins_go_to_the_dlq_and_the_others_are_linked(
         sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous), partition=1),
     ])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert session_row(db, session)["user_id"] == user
     letters = consume_all(settings, settings.topic_session_linking_dlq, expect_at_least=2)
@@ -332,7 +333,7 @@ def test_a_sign_in_at_no_moment_of_years_1_to_9999_in_utc_is_dead_lettered_and_t
         sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous)),
     ])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     row = session_row(db, session)
     assert (row["user_id"], row["status"]) == (user, "Active")
@@ -352,9 +353,7 @@ def test_two_workers_link_every_device_once(
     envelopes = [sign_in_envelope(user_id=u, anonymous_id=a) for a, u in devices]
     produce(settings, [sign_in(settings, e) for e in envelopes + envelopes[:10]])
 
-    cluster_main(
-        build_flow(settings), addresses=[], proc_id=0, worker_count_per_proc=2
-    )
+    run_flow(build_flow, settings, workers=2)
 
     assert [session_row(db, s)["user_id"] for s in sessions] == [u for _, u in devices]
     linked = parsed(
@@ -433,7 +432,7 @@ def test_a_sign_in_failing_three_times_is_dead_lettered_and_its_batch_mates_are_
         sign_in(settings, poison, partition=2),
     ])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert session_row(db, good_session)["user_id"] == user
     assert session_row(db, poison_session)["user_id"] is None
@@ -463,7 +462,7 @@ def test_a_transient_database_failure_is_retried_and_nothing_is_dead_lettered(
     monkeypatch.setattr(SessionLinksStore, "link_batch", flaky)
     produce(settings, [sign_in(settings, sign_in_envelope(user_id=user, anonymous_id=anonymous))])
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     assert session_row(db, session)["user_id"] == user
     assert len(consume_all(settings, settings.topic_session_linked, expect_at_least=1)) == 1
@@ -480,7 +479,7 @@ def test_a_sign_in_replayed_after_its_mark_expired_starts_no_second_session(
     envelope = sign_in_envelope(user_id=user, anonymous_id=anonymous,
                                 signed_in_at=dotnet_time(datetime.now(UTC) - timedelta(days=2)))
     produce(settings, [sign_in(settings, envelope)])
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
     # days later: the session service ended the session, and the retention dropped the mark
     db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
                " WHERE id = %s", (guest,))
@@ -488,7 +487,7 @@ def test_a_sign_in_replayed_after_its_mark_expired_starts_no_second_session(
                (f"user-activity-signed-in:{envelope['MessageId']}",))
     produce(settings, [sign_in(settings, envelope)])  # a backfill replays the old sign-in
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     sessions = device_sessions(db, anonymous)
     assert [(s["id"], s["status"], s["user_id"]) for s in sessions] == [(guest, "Ended", user)]
@@ -509,7 +508,7 @@ def test_two_users_signed_in_at_one_instant_replayed_after_their_marks_expired_c
     envelopes = [sign_in_envelope(user_id=u, anonymous_id=anonymous, signed_in_at=at)
                  for u in (first, second)]
     produce(settings, [sign_in(settings, e) for e in envelopes])  # the same SignedInAt
-    run(build_flow(settings))  # one links the guest session, the other relinks
+    run_flow(build_flow, settings)  # one links the guest session, the other relinks
     before = device_sessions(db, anonymous)
     db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
                " WHERE anonymous_id = %s AND status = 'Active'", (anonymous,))
@@ -517,7 +516,7 @@ def test_two_users_signed_in_at_one_instant_replayed_after_their_marks_expired_c
                ([f"user-activity-signed-in:{e['MessageId']}" for e in envelopes],))
     produce(settings, [sign_in(settings, e) for e in envelopes])  # replayed days later
 
-    run(build_flow(settings))
+    run_flow(build_flow, settings)
 
     after = device_sessions(db, anonymous)
     assert [(s["id"], s["status"]) for s in after] == [(s["id"], "Ended") for s in before]

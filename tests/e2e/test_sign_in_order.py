@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from bytewax.testing import run_main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +19,7 @@ from devenv.harness.jobs import SESSION_LINKING_FLOW, JobSupervisor
 from devenv.harness.messages import new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from tests.conftest import SettingsFactory
-from tests.support import envelope_record, produce
+from tests.support import envelope_record, produce, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -129,7 +128,7 @@ def test_sign_ins_arriving_in_any_order_within_the_lateness_end_as_if_applied_in
     order = [*arrival, *redelivered]  # any arrival order, plus redeliveries
     produce(config, [envelope_record(config.topic_user_signed_in, envelopes[i]) for i in order])
 
-    run_main(build_flow(config))
+    run_flow(build_flow, config)
 
     expected = _oracle(guest, sign_ins, user_ids)
     for index, device_id in enumerate(anonymous):
@@ -155,13 +154,13 @@ def test_a_sign_in_later_than_the_lateness_never_relinks_and_is_recorded_as_a_co
     a, b, c, d = new_id(), new_id(), new_id(), new_id()
     produce(config, [_signed_in(config, b, guest_device, 100),
                      _signed_in(config, c, bare_device, 100)])
-    run_main(build_flow(config))  # B links the guest session; C starts a session
+    run_flow(build_flow, config)  # B links the guest session; C starts a session
     late_a = _signed_in(config, a, guest_device, 50)  # 50 s before B's: far beyond 5 s
     late_b = _signed_in(config, b, guest_device, 40)  # the same user again: no conflict
     late_d = _signed_in(config, d, bare_device, 20)
     produce(config, [late_a, late_b, late_d])
 
-    run_main(build_flow(config))
+    run_flow(build_flow, config)
 
     sessions = db.execute(
         "SELECT anonymous_id, id, user_id, status FROM user_activity.sessions"
@@ -228,12 +227,12 @@ def test_a_sign_in_stamped_hours_ahead_does_not_make_the_next_user_of_the_device
     produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
         user_id=a, anonymous_id=device, signed_in_at=ahead.isoformat()))])
     with caplog.at_level("WARNING"):
-        run_main(build_flow(config))  # A links the guest session
+        run_flow(build_flow, config)  # A links the guest session
     time.sleep(1.1)
     produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
         user_id=b, anonymous_id=device, signed_in_at=datetime.now(UTC).isoformat()))])
 
-    run_main(build_flow(config))
+    run_flow(build_flow, config)
 
     sessions = db.execute(
         "SELECT id, user_id, status, last_signed_in_at FROM user_activity.sessions"
@@ -253,13 +252,13 @@ def test_a_late_sign_in_on_a_device_left_without_a_session_starts_none(
     guest = insert_session(db, anonymous_id=device, last_activity_at=T0 - timedelta(minutes=5))
     a, b = new_id(), new_id()
     produce(config, [_signed_in(config, b, device, 100)])
-    run_main(build_flow(config))  # B links the guest session
+    run_flow(build_flow, config)  # B links the guest session
     db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
                " WHERE id = %s", (guest,))  # the session service ends it
     produce(config, [_signed_in(config, a, device, 50),  # A, before B: another user's is later
                      _signed_in(config, b, device, 40)])  # B again, before its applied one
 
-    run_main(build_flow(config))
+    run_flow(build_flow, config)
 
     sessions = db.execute(
         "SELECT id, user_id, status FROM user_activity.sessions WHERE anonymous_id = %s",
@@ -288,13 +287,13 @@ def test_a_live_sign_in_stamped_before_its_users_last_one_still_starts_a_session
     fast = datetime.now(UTC) + timedelta(seconds=30)
     produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
         user_id=user, anonymous_id=device, signed_in_at=fast.isoformat()))])
-    run_main(build_flow(config))  # links the guest session
+    run_flow(build_flow, config)  # links the guest session
     db.execute("UPDATE user_activity.sessions SET status = 'Ended', ended_at = now()"
                " WHERE id = %s", (guest,))  # signed out
     produce(config, [envelope_record(config.topic_user_signed_in, sign_in_envelope(
         user_id=user, anonymous_id=device, signed_in_at=datetime.now(UTC).isoformat()))])
 
-    run_main(build_flow(config))
+    run_flow(build_flow, config)
 
     sessions = db.execute(
         "SELECT id, user_id, status FROM user_activity.sessions WHERE anonymous_id = %s"

@@ -20,7 +20,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from bytewax.testing import run_main
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -42,7 +41,7 @@ from tests.chaos import (
     wait_until_drained,
 )
 from tests.conftest import SettingsFactory
-from tests.support import consume_all, envelope_record, produce
+from tests.support import consume_all, envelope_record, produce, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -178,7 +177,7 @@ def test_a_sampled_sign_in_dead_lettered_by_the_sink_ends_its_trace_with_an_erro
     exporter = InMemorySpanExporter()
     tracing.install(SimpleSpanProcessor(exporter), Sampling.ratio(0.0))
     try:
-        run_main(build_session_linking_flow(settings))
+        run_flow(build_session_linking_flow, settings)
     finally:
         tracing.shutdown()
 

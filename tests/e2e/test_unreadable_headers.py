@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from bytewax.testing import run_main
 
 from dataflows.favorite_actions import build_flow as build_favorites_flow
 from dataflows.session_linking import build_flow as build_session_linking_flow
@@ -21,7 +20,7 @@ from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from tests.conftest import SettingsFactory
 from tests.raw_kafka import produce_raw
-from tests.support import action_rows, consume_all, envelope_record, produce
+from tests.support import action_rows, consume_all, envelope_record, produce, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +53,7 @@ def test_favorites_with_a_header_name_that_is_not_utf8_are_recorded_and_so_are_t
                 headers=[(b"\xff", b"v")])
     produce(settings, [envelope_record(topic, after, partition=2)])
 
-    run_main(build_favorites_flow(settings))
+    run_flow(build_favorites_flow, settings)
 
     ids = [uuid.UUID(e["MessageId"]) for e in (*before, *hostile, after)]
     assert {row["source_message_id"] for row in action_rows(db, ids)} == set(ids)
@@ -79,7 +78,7 @@ def test_a_sign_in_with_a_header_name_that_is_not_utf8_links_its_device(
                 value=orjson.dumps(sign_in_envelope(user_id=user, anonymous_id=anonymous)),
                 headers=[(b"\xc3\x28", b"v")])
 
-    run_main(build_session_linking_flow(settings))
+    run_flow(build_session_linking_flow, settings)
 
     assert db.execute("SELECT user_id FROM user_activity.sessions WHERE id = %s",
                       (session,)).fetchone() == (user,)

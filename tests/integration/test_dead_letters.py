@@ -20,6 +20,7 @@ from confluent_kafka.cimpl import NewTopic
 from prometheus_client import CollectorRegistry, Counter
 
 from devenv.harness.jobs import wait_until
+from runtime.process import Process
 from runtime.settings import Settings
 from schemas.dlq import (
     DLQ_HEADERS,
@@ -75,6 +76,7 @@ class Dlq:
             self.settings, self.topic,
             Counter("dlq", "dead letters", registry=self.registry),
             Counter("retries", "retries", registry=self.registry), name="test-dlq",
+            process=Process(),
         )
 
     def records(self, expected: int) -> list[Consumed]:
@@ -238,7 +240,7 @@ def test_an_unreadable_topic_limit_falls_back_to_one_million_with_a_warning(
     publisher = DeadLetterPublisher(
         settings, f"no-such-topic-{uuid.uuid4().hex[:8]}",
         Counter("dlq", "d", registry=registry), Counter("retries", "r", registry=registry),
-        name="test-dlq",
+        name="test-dlq", process=Process(),
     )
 
     assert publisher._read_topic_limit() == DEFAULT_TOPIC_LIMIT

@@ -1,8 +1,8 @@
 """The favorites sink's deferred commits against a real PostgreSQL.
 
-While a backlog is read (the ``reading_backlog`` fixture plays the Kafka source's part), a batch
-of at least ``sink_defer_min_batch`` messages is sent and ``write_batch`` returns before the
-commit; the next ``write_batch``, ``snapshot()`` and ``close()`` wait for it. A deferred
+A batch of at least ``sink_defer_min_batch`` messages is sent and ``write_batch`` returns before
+the commit; the next ``write_batch`` (a tick, at the latest), ``snapshot()`` and ``close()`` wait
+for it. A deferred
 insert that fails is written again synchronously. A lock held by another connection on the
 outbox table keeps the sent insert waiting inside PostgreSQL, so "not yet committed" is
 observable.
@@ -25,8 +25,9 @@ from dataflows.favorite_actions.sink import _ActionHistoryPartition
 from dataflows.favorite_actions.store import FavoritesStore
 from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import insert_session
-from runtime.backlog import BACKLOG
+from runtime.process import Process
 from runtime.settings import Settings
+from runtime.ticks import TICK
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks import deferred_statement
@@ -60,14 +61,6 @@ def _recorded(database_url: str, messages: list[FavoriteMessage]) -> int:
 
 
 @pytest.fixture
-def reading_backlog() -> Iterator[None]:
-    """A Kafka partition's last poll came back full, as during a backlog."""
-    BACKLOG.polled("t.deferred.input", 0, full=True)
-    yield
-    BACKLOG.closed("t.deferred.input", 0)
-
-
-@pytest.fixture
 def outbox_locked(database_url: str) -> Iterator[threading.Event]:
     """Holds SHARE mode on the outbox (inserts wait) until the yielded event is set."""
     with lock_outbox(database_url) as release:
@@ -83,7 +76,7 @@ def _partition(database_url: str, **overrides: Any) -> _ActionHistoryPartition:
         topic_action_tracked="t.deferred.action-tracked",
         **overrides,
     )
-    return _ActionHistoryPartition(settings, f"deferred-{uuid.uuid4().hex[:6]}")
+    return _ActionHistoryPartition(settings, Process(), None, f"deferred-{uuid.uuid4().hex[:6]}")
 
 
 def _in_thread(call: Any) -> threading.Event:
@@ -152,7 +145,6 @@ def test_a_batch_sent_as_new_that_holds_a_recorded_message_is_written_again_whol
     assert counts == (6, 6)  # one mark and one outbox row each: the failed attempts left none
 
 
-@pytest.mark.usefixtures("reading_backlog")
 def test_a_large_batch_commits_by_the_snapshot_barrier(
     db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event
 ) -> None:
@@ -171,7 +163,6 @@ def test_a_large_batch_commits_by_the_snapshot_barrier(
         part.close()
 
 
-@pytest.mark.usefixtures("reading_backlog")
 def test_a_small_batch_commits_before_write_batch_returns(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
@@ -184,30 +175,16 @@ def test_a_small_batch_commits_before_write_batch_returns(
         part.close()
 
 
-def test_a_large_batch_after_the_backlog_commits_before_write_batch_returns(
-    db: psycopg.Connection[Any], database_url: str
-) -> None:
-    messages = _messages(db, 20)  # the end of a burst: every poll came back short
-    part = _partition(database_url, sink_defer_min_batch=10)
-    try:
-        assert not BACKLOG.reading()
-        part.write_batch(messages)
-        assert _recorded(database_url, messages) == 20
-    finally:
-        part.close()
-
-
-@pytest.mark.usefixtures("reading_backlog")
-def test_the_poll_that_finds_the_inputs_caught_up_finishes_the_batch_in_flight(
+def test_a_tick_finishes_the_batch_in_flight_when_no_write_follows(
     db: psycopg.Connection[Any], database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     messages = _messages(db, 20)
     part = _partition(database_url, sink_defer_min_batch=10)
     try:
         with caplog.at_level(logging.INFO):
-            part.write_batch(messages)  # deferred: the input is still behind
+            part.write_batch(messages)  # deferred
             assert "recorded" not in [r.getMessage() for r in caplog.records]
-            BACKLOG.polled("t.deferred.input", 0, full=False)  # caught up; no write follows
+            part.write_batch([TICK])  # the input is caught up: only ticks follow
             assert part._in_flight is None
             assert [r.getMessage() for r in caplog.records].count("recorded") == 20
         assert _recorded(database_url, messages) == 20
@@ -215,7 +192,6 @@ def test_the_poll_that_finds_the_inputs_caught_up_finishes_the_batch_in_flight(
         part.close()
 
 
-@pytest.mark.usefixtures("reading_backlog")
 def test_the_next_write_batch_and_close_wait_for_the_batch_in_flight(
     db: psycopg.Connection[Any], database_url: str
 ) -> None:
@@ -228,7 +204,6 @@ def test_the_next_write_batch_and_close_wait_for_the_batch_in_flight(
     assert _recorded(database_url, second) == 10
 
 
-@pytest.mark.usefixtures("reading_backlog")
 def test_a_broken_deferred_insert_is_written_again_synchronously(
     db: psycopg.Connection[Any], database_url: str, outbox_locked: threading.Event,
     caplog: pytest.LogCaptureFixture,

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from runtime.process import Process
 from runtime.settings import Settings
 from schemas.kafka_record import SourceRecord
 from schemas.outbox import OutboxRow
@@ -48,6 +49,8 @@ class TablePartition(TransactionalPartition[Item, list[int]]):
         registry = CollectorRegistry()
         super().__init__(
             settings,
+            Process(),
+            None,
             name="barrier-test",
             dlq_topic="unused",
             dlq_counter=Counter("dlq", "d", registry=registry),

@@ -24,6 +24,7 @@ from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import insert_session
 from runtime import tracing
 from runtime.backlog import BACKLOG
+from runtime.process import Process
 from runtime.settings import Settings
 from runtime.tracing import Sampling
 from schemas.favorites import ActionType
@@ -64,7 +65,7 @@ def _partition(database_url: str, **overrides: Any) -> _ActionHistoryPartition:
         database_url=database_url, kafka_bootstrap_servers="127.0.0.1:1", outbox_enabled=False,
         http_port=0, topic_action_tracked="t.traced.action-tracked", **overrides,
     )
-    return _ActionHistoryPartition(settings, f"traced-{uuid.uuid4().hex[:6]}")
+    return _ActionHistoryPartition(settings, Process(), None, f"traced-{uuid.uuid4().hex[:6]}")
 
 
 def _stored_headers(database_url: str, message: FavoriteMessage) -> Any:

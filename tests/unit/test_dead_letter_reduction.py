@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry, Counter
 
+from runtime.process import Process
 from runtime.settings import Settings
 from schemas.dlq import (
     DLQ_HEADERS,
@@ -209,7 +210,7 @@ def publisher(fake: FakeDlqProducer) -> tuple[DeadLetterPublisher, CollectorRegi
     )
     pub = DeadLetterPublisher(
         settings, "dlq", Counter("dlq", "d", registry=registry),
-        Counter("retries", "r", registry=registry), name="test-dlq",
+        Counter("retries", "r", registry=registry), name="test-dlq", process=Process(),
     )
     pub._producer = fake  # type: ignore[assignment]
     pub._limit = LIMIT
@@ -320,7 +321,7 @@ def test_publishing_nothing_builds_nothing() -> None:
     pub = DeadLetterPublisher(
         Settings(kafka_bootstrap_servers="127.0.0.1:1"), "dlq",
         Counter("dlq", "d", registry=registry), Counter("retries", "r", registry=registry),
-        name="test-dlq",
+        name="test-dlq", process=Process(),
     )
     pub.publish([])
     assert pub.limit is None

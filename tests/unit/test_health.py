@@ -260,4 +260,4 @@ def test_an_unknown_path_is_404(base_url: str) -> None:
 
 
 def test_port_zero_disables_the_process_server() -> None:
-    assert serve_http("127.0.0.1", 0) is None
+    assert serve_http("127.0.0.1", 0, Health()) is None

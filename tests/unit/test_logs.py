@@ -5,16 +5,14 @@ from __future__ import annotations
 import io
 import logging
 import re
-import sys
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from runtime.logs import BufferedStderrHandler, JsonFormatter, RepeatThrottle, log_event, log_events
+from runtime.logs import JsonFormatter, RepeatThrottle, log_event, log_events
 from schemas.favorites import ActionType
 
 
@@ -234,34 +232,3 @@ def test_pytest_caplog_sees_every_record(caplog: pytest.LogCaptureFixture) -> No
     captured = [r for r in caplog.records if r.name == logger.name]
     assert [r.getMessage() for r in captured] == ["captured"] * 3
     assert captured[0].__dict__["outcome"] == "recorded"
-
-
-def test_through_the_production_handler_lines_reach_the_file_and_warnings_flush_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    path = tmp_path / "stderr.log"
-    fake_stderr = path.open("w")
-    monkeypatch.setattr(sys, "stderr", fake_stderr)
-    handler = BufferedStderrHandler(interval=3600)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("test.logs.production")
-    logger.handlers[:] = [handler]
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    try:
-        log_event(logger, "single", n=0)  # through the text layer, then bytes: order kept
-        log_events(logger, "recorded", _ROWS[:2])
-        log_event(logger, "single", n=1)
-        assert path.read_bytes() == b""  # INFO lines wait in the buffer
-        log_events(logger, "warned", [{"n": 1}], logging.WARNING)
-        lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-    finally:
-        logger.handlers.clear()
-        handler.close()
-        fake_stderr.close()
-    events = [line["event"] for line in lines]
-    assert events == ["single", "recorded", "recorded", "single", "warned"]
-    assert lines[1]["MessageId"] == str(_ROWS[0]["MessageId"])
-    assert lines[1]["ActionType"] == "AddToFavorites"
-    assert lines[4]["level"] == "WARNING"
-    assert list(lines[2]) == ["ts", "level", "logger", "event", "outcome", "MessageId", "n", "ok"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.recovery_store import Partition, RunOptions, Store, problems, run_options
+from runtime.bytewax_0_21.recovery import Partition, RunOptions, Store, problems, run_options
 
 RUN = "/venv/lib/python3.11/site-packages/bytewax/run.py"
 FLOW = "favorite_actions"

@@ -14,13 +14,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from runtime.recovery_store import run_options
-from runtime.recovery_volume import (
+from runtime.bytewax_0_21.recovery import (
     RECOVERY_VOLUME_FULL,
     VolumeSpace,
-    check_at_start,
     is_short,
     measure,
+    require_room,
+    run_options,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,10 +58,11 @@ def test_the_start_check_logs_one_line_naming_the_directory_when_the_volume_is_s
     space = measure(tmp_path)
     assert space is not None
 
-    with caplog.at_level(logging.INFO, logger="runtime.recovery_volume"):
-        allowed = check_at_start(tmp_path, space.size_bytes + 1)
+    with caplog.at_level(logging.INFO, logger="runtime.bytewax_0_21.recovery"), pytest.raises(
+            SystemExit) as refused:
+        require_room(tmp_path, space.size_bytes + 1)
 
-    assert not allowed
+    assert refused.value.code == RECOVERY_VOLUME_FULL
     [record] = caplog.records
     assert (record.levelno, record.getMessage()) == (logging.ERROR, "recovery-volume-full")
     assert vars(record)["recovery_dir"] == str(tmp_path)
@@ -71,10 +72,10 @@ def test_the_start_check_logs_one_line_naming_the_directory_when_the_volume_is_s
 def test_the_start_check_passes_with_room_a_zero_minimum_or_a_directory_it_cannot_ask(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="runtime.recovery_volume"):
-        assert check_at_start(tmp_path, 1)
-        assert check_at_start(tmp_path, 0)
-        assert check_at_start(tmp_path / "missing", 1 << 62)  # Bytewax says what is missing
+    with caplog.at_level(logging.INFO, logger="runtime.bytewax_0_21.recovery"):
+        require_room(tmp_path, 1)
+        require_room(tmp_path, 0)
+        require_room(tmp_path / "missing", 1 << 62)  # Bytewax says what is missing
 
     assert caplog.records == []
 
@@ -83,7 +84,7 @@ def _crash_with(directory: Path, min_free_bytes: int) -> subprocess.CompletedPro
     script = textwrap.dedent(f"""
         from pathlib import Path
         from runtime.logs import configure_logging
-        from runtime.recovery_volume import watch
+        from runtime.bytewax_0_21.recovery import watch
         configure_logging("INFO")
         watch(Path({str(directory)!r}), {min_free_bytes})
         raise RuntimeError("SqliteFailure(DiskFull)")

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from runtime.shutdown import STOPPED_DURING_OUTAGE, Shutdown
+from runtime.shutdown import EXIT_RESTART, Shutdown
 
 
 def test_without_a_stop_a_retry_sleeps_its_whole_delay_and_time_left_is_the_timeout() -> None:
@@ -36,8 +36,6 @@ def test_after_a_stop_waits_are_bounded_by_what_is_left_of_the_grace() -> None:
     shutdown.retry_sleep(30.0)  # sleeps until the grace ends, no longer
     assert time.monotonic() - started < 1.0
     assert shutdown.time_left(10.0) == 0.0
-    shutdown.reset()
-    assert not shutdown.requested() and shutdown.time_left(3.0) == 3.0
 
 
 def _exit_code(script: str) -> subprocess.CompletedProcess[str]:
@@ -52,14 +50,15 @@ def test_a_retry_past_the_grace_ends_the_process_with_75_and_one_line() -> None:
         "from runtime.shutdown import Shutdown\n"
         "s = Shutdown(grace=0.0); s.request('SIGTERM'); s.retry_sleep(5.0)\n"
         "print('not reached')\n")
-    assert done.returncode == STOPPED_DURING_OUTAGE == 75
+    assert done.returncode == EXIT_RESTART == 75
     assert "stopped-during-outage" in done.stderr and "not reached" not in done.stdout
 
 
 def test_a_stop_that_left_work_behind_exits_75_at_the_end() -> None:
     done = _exit_code(
         "from runtime.shutdown import Shutdown\n"
-        "s = Shutdown(); s.request('SIGTERM'); s.unfinished('outbox rows'); print('ran on')\n")
+        "s = Shutdown(); s.request('SIGTERM'); s.unfinished('outbox rows'); print('ran on')\n"
+        "s.finish()\n")
     assert done.returncode == 75 and "ran on" in done.stdout
 
 
@@ -69,7 +68,7 @@ def test_a_restart_the_job_asks_for_is_a_clean_stop_that_exits_75_at_the_end() -
         "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
         "from runtime.shutdown import Shutdown\n"
         "s = Shutdown(); s.restart('t has 12 partitions, 6 are read')\n"
-        "print('stop requested', s.requested())\n")
+        "print('stop requested', s.requested()); s.finish()\n")
     assert done.returncode == 75
     assert "stop requested True" in done.stdout  # the stop itself runs to its end first
     assert done.stderr.split() == ["shutdown-requested", "stopped-for-restart"]
@@ -82,11 +81,11 @@ def test_a_stop_stuck_in_a_call_that_never_returns_ends_at_the_deadline_with_75(
         "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
         "import runtime.shutdown as shutdown\n"
         "shutdown.DEADLINE_MARGIN = 0.5\n"
-        "shutdown.install_signal_handlers(grace=0.5)\n"
-        "started = time.monotonic(); shutdown.SHUTDOWN.request('SIGTERM')\n"
+        "s = shutdown.Shutdown(grace=0.5); shutdown.install_signal_handlers(s)\n"
+        "started = time.monotonic(); s.request('SIGTERM')\n"
         "time.sleep(30)  # the call that does not return\n"
         "print('not reached')\n")
-    assert done.returncode == STOPPED_DURING_OUTAGE
+    assert done.returncode == EXIT_RESTART
     assert done.stderr.split() == ["shutdown-requested", "stopped-during-outage"]
     assert "not reached" not in done.stdout
 

@@ -1,26 +1,13 @@
-"""The Bytewax recovery store a job is started on: checked before Bytewax opens it, and locked.
+"""The Bytewax recovery store a job starts on: checked and locked before Bytewax opens it.
 
-Bytewax 0.21.1 keeps no flow name in its store and checks little at start. Operator mistakes
-seen on the real services (``tests/e2e/test_recovery_store.py``):
-
-- a directory with no partitions (no ``init-recovery``), one that does not exist, or a store
-  lacking a partition: a 30-frame Rust backtrace and exit code 1 (``NoPartitionsError``,
-  ``FileNotFoundError``, ``MissingPartitionsError``);
-- another flow's store, or a store ``user-activity replay`` made: the job ran, silently, from
-  no snapshot of its own (the whole retention read again, the other flow's store mixed with
-  this one's snapshots), or from the replay's offsets;
-- two job processes on one store at once: both ran, each reading every input partition, both
-  writing snapshots into the same partitions;
-- ``-s 0``: a snapshot at every activation (about 50 a second).
-
-Each is now refused before anything is read or written: one ``recovery-refused`` ERROR line
-names the directory and the problem, exit code :data:`RECOVERY_REFUSED` (78, ``EX_CONFIG``).
-A tailing job with no store at all (no ``-r``) runs, as the benchmark's steady phase does, but
-says so in one ``recovery-disabled`` WARNING line: every start reads from
-``USER_ACTIVITY_STARTING_OFFSET`` again (``latest``: what arrived while it was stopped is
-skipped), and nothing said so before.
-The store's files are only read (SQLite, read-only). What one process cannot see is left to
-Bytewax: in a cluster a process may hold no partition, so completeness is the cluster's.
+Bytewax 0.21.1 keeps no flow name in a store, checks little at start and unwraps SQLite's
+errors into panics. So before it opens the store: a missing, empty, foreign (another flow's, a
+replay's) or incomplete store, ``-s 0``, or a second job process on it is refused with one
+``recovery-refused`` line and exit 78; a volume with less than
+``USER_ACTIVITY_RECOVERY_MIN_FREE_BYTES`` free, with one ``recovery-volume-full`` line and exit
+74, also when a snapshot fails on it while running (the volume's state decides, not the panic's
+text). Its free space is a gauge measured at each scrape. Nothing is read or written first, so
+nothing is lost: fix what the line names and start again.
 """
 
 from __future__ import annotations
@@ -30,12 +17,15 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import IO
 
 from runtime.logs import log_event
+from runtime.metrics import RECOVERY_VOLUME_FREE_BYTES, RECOVERY_VOLUME_MIN_FREE_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -236,3 +226,86 @@ def check_at_start(options: RunOptions, flow_id: str, *, tail: bool) -> bool:
               consequence="the job does not start; nothing was read or written",
               exit_code=RECOVERY_REFUSED)
     return False
+
+
+RECOVERY_VOLUME_FULL = 74
+"""The exit code of a process whose recovery volume is (nearly) full (``EX_IOERR``): free space
+on it, or grow it, and start again; nothing is lost."""
+
+
+@dataclass(frozen=True)
+class VolumeSpace:
+    """The space of the filesystem that holds a directory, as an unprivileged writer sees it."""
+
+    free_bytes: int
+    size_bytes: int
+
+
+def is_short(space: VolumeSpace, min_free_bytes: int) -> bool:
+    """Whether ``space`` leaves less than ``min_free_bytes`` free (``0``: never short)."""
+    return min_free_bytes > 0 and space.free_bytes < min_free_bytes
+
+
+def measure(directory: Path) -> VolumeSpace | None:
+    """The space of ``directory``'s filesystem; None if it cannot be asked (Bytewax says why)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    return VolumeSpace(stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
+
+
+def require_room(directory: Path, min_free_bytes: int) -> None:
+    """End the process with :data:`RECOVERY_VOLUME_FULL` (one line) when the volume is short.
+
+    For every command that opens a SQLite store there (the job, ``init-recovery``, ``replay``).
+    """
+    space = measure(directory)
+    if space is not None and is_short(space, min_free_bytes):
+        _log_full(directory, space, min_free_bytes, "the job does not start")
+        raise SystemExit(RECOVERY_VOLUME_FULL)
+
+
+def watch(directory: Path, min_free_bytes: int) -> None:
+    """Export the volume's free space (measured at each scrape) and name it at a crash.
+
+    Installs a ``sys.excepthook`` that, when the process ends on an uncaught exception while
+    the volume is short, logs ``recovery-volume-full``, prints the traceback as Python does, and
+    exits :data:`RECOVERY_VOLUME_FULL` at once; any other crash is left as it was.
+    """
+    RECOVERY_VOLUME_MIN_FREE_BYTES.set(min_free_bytes)
+    RECOVERY_VOLUME_FREE_BYTES.set_function(lambda: _free_bytes(directory))
+    sys.excepthook = _crash_hook(directory, min_free_bytes, sys.excepthook)
+
+
+def _crash_hook(
+    directory: Path, min_free_bytes: int,
+    previous: Callable[[type[BaseException], BaseException, TracebackType | None], object],
+) -> Callable[[type[BaseException], BaseException, TracebackType | None], None]:
+    def hook(kind: type[BaseException], error: BaseException,
+             traceback: TracebackType | None) -> None:
+        space = measure(directory)
+        if space is None or not is_short(space, min_free_bytes):
+            previous(kind, error, traceback)
+            return
+        _log_full(directory, space, min_free_bytes, "the job stopped: a snapshot could not be"
+                  " written (the traceback follows)")
+        previous(kind, error, traceback)
+        sys.stderr.flush()
+        os._exit(RECOVERY_VOLUME_FULL)
+
+    return hook
+
+
+def _log_full(directory: Path, space: VolumeSpace, min_free_bytes: int, what: str) -> None:
+    log_event(logger, "recovery-volume-full", logging.ERROR, recovery_dir=str(directory),
+              free_bytes=space.free_bytes, size_bytes=space.size_bytes,
+              min_free_bytes=min_free_bytes, error="no space left on device (ENOSPC)",
+              consequence=f"{what}; nothing is lost: free space on the volume (or grow it) and"
+                          " start again, it resumes from its last snapshot",
+              exit_code=RECOVERY_VOLUME_FULL)
+
+
+def _free_bytes(directory: Path) -> float:
+    space = measure(directory)
+    return float("nan") if space is None else float(space.free_bytes)

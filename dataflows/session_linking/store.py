@@ -1,0 +1,177 @@
+"""The session-linking write path: a batch of sign-ins in one transaction (SPEC §7).
+
+For each sign-in: its idempotency mark first (already there: ``duplicate``, no change); the
+device's Active session read under a row lock; :mod:`~dataflows.session_linking.linking`
+decides (``late_verdict`` first); every UPDATE is conditional on the state it was decided on and
+a new session is inserted with ``ON CONFLICT DO NOTHING`` on the one-Active-session-per-device
+index, so a lost race re-reads and decides again (LinkOnce holds whatever runs concurrently).
+The marks, the session changes and the outbox rows announcing them commit together or not at
+all. Sessions a sign-in starts or ends take its SignedInAt (event time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+from uuid import UUID
+
+import orjson
+import psycopg
+import uuid_utils.compat as uuid_compat
+
+from dataflows.session_linking.decode import SignInMessage
+from dataflows.session_linking.linking import (
+    ActiveSession,
+    ConflictReason,
+    LastSignIn,
+    LinkOutcome,
+    LinkResult,
+    SessionChange,
+    SessionEventKind,
+    SessionTopics,
+    build_session_event,
+    decide,
+    late_verdict,
+)
+from dataflows.session_linking.sql import query
+from schemas.outbox import OutboxRow
+from sinks.db import Connection
+
+DECISION_ROUNDS = 5
+"""How often one sign-in re-reads the device's session after losing a race to another writer,
+before the batch's transaction is abandoned as a serialization failure (and retried)."""
+
+
+class SessionLinksStore:
+    """Applies sign-ins to ``user_activity.sessions`` in one transaction per batch."""
+
+    def __init__(self, topics: SessionTopics, new_id: Callable[[], UUID] = uuid_compat.uuid7,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 live_within: timedelta = timedelta(seconds=70)) -> None:
+        """A store announcing changes on ``topics``.
+
+        ``live_within``: how old a sign-in can be and still be live (clock skew + lateness);
+        an older one is *stale* (:func:`~dataflows.session_linking.linking.late_verdict`).
+        """
+        self._topics = topics
+        self._new_id = new_id
+        self._clock = clock
+        self._live_within = live_within
+
+    def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
+        """Apply ``messages`` in order in one transaction; return what each one did.
+
+        On any exception the transaction is rolled back and nothing of the batch is written.
+        """
+        results: list[LinkResult] = []
+        with conn.transaction():
+            now = self._clock()
+            for message in messages:
+                results.append(self._link_one(conn, message, now))
+            outbox = [row for result in results for row in result.outbox]
+            if outbox:
+                _insert_outbox(conn, outbox)
+        return results
+
+    def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
+        marked = conn.execute(query("link_session_mark"), {"key": message.idempotency_key})
+        if marked.fetchone() is None:
+            return LinkResult(message, LinkOutcome.DUPLICATE)
+        for _ in range(DECISION_ROUNDS):
+            result = self._apply(conn, message, now)
+            if result is not None:
+                return result
+        raise psycopg.errors.SerializationFailure(
+            "the device's Active session kept changing while linking")
+
+    def _apply(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult | None:
+        """One decision on the locked Active session; None when a concurrent writer won."""
+        device = {"anonymous_id": message.anonymous_id}
+        locked = conn.execute(query("link_session_lock_active"), device).fetchone()
+        active = None if locked is None else ActiveSession(
+            cast(UUID, locked[0]), cast("UUID | None", locked[1]), cast(datetime, locked[2]))
+        signed_in_at = message.signed_in_at
+        last_row = conn.execute(query("link_session_device_last"), {
+            **device, "user_id": message.user_id, "signed_in_at": signed_in_at}).fetchone()
+        last = None if last_row is None else LastSignIn(
+            cast(datetime, last_row[0]), cast("UUID | None", last_row[1]), bool(last_row[2]))
+        outcome = decide(active, message.user_id)
+        verdict = late_verdict(outcome, message.user_id, signed_in_at, last,
+                               None if active is None else active.started_at,
+                               stale=signed_in_at < now - self._live_within)
+        if verdict is LinkOutcome.SUPERSEDED:
+            return LinkResult(message, verdict, None if active is None else active.session_id)
+        if isinstance(verdict, ConflictReason):
+            assert last is not None
+            conn.execute(query("link_session_conflict"), {
+                "message_id": message.message_id, "anonymous_id": message.anonymous_id,
+                "session_id": None if active is None else active.session_id,
+                "session_user_id": None if active is None else active.user_id,
+                "sign_in_user_id": message.user_id, "signed_in_at": message.signed_in_at,
+                "device_last_signed_in_at": last.signed_in_at, "reason": verdict.value,
+            })
+            return LinkResult(message, LinkOutcome.LATE_CONFLICT,
+                              None if active is None else active.session_id, conflict=verdict)
+        if outcome is LinkOutcome.ALREADY_LINKED:
+            assert active is not None
+            conn.execute(query("link_session_confirm"),
+                         {"session_id": active.session_id, "signed_in_at": signed_in_at})
+            return LinkResult(message, outcome, active.session_id)
+        if outcome is LinkOutcome.LINKED:
+            assert active is not None
+            linked_at = _returned(conn, "link_session_link_guest", {
+                "session_id": active.session_id, "user_id": message.user_id,
+                "signed_in_at": signed_in_at})
+            if linked_at is None:
+                return None
+            change = self._change(SessionEventKind.LINKED, active.session_id, message, linked_at)
+            return LinkResult(message, outcome, active.session_id,
+                              outbox=(self._event(change, message, now),))
+        changes: list[SessionChange] = []
+        ended_id = None
+        if outcome is LinkOutcome.RELINKED:
+            assert active is not None
+            ended_at = _returned(conn, "link_session_end", {
+                "session_id": active.session_id, "user_id": active.user_id,
+                "signed_in_at": signed_in_at})
+            if ended_at is None:
+                return None
+            ended_id = active.session_id
+            changes.append(SessionChange(
+                SessionEventKind.ENDED, ended_id, message.anonymous_id, active.user_id, ended_at))
+        session_id = self._new_id()
+        started_at = _returned(conn, "link_session_start", {
+            "session_id": session_id, "anonymous_id": message.anonymous_id,
+            "user_id": message.user_id, "signed_in_at": signed_in_at})
+        if started_at is None:
+            if ended_id is not None:  # cannot happen: we hold the only Active row's lock
+                raise psycopg.errors.SerializationFailure("an Active session appeared")
+            return None
+        changes.append(self._change(SessionEventKind.STARTED, session_id, message, started_at))
+        return LinkResult(message, outcome, session_id, ended_id,
+                          tuple(self._event(change, message, now) for change in changes))
+
+    @staticmethod
+    def _change(kind: SessionEventKind, session_id: UUID, message: SignInMessage, at: datetime
+                ) -> SessionChange:
+        return SessionChange(kind, session_id, message.anonymous_id, message.user_id, at)
+
+    def _event(self, change: SessionChange, message: SignInMessage, now: datetime) -> OutboxRow:
+        return build_session_event(change, message, message_id=self._new_id(),
+                                   topics=self._topics, now=now)
+
+
+def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime | None:
+    """Run the named statement; the timestamp it returned, or None if it changed no row."""
+    row = conn.execute(query(name), params).fetchone()
+    return None if row is None else cast(datetime, row[0])
+
+
+def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
+    conn.execute(query("link_session_outbox"), {
+        "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
+        "keys": [r.key for r in rows], "values": [r.value for r in rows],
+        "headers": [orjson.dumps(r.headers).decode() for r in rows]})
+
+
