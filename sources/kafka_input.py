@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient
 from typing_extensions import override
 
 from runtime.backoff import Backoff, retry_forever
-from runtime.logs import log_event
+from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.metrics import INPUT_RECORDS_EXPIRED, INPUT_RECORDS_UNDECODABLE, INPUT_TOPIC_RECREATED
 from runtime.process import Process
 from schemas.kafka_record import ConsumerError, SourceRecord
@@ -85,6 +85,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         ``consumer_group``: where offsets are also committed (empty: nowhere); ``flow``: the
         flow lag gauge fed; ``alignment``: event-time order across the partitions.
         """
+        self.client_config = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
         self.topic, self.process, self.tail = topic, process, tail
         self.start = start or StartPosition()
@@ -99,7 +100,8 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
     @override
     def list_parts(self) -> list[str]:
         """The topic's partitions; waits (back-off, forever) while Kafka is unreachable."""
-        admin = AdminClient({**self.config, **NO_AUTO_CREATE})
+        admin = AdminClient({**self.client_config, "logger": LIBRDKAFKA_LOGGER,
+                             **NO_AUTO_CREATE})
         partitions = self.retrying(lambda: self._partitions(admin))
         self.topic_id = topic_id(admin, self.topic)
         group = self.start.group
