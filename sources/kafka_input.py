@@ -85,7 +85,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         ``consumer_group``: where offsets are also committed (empty: nowhere); ``flow``: the
         flow lag gauge fed; ``alignment``: event-time order across the partitions.
         """
-        self.client_config = dict(client_config)
+        self.client_config: dict[str, Any] = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
         self.topic, self.process, self.tail = topic, process, tail
         self.start = start or StartPosition()
