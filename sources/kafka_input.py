@@ -100,8 +100,9 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
     @override
     def list_parts(self) -> list[str]:
         """The topic's partitions; waits (back-off, forever) while Kafka is unreachable."""
-        admin = AdminClient({**self.client_config, "logger": LIBRDKAFKA_LOGGER,
-                             **NO_AUTO_CREATE})
+        config: dict[str, Any] = {**self.client_config, "logger": LIBRDKAFKA_LOGGER,
+                                  **NO_AUTO_CREATE}
+        admin = AdminClient(config)
         partitions = self.retrying(lambda: self._partitions(admin))
         self.topic_id = topic_id(admin, self.topic)
         group = self.start.group
