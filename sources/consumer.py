@@ -41,7 +41,7 @@ def consumer_config(config: Mapping[str, Any], group: str, receive_max_bytes: in
     return {**config, "logger": LIBRDKAFKA_LOGGER, "group.id": group or "user-activity-unused",
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "enable.partition.eof": False, "auto.offset.reset": "earliest",
-            "session.timeout.ms": 5_000,  # bounds close and a commit while Kafka is down
+            "session.timeout.ms": 1_000,  # bounds close and a commit while Kafka is down
             "receive.message.max.bytes": receive_max_bytes,  # zstd's only, once decompressed
             "fetch.max.bytes": min(PREFETCH_KBYTES * 1024, receive_max_bytes - 512)}
 
