@@ -209,18 +209,18 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         try:
             low, high = self._watermarks(timeout=2)
             offset = low if self._next_offset is None else self._next_offset
-            starts, where = count_start(self._shared.consumer, *self._key, offset)
+            starts, at, fetching = count_start(self._shared.consumer, *self._key, offset)
         except KafkaException:
             return None  # best effort: the count is for a partition that keeps dying
-        self._committed = where  # only a snapshot that moves the offset ends the count
+        self._committed = at  # only a snapshot that moves the offset ends the count
         if starts < CAREFUL_FROM_START or high <= offset:
             return None
         log_event(logger, "input-partition-careful", logging.WARNING, topic=self.topic,
-                  partition=self.partition, starts=starts, offset=offset, died_at=where,
-                  until=high)
+                  partition=self.partition, starts=starts, offset=offset,
+                  died_at=at if fetching else None, deaths=fetching, until=high)
         self._next_offset = offset
-        return CarefulReader(self._src.config, *self._key, starts=starts, where=where,
-                             until=high)
+        return CarefulReader(self._src.config, *self._key, starts=starts, at=at,
+                             fetching=fetching, until=high)
 
     @property
     def _consumer(self) -> Consumer:

@@ -7,9 +7,9 @@ every start, and each start resumes before it. Here the job runs with a data-seg
 limit would, by the allocation librdkafka cannot make.
 
 Without :mod:`sources.careful` every start died and nothing behind the bomb was ever recorded.
-Now the second start reads the partition one batch per fetch, each fetch's offset committed
-first, and dies exactly at the bomb; the third skips it (counted, logged): the valid events
-are recorded once and the job reads on as usual.
+Now the second and third starts read the partition one batch per fetch, each fetch's offset
+committed first, and both die fetching the bomb; the fourth skips it (counted, logged): the
+valid events are recorded once and the job reads on as usual.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _produce_bomb(config: dict[str, Any], topic: str) -> None:
     assert not errors, errors
 
 
-def test_a_gzip_bomb_is_skipped_at_the_third_start_and_every_valid_event_is_recorded_once(
+def test_a_gzip_bomb_is_skipped_at_the_fourth_start_and_every_valid_event_is_recorded_once(
     make_settings: SettingsFactory, db: psycopg.Connection[Any], jobs: JobSupervisor,
     tmp_path: Path,
 ) -> None:
@@ -79,14 +79,15 @@ def test_a_gzip_bomb_is_skipped_at_the_third_start_and_every_valid_event_is_reco
 
     job = CappedJob(settings, tmp_path / "job", tail=True)
     jobs.jobs.append(job)
-    for start in (1, 2):  # the crash loop: each start dies on the bomb
+    for start in (1, 2, 3):  # the crash loop: each start dies on the bomb
         job.start(wait_http=0)
         assert job.wait(90) is not None, f"start {start} survived the bomb"
         assert job.exit_codes[-1] != 0
         if start == 1:  # fetched with the events before it: none recorded
             assert recorded() == 0
-    [careful] = [e for e in job.log_events(2) if e["event"] == "input-partition-careful"]
-    assert (careful["partition"], careful["starts"], careful["offset"]) == (0, 2, 0)
+    careful = [(e["partition"], e["starts"], e.get("died_at")) for n in (2, 3)
+               for e in job.log_events(n) if e["event"] == "input-partition-careful"]
+    assert careful == [(0, 2, None), (0, 3, 3)]  # the 2nd died fetching offset 3
 
     job.start()
     job.wait_until(lambda: recorded() == 6, 120, "the six valid events to be recorded")
@@ -94,16 +95,18 @@ def test_a_gzip_bomb_is_skipped_at_the_third_start_and_every_valid_event_is_reco
     job.wait_until(lambda: metric_sum(job.metrics(), undecodable, topic=topic, partition="0") == 1,
                    30, "the bomb to be counted")
     def done() -> list[int]:
-        return [e["next_offset"] for e in job.log_events(3)
+        return [e["next_offset"] for e in job.log_events(4)
                 if e["event"] == "input-partition-careful-done"]
 
     job.wait_until(lambda: done() == [7], 30, "the partition to join the worker's consumer")
-    events = job.log_events(3)
-    [careful] = [e for e in events if e["event"] == "input-partition-careful"]
-    assert (careful["partition"], careful["starts"], careful["died_at"]) == (0, 3, 3)
+    events = job.log_events(4)
+    [fourth] = [e for e in events if e["event"] == "input-partition-careful"]
+    assert (fourth["starts"], fourth["died_at"], fourth["deaths"]) == (4, 3, 2)
     [skipped] = [e for e in events if e["event"] == "input-records-undecodable"]
     assert (skipped["from_offset"], skipped["to_offset"]) == (3, 4)
     assert "decompression bomb" in skipped["reason"]
+    assert not any(e["event"] == "input-records-undecodable" for n in (2, 3)
+                   for e in job.log_events(n))
 
     produce(settings, favorites(ids[6:]))  # read by the worker's shared consumer again
     job.wait_until(lambda: recorded() == 8, 60, "the events after the careful read")
@@ -114,6 +117,6 @@ def test_a_gzip_bomb_is_skipped_at_the_third_start_and_every_valid_event_is_reco
 
     job.start()  # progress and a clean stop ended the count: read as usual, nothing again
     time.sleep(3)
-    assert not [e for e in job.log_events(4) if e["event"] == "input-partition-careful"]
+    assert not [e for e in job.log_events(5) if e["event"] == "input-partition-careful"]
     assert job.terminate() == 0
     assert recorded() == 8

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from runtime.process import Process
 from schemas.kafka_record import SourceRecord
-from sources.careful import CarefulReader, count_start, start_count
+from sources.careful import CarefulReader, count_start, parse
 from sources.kafka_input import KafkaInput, StartPosition
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce
@@ -30,31 +30,34 @@ def _group_consumer(settings: Any, group: str) -> Consumer:
                      "enable.auto.commit": False})
 
 
-def _committed(consumer: Consumer, topic: str) -> tuple[int, int]:
-    [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=10)
-    return tp.offset, start_count(tp.metadata)
+def _committed(consumer: Consumer, topic: str, partition: int = 0) -> tuple[int, int, int]:
+    """(offset, starts, careful fetches) the group holds for ``topic[partition]``."""
+    [tp] = consumer.committed([TopicPartition(topic, partition)], timeout=10)
+    return (tp.offset, *parse(tp.metadata))
 
 
-def test_the_start_count_grows_at_one_offset_follows_a_careful_reader_and_ends_with_progress(
+def test_the_start_count_grows_at_one_offset_follows_a_careful_fetch_and_ends_with_progress(
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings()
     topic = settings.topic_favorite_added
     consumer = _group_consumer(settings, f"{topic}.group")
     try:
-        assert [count_start(consumer, topic, 0, 5) for _ in range(3)] == [(1, 5), (2, 5), (3, 5)]
-        assert count_start(consumer, topic, 1, 5) == (1, 5)  # counted per partition
-        # a careful reader recorded offset 9 with its count: where the last start died
-        consumer.commit(offsets=[TopicPartition(topic, 0, 9, metadata="ua-starts=2")],
+        assert [count_start(consumer, topic, 0, 5) for _ in range(3)] == [
+            (1, 5, 0), (2, 5, 0), (3, 5, 0)]
+        assert count_start(consumer, topic, 1, 5) == (1, 5, 0)  # counted per partition
+        # a careful start died fetching offset 9: its mark is kept by the starts after it
+        consumer.commit(offsets=[TopicPartition(topic, 0, 9, metadata="ua-starts=2;fetching=1")],
                         asynchronous=False)
-        assert count_start(consumer, topic, 0, 5) == (3, 9)
+        assert count_start(consumer, topic, 0, 5) == (3, 9, 1)
+        assert count_start(consumer, topic, 0, 5) == (4, 9, 1)
         # a snapshot's informational commit (no metadata) ends the count
         consumer.commit(offsets=[TopicPartition(topic, 0, 12)], asynchronous=False)
-        assert count_start(consumer, topic, 0, 12) == (1, 12)
+        assert count_start(consumer, topic, 0, 12) == (1, 12, 0)
     finally:
         consumer.close()
-    assert [start_count(m) for m in (None, "", "ua-starts=4", "ua-starts=x", "other")] == [
-        0, 0, 4, 0, 0]
+    assert [parse(m) for m in (None, "", "ua-starts=4", "ua-starts=2;fetching=1", "x", "fetching=3")
+            ] == [(0, 0), (0, 0), (4, 0), (2, 1), (0, 0), (0, 0)]
 
 
 def test_a_careful_reader_reads_one_batch_a_fetch_each_once_its_offset_is_on_record(
@@ -73,7 +76,7 @@ def test_a_careful_reader_reads_one_batch_a_fetch_each_once_its_offset_is_on_rec
         single.produce(topic, b'{"n": %d}' % n, b"k", partition=0)
         assert single.flush(30) == 0  # one record, one batch
     config = {**settings.kafka_client_config(), "group.id": group, "enable.auto.commit": False}
-    reader = CarefulReader(config, topic, 0, starts=2, where=0, until=300)
+    reader = CarefulReader(config, topic, 0, starts=2, at=0, fetching=0, until=300)
     watcher = _group_consumer(settings, group)
     offsets: list[int] = []
     deadline = time.monotonic() + 60
@@ -81,9 +84,10 @@ def test_a_careful_reader_reads_one_batch_a_fetch_each_once_its_offset_is_on_rec
         while len(offsets) < 300:
             assert time.monotonic() < deadline, f"read {len(offsets)}"
             batch = reader.take(offsets[-1] + 1 if offsets else 0)
-            if batch and batch[0].offset():
+            if batch:
                 assert len(batch) == 1, "one batch per fetch"
-                assert _committed(watcher, topic) == (batch[0].offset(), 2)  # on record first
+                # on record before it was fetched (its mark cleared once read, asynchronously)
+                assert _committed(watcher, topic)[:2] == (batch[0].offset(), 2)
             offsets += [m.offset() or 0 for m in batch]
     finally:
         reader.close()
@@ -96,12 +100,12 @@ def _undecodable(topic: str) -> float:
                                      {"topic": topic, "partition": "0"}) or 0.0
 
 
-def test_the_third_start_skips_the_record_where_the_second_died_and_reads_all_else_once(
+def test_after_two_careful_starts_died_fetching_one_offset_the_next_skips_its_record(
     make_settings: SettingsFactory, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Offsets 0-9; the 2nd start (careful) died fetching offset 4: the group holds (4, 2).
+    """Offsets 0-9; the 2nd and 3rd starts died fetching offset 4 (the group's mark).
 
-    The 3rd start reads 0-3, skips 4 (counted, logged), reads 5-9, then joins the worker's
+    The 4th start reads 0-3, skips 4 (counted, logged), reads 5-9, then joins the worker's
     consumer; its clean commit ends the count.
     """
     caplog.set_level(logging.INFO, logger="sources.kafka_input")
@@ -111,7 +115,7 @@ def test_the_third_start_skips_the_record_where_the_second_died_and_reads_all_el
     for _ in range(10):  # a batch each: where a careful start dies is a batch's start
         produce(settings, [Produced(topic, b"k", b"{}", partition=0)])
     watcher = _group_consumer(settings, group)
-    watcher.commit(offsets=[TopicPartition(topic, 0, 4, metadata="ua-starts=2")],
+    watcher.commit(offsets=[TopicPartition(topic, 0, 4, metadata="ua-starts=3;fetching=2")],
                    asynchronous=False)
     before = _undecodable(topic)
     part = KafkaInput(settings.kafka_client_config(), topic, process=Process(), tail=True,
@@ -128,7 +132,7 @@ def test_the_third_start_skips_the_record_where_the_second_died_and_reads_all_el
             assert time.monotonic() < deadline, f"read {offsets}"
             offsets += [i.offset for i in part.next_batch() if isinstance(i, SourceRecord)]
         deadline = time.monotonic() + 10
-        while _committed(watcher, topic) != (10, 0):
+        while _committed(watcher, topic) != (10, 0, 0):
             assert time.monotonic() < deadline, _committed(watcher, topic)
             part.next_batch()  # serves the commit's callback
             time.sleep(0.1)
@@ -138,11 +142,53 @@ def test_the_third_start_skips_the_record_where_the_second_died_and_reads_all_el
     assert offsets == [0, 1, 2, 3, 5, 6, 7, 8, 9, 10]
     assert _undecodable(topic) - before == 1
     events = {r.getMessage(): r for r in caplog.records}
-    assert (events["input-partition-careful"].starts,
-            events["input-partition-careful"].died_at) == (3, 4)
+    careful = events["input-partition-careful"]
+    assert (careful.starts, careful.died_at, careful.deaths) == (4, 4, 2)
     skipped = events["input-records-undecodable"]
     assert (skipped.from_offset, skipped.to_offset) == (4, 5)
     assert events["input-partition-careful-done"].next_offset == 10
+
+
+def test_careful_partitions_of_a_process_take_turns_so_only_one_leaves_a_mark(
+    make_settings: SettingsFactory,
+) -> None:
+    """Two partitions whose last start ended unclean: one reads carefully, the other waits.
+
+    A death now leaves a fetch mark on the partition being read only; the waiting one holds
+    its start count alone, so no later start takes its offset for a death spot.
+    """
+    settings = make_settings(tail=True)
+    topic = settings.topic_favorite_added
+    group = f"{topic}.{uuid.uuid4().hex[:6]}"
+    for p in (0, 1):
+        for _ in range(5):
+            produce(settings, [Produced(topic, b"k", b"{}", partition=p)])
+    watcher = _group_consumer(settings, group)
+    watcher.commit(offsets=[TopicPartition(topic, p, 0, metadata="ua-starts=1") for p in (0, 1)],
+                   asynchronous=False)
+    source = KafkaInput(settings.kafka_client_config(), topic, process=Process(), tail=True,
+                        consumer_group=group)
+    parts = [source.build_part("input", f"{topic}#{p}", 0) for p in (0, 1)]
+    read: dict[int, list[int]] = {0: [], 1: []}
+    try:
+        assert all(part._careful is not None for part in parts)
+        deadline = time.monotonic() + 30
+        while len(read[0]) + len(read[1]) < 2:
+            assert time.monotonic() < deadline, read
+            for p, part in enumerate(parts):
+                read[p] += [i.offset for i in part.next_batch() if isinstance(i, SourceRecord)]
+        reading = 0 if read[0] else 1
+        assert read[1 - reading] == [], "both read carefully at once"
+        assert _committed(watcher, topic, 1 - reading) == (0, 2, 0)  # waits: no mark
+        while len(read[0]) + len(read[1]) < 10:
+            assert time.monotonic() < deadline, read
+            for p, part in enumerate(parts):
+                read[p] += [i.offset for i in part.next_batch() if isinstance(i, SourceRecord)]
+    finally:
+        for part in parts:
+            part.close()
+        watcher.close()
+    assert read == {0: list(range(5)), 1: list(range(5))}
 
 
 def test_a_partition_without_a_snapshot_starts_at_the_named_groups_committed_offset(
