@@ -1,20 +1,18 @@
-"""Operator commands: ``user-activity migrate|create-topics|init-recovery|replay|outbox|maintain``.
+"""Operator commands of the user-activity stream: user-activity COMMAND (or python -m cli).
 
-Also ``python -m cli …``. Settings come from ``USER_ACTIVITY_*``; a bad one stops the command with
-one line naming the variable and exit code 2. PostgreSQL or Kafka unreachable, or not answering
-within :data:`CONNECT_TIMEOUT_S` (a server that accepts connections and never answers), stops
-``migrate``, ``maintain``, ``outbox`` and ``create-topics`` with one line naming the service and
-exit code 75 (run it again: each is idempotent). Before, ``maintain`` and ``outbox`` waited for
-ever without a word on a frozen server, and every command ended in a traceback. Kafka
-refusing (authentication, authorization, a replication factor above its brokers) is one line
-and exit code 2; a PostgreSQL error that is no outage (:func:`_postgres_unavailable`) is raised.
+Settings are the USER_ACTIVITY_* variables (docs/configuration.md); a bad one is one line naming
+it, exit 2. Exit 75: PostgreSQL or Kafka down, or not answering within 10 s: run it again (every
+command is idempotent). Exit 2: refused (a missing right, a replication factor above the
+brokers, a problem check found). COMMAND --help says more.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 from runtime.configuration import load_settings
@@ -24,7 +22,7 @@ from runtime.settings import Settings
 CONNECT_TIMEOUT_S = 10
 """How long a command waits for PostgreSQL or Kafka to answer its first call."""
 UNAVAILABLE = 75
-"""The exit code of a command its service did not answer: run it again (EX_TEMPFAIL)."""
+"""The exit code of a command its service did not answer: run it again."""
 
 
 def _at_least_one(text: str) -> int:
@@ -36,19 +34,30 @@ def _at_least_one(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one operator command; settings come from ``USER_ACTIVITY_*``."""
+    from cli import check, maintain, migrate, replay, topics
+
     parser = argparse.ArgumentParser(prog="user-activity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("migrate", help="apply pending SQL migrations (USER_ACTIVITY_DATABASE_URL)")
-    commands.add_parser("create-topics", help="create every topic of the service (idempotent)")
-    recovery = commands.add_parser(
-        "init-recovery", help="create a Bytewax recovery store (SQLite partitions) in a directory")
+
+    def command(name: str, summary: str, module: Any = None) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=summary, description=module and module.__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    command("migrate", "apply pending SQL migrations (one run at a time)", migrate)
+    create = command("create-topics", "create the topics this service owns", topics)
+    create.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    create.add_argument("--allow-single-replica", action="store_true",
+                        help="allow replication factor 1 on a cluster of several brokers")
+    checking = command("check", "check what the job needs before it starts", check)
+    checking.add_argument("--flow", choices=(*check.FLOWS, "both"), default="both",
+                          help="the flow whose needs are checked (default both)")
+    recovery = command("init-recovery", "create a Bytewax recovery store in a directory")
     recovery.add_argument("directory", type=Path)
     recovery.add_argument(
         "--partitions", type=_at_least_one, default=4,
         help="recovery partitions: at least the largest planned worker count (default 4)")
-    outbox = commands.add_parser(
-        "outbox", help="parked outbox rows: list them, or give them back to the publisher")
+    outbox = command("outbox", "parked outbox rows: list them, or give them back")
     outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
     outbox_commands.add_parser("parked", help="list parked rows (id, topic, attempts, error)")
     requeue = outbox_commands.add_parser(
@@ -57,17 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--id", dest="ids", action="append", type=UUID, metavar="ID",
                        help="a parked row's id (repeatable)")
     which.add_argument("--all", action="store_true", help="every parked row")
-    commands.add_parser(
-        "maintain", help="create the daily partitions ahead, drop the expired ones (idempotent)")
-    from cli import replay
-
-    replay_parser = commands.add_parser(
-        "replay",
-        help="replay/backfill a flow's input (bounded; --until closes the window; --dry-run "
-             "writes nothing)",
-        description=replay.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    replay.add_arguments(replay_parser)
+    command("maintain", "create the daily partitions ahead, drop the expired ones", maintain)
+    replay.add_arguments(command("replay", "replay or backfill a flow's input (bounded)", replay))
     args = parser.parse_args(argv)
     settings = load_settings()
     configure_logging(settings.log_level)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     import psycopg
     from confluent_kafka import KafkaException
 
-    command = " ".join(filter(None, (args.command, getattr(args, "outbox_command", None))))
+    name = " ".join(filter(None, (args.command, getattr(args, "outbox_command", None))))
     try:
         return _run(args, settings)
     except psycopg.OperationalError as exc:
@@ -85,16 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         reason = (f"no answer within {CONNECT_TIMEOUT_S} s (the server accepts connections and"
                   " does not answer)" if isinstance(exc, psycopg.errors.ConnectionTimeout)
                   else " ".join(str(exc).split()))
-        print(f"user-activity {command}: PostgreSQL: {reason}; run it again once it answers",
+        print(f"user-activity {name}: PostgreSQL: {reason}; run it again once it answers",
               file=sys.stderr, flush=True)
     except (KafkaException, TimeoutError) as exc:
         error = exc.args[0] if exc.args else "no answer"
         text = getattr(error, "str", lambda: error)()
         if isinstance(exc, KafkaException) and not _kafka_unavailable(exc):
-            print(f"user-activity {command}: Kafka ({settings.kafka_bootstrap_servers}) refused:"
+            print(f"user-activity {name}: Kafka ({settings.kafka_bootstrap_servers}) refused:"
                   f" {text}; fix the settings or the grants", file=sys.stderr, flush=True)
             return 2
-        print(f"user-activity {command}: Kafka ({settings.kafka_bootstrap_servers}):"
+        print(f"user-activity {name}: Kafka ({settings.kafka_bootstrap_servers}):"
               f" {text}; run it again once it answers", file=sys.stderr, flush=True)
     return UNAVAILABLE
 
@@ -102,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 def _postgres_unavailable(exc: BaseException) -> bool:
     """Whether a PostgreSQL error says the service is not there (run it again), not a bug.
 
-    A failed connect has no SQLSTATE (libpq's reason, e.g. refused, a time-out, or a role or
-    database that does not exist, is in the line); otherwise the job's infrastructure classes
-    (:func:`sinks.errors.is_infrastructure_error`: connection, resources, operator
-    intervention, lock and serialization failures), not class 42 (the SQL of a migration).
+    A failed connect (no SQLSTATE), or an infrastructure class other than 42 (a migration's SQL).
     """
     from sinks.errors import is_infrastructure_error
 
@@ -116,8 +113,7 @@ def _postgres_unavailable(exc: BaseException) -> bool:
 def _kafka_unavailable(exc: BaseException) -> bool:
     """Whether a Kafka error says the broker is not there or not answering (run it again).
 
-    Anything else (authentication, authorization, a replication factor above the brokers, a
-    policy) is refused: running it again cannot help (exit 2).
+    Anything else (authentication, authorization, a policy) is refused: exit 2.
     """
     from confluent_kafka import KafkaError
 
@@ -138,6 +134,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "migrate":
         from cli.migrate import MigrationBusy, MigrationRefused, apply_migrations
 
+        logging.getLogger("yoyo").setLevel(logging.WARNING)  # a line per step; ours sums up
         try:
             applied = apply_migrations(settings.database_dsn(),
                                        connect_options=settings.database_tcp_options())
@@ -149,11 +146,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             return UNAVAILABLE
         print(f"applied {len(applied)} migration(s): {', '.join(applied) or '-'}")
     elif args.command == "create-topics":
-        from cli.topics import ensure_topics
+        from cli.topics import create_topics
 
-        ensure_topics(settings.kafka_client_config(), settings.all_topics(),
-                      settings.topic_partitions)
-        print(f"topics ready: {', '.join(settings.all_topics())}")
+        return create_topics(settings, dry_run=args.dry_run,
+                             allow_single_replica=args.allow_single_replica)
+    elif args.command == "check":
+        from cli import check
+
+        return check.run(settings, check.FLOWS if args.flow == "both" else (args.flow,))
     elif args.command == "init-recovery":
         from bytewax.recovery import init_db_dir
 

@@ -1,10 +1,8 @@
-"""``user-activity maintain``: one run of the maintenance step (:mod:`sinks.retention`).
+"""One run of the maintenance step: daily partitions created ahead, expired ones dropped.
 
-Creates the daily partitions ahead and drops the expired ones (marks; outbox partitions whose
-rows are all published). Safe to run at any time and from several places at once (a CronJob and
-the job's own periodic run): one run at a time, idempotent. Exit 0 also when another run held
-the lock (nothing to do then). Its last line is the partitions' census (what the job exports as
-``user_activity_storage_*``): expired partitions left, days ready ahead.
+Safe at any time and from several places at once (the CronJob, the job's own periodic run): one
+run at a time, idempotent; exit 0 also when another run held the lock. Its last line is the
+partitions' census: expired partitions left, days ready ahead.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from sinks.retention import maintain, storage_census
 
 
 def run(settings: Settings) -> int:
-    """Run :func:`sinks.retention.maintain` once and print what it did; the exit code."""
+    """Run the maintenance step once and print what it did; the exit code."""
     with psycopg.connect(settings.database_dsn(), application_name="user-activity-maintain",
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:

@@ -1,4 +1,4 @@
-"""``user-activity outbox parked|requeue``: list parked outbox rows, or give them back."""
+"""List parked outbox rows (parked), or give them back to the publisher (requeue)."""
 
 from __future__ import annotations
 

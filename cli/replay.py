@@ -1,18 +1,17 @@
-"""Replay / backfill a flow's input topics: a bounded run that exits, safe by construction.
+"""Replay or backfill a flow's input topics: a bounded run that exits, safe by construction.
 
     user-activity replay --from 2026-11-01T00:00:00Z [--until 2026-11-02T00:00:00Z] [--dry-run]
     user-activity replay --offsets pin.favorites.favorite-added.v1:0=1200 --topic added
-    user-activity replay --flow session-linking --from 2026-11-01T00:00:00Z [--dry-run]
+    user-activity replay --from-group legacy-favorites-consumer --dry-run
+    user-activity replay --flow session-linking --from 2026-11-01T00:00:00Z
 
-Reads from a timestamp (``offsets_for_times``) or explicit per-partition offsets up to the end
-offsets seen at start (or, with ``--until``, up to the first record at or after that time: a
-closed window), through the same steps and sinks as the main job. Idempotent writes mean an
-already processed range writes no row, changes no session and publishes nothing; rows missing
-from the database are restored. The run keeps its own Bytewax recovery store
-(``--recovery-dir``, default: a new temporary one), so the main job's offsets and dedup state
-are untouched, and an interrupted backfill can be resumed by passing the same directory (a
-replay refuses a store it did not make, e.g. the main job's). ``--dry-run`` writes nothing at
-all, no recovery store either, and reports what would happen.
+Reads from a time, explicit offsets or a consumer group's committed offsets up to the end
+offsets seen at start (--until: up to the first record at or after that time), through the same
+steps and sinks as the job. Writes are idempotent: a range already processed writes and
+publishes nothing, rows missing are restored. The replay keeps its own recovery store
+(--recovery-dir, default a temporary one), never the job's: the job's offsets and state are
+untouched, and the same directory resumes an interrupted replay. --dry-run writes nothing and
+reports what each message would do. Exit 0 at its end, 75 when stopped (SIGTERM, Ctrl-C).
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ def parse_timestamp(text: str) -> int:
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"a time needs an offset or Z: {text!r}")
     milliseconds = int(moment.timestamp() * 1000)
-    if milliseconds < 0:  # the broker answers UNSUPPORTED_VERSION, which looked like an outage
+    if milliseconds < 0:  # the broker answers UNSUPPORTED_VERSION
         raise argparse.ArgumentTypeError(f"Kafka timestamps start at 1970-01-01: {text!r}")
     return milliseconds
 
@@ -159,11 +158,7 @@ refuses such a store)."""
 
 
 def _refuse_if_in_use(recovery_dir: Path) -> None:
-    """Lock ``recovery_dir`` for this replay (the job's ``.job-lock-0``), or refuse it.
-
-    Two replays on one store each read the whole range (measured: 80,000 messages read twice,
-    the second all duplicates) and overwrite each other's snapshots.
-    """
+    """Lock ``recovery_dir`` for this replay (the job's ``.job-lock-0``), or refuse it."""
     if held := recovery.lock(recovery_dir, 0):
         pid = held.partition("(")[2].partition(")")[0] or "pid ?"  # the lock's reason names it
         raise ReplayRefused(f"{recovery_dir} is in use by another process ({pid}: a replay, or"
@@ -177,16 +172,9 @@ def _recovery_dir(
 ) -> Path:
     """The replay's recovery store: a new one, or its own earlier one to resume.
 
-    Without ``recovery_dir`` a replay keeps a temporary store, removed when the replay reaches its
-    end (kept, and named, when it is stopped or fails: it resumes the replay; before, every
-    replay left one in the temporary directory). A dry run writes nothing, its recovery store
-    neither: it keeps a temporary one, removed at its end (a dry run given a directory saved its
-    offsets there, and the run meant to resume it then read nothing). A directory another replay
-    runs on is refused (its lock, as the job's ``.job-lock-0``): before, both read the whole
-    range. A directory a replay did not make (the main job's store) is refused: resuming from it
-    reads from the main job's offsets, not from the start asked for, and moves them. Every store
-    but a dry run's needs the room of the job's (:func:`runtime.bytewax_0_21.recovery.require_room`:
-    exit 74 before anything is written).
+    A dry run, and a replay given no directory, get a temporary store (removed at their end).
+    Refused (:class:`ReplayRefused`): a store no replay made (the job's), another flow's, one
+    another process runs on. A store needs the job's free room (exit 74 before any write).
     """
     if dry_run and recovery_dir is not None:
         print(f"a dry run keeps no recovery store: {recovery_dir} is not used", file=out,
@@ -232,8 +220,7 @@ def replay(
     """Run one bounded replay of ``flow_name``; return the outcome counts (also printed)."""
     replayed = FLOWS[flow_name]
     outcomes = replayed.outcomes
-    # bounded, and no commits to the consumer groups: a replay's old offsets must not move
-    # the lag tools' view of the main job
+    # bounded, and no commits to the consumer groups (the lag tools' view of the job)
     bounded = settings.model_copy(
         update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
     )
@@ -322,6 +309,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--offsets", action="append", metavar="TOPIC:PARTITION=OFFSET[,...]",
                        help="start offsets per partition (repeatable); other partitions of the "
                             "replayed topics start at the earliest offset")
+    where.add_argument("--from-group", metavar="GROUP",
+                       help="start each partition at GROUP's committed offset (earliest where it"
+                            " has none): what a cutover from that consumer would do")
     where.add_argument("--from-beginning", action="store_true", help="replay everything")
     parser.add_argument("--until", dest="until_ts", type=parse_timestamp, metavar="DATETIME",
                         help="stop before the first record at or after DATETIME (a closed "
@@ -369,6 +359,8 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
         start = StartPosition(offsets=offsets, until_ms=until)
     elif args.from_ts is not None:
         start = StartPosition(timestamp_ms=args.from_ts, until_ms=until)
+    elif args.from_group:
+        start = StartPosition(group=args.from_group, until_ms=until)
     else:
         start = StartPosition(until_ms=until)
     from runtime.memory import tune_gc

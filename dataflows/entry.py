@@ -40,7 +40,7 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     from runtime.bytewax_0_21.clock import ClockCheck
     from runtime.bytewax_0_21.cluster_stop import ClusterStop
     from runtime.configuration import load_settings
-    from runtime.health import Health, serve_http
+    from runtime.health import HEALTH, serve_http
     from runtime.housekeeping import Housekeeping
     from runtime.logs import configure_logging
     from runtime.process import Process
@@ -56,7 +56,7 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
         recovery.watch(options.recovery_dir, settings.recovery_min_free_bytes)
     if not recovery.check_at_start(options, flow_id, tail=settings.tail):
         raise SystemExit(recovery.RECOVERY_REFUSED)
-    process = Process(Health(), SHUTDOWN)
+    process = Process(HEALTH, SHUTDOWN)
     process.stopping.grace = settings.stop_grace_seconds
     handled = install_signal_handlers(process.stopping)  # before /readyz answers
     try:
@@ -78,7 +78,8 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     housekeeping.every(settings.malloc_trim_interval_seconds, "malloc-trim", memory.trim_heap)
     housekeeping.every(settings.gc_full_collect_interval_seconds, "gc", memory.collect_full)
     if publisher is not None and settings.maintenance_interval_seconds > 0:
-        housekeeping.every(60.0, "maintenance", PeriodicMaintenance(settings).tick)
+        housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
+                           PeriodicMaintenance(settings).tick)
 
     flow: Dataflow = module.build_flow(settings, process=process, publisher=publisher)
     memory.tune_gc(settings.gc_young_threshold)

@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 def configured_start(settings: Settings) -> StartPosition:
     """The configured starting position (used only for partitions without a snapshot)."""
-    return StartPosition(latest=settings.starting_offset is StartingOffset.LATEST)
+    return StartPosition(latest=settings.starting_offset is StartingOffset.LATEST,
+                         group=settings.start_from_group or None)
 
 
 def log_consumer_error(error: ConsumerError) -> None:

@@ -31,7 +31,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cli.migrate import apply_migrations
-from cli.topics import ensure_topics
+from cli.topics import create_topics, ensure_topics
 from devenv.harness.jobs import JobProcess
 from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import seed_owners
@@ -129,9 +129,12 @@ def _print_traces(receiver: OtlpReceiver, trace_ids: list[str]) -> None:
 
 
 def run_configured(settings: Settings) -> int:
-    """Migrate, create topics and run the job in the foreground against the configured services."""
+    """Migrate, create our topics and run the job in the foreground on the configured services.
+
+    The input topics are their owners': the job waits for them (``user-activity check`` says so).
+    """
     apply_migrations(settings.database_dsn())
-    ensure_topics(settings.kafka_client_config(), settings.all_topics(), settings.topic_partitions)
+    create_topics(settings)
     job = _job(settings, Path(os.environ.get("USER_ACTIVITY_RECOVERY_DIR", RUN_DIR / "recovery")))
     job.init_recovery()
     os.execvpe(sys.executable, job.command(), job.env)  # noqa: S606

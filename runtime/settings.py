@@ -97,11 +97,24 @@ class Settings(BaseSettings):
         "pin.user-activity.session-linking-dlq.v1",
         description="Dead letters of session linking.")
     topic_partitions: int = Field(6, ge=1, description="Partitions `create-topics` makes.")
+    topic_replication_factor: int = Field(
+        3, ge=1, le=32,
+        description="Replication factor of the topics we own (`create-topics`); 1 on a"
+                    " one-broker cluster (detected).")
+    topic_min_insync_replicas: int = Field(
+        2, ge=1, le=32,
+        description="`min.insync.replicas` of the topics we own (`create-topics`), at most the"
+                    " replication factor.")
 
     # Input.
     starting_offset: StartingOffset = Field(
         StartingOffset.EARLIEST,
         description="`earliest` or `latest`: where a partition without a snapshot starts.")
+    start_from_group: str = Field(
+        "",
+        description="A consumer group whose committed offsets are where a partition without a"
+                    " snapshot starts (cutover from an existing consumer); a partition it has"
+                    " no offset for starts at `starting_offset`. Empty: none.")
     tail: bool = Field(
         True, description="`false`: stop at the end offsets seen at start (a bounded run).")
     source_batch_size: int = Field(
@@ -365,4 +378,4 @@ class Settings(BaseSettings):
     def all_topics(self) -> list[str]:
         """Every topic the service reads or writes: the ``topic_*`` fields (``create-topics``)."""
         return [getattr(self, name) for name in type(self).model_fields
-                if name.startswith("topic_") and name != "topic_partitions"]
+                if name.startswith("topic_") and isinstance(getattr(self, name), str)]

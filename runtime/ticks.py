@@ -24,6 +24,9 @@ class Tick:
     def __repr__(self) -> str:
         return "TICK"
 
+    def __reduce__(self) -> str:
+        return "TICK"  # unpickled in another process of the cluster as that process's TICK
+
 
 TICK: Final = Tick()
 

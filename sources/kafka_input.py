@@ -52,11 +52,10 @@ PartitionState = tuple[int | None, str] | int | None
 class StartPosition:
     """Where a partition starts when Bytewax has no snapshot for it.
 
-    ``group``: the offset that consumer group committed (a cutover from another consumer);
-    where it has none, or without a group: ``offsets[(topic, partition)]``, else
-    ``timestamp_ms`` (the first record at or after it), else the end if ``latest``, else the
-    start. In a bounded run, each partition stops before its first record at or after
-    ``until_ms`` (else at the end offset seen when it was built).
+    ``offsets[(topic, partition)]``, else the offset consumer group ``group`` committed (a
+    cutover from another consumer), else ``timestamp_ms`` (the first record at or after it),
+    else the end if ``latest``, else the start. In a bounded run, each partition stops before
+    its first record at or after ``until_ms`` (else at the end offset seen when it was built).
     """
 
     latest: bool = False
@@ -189,8 +188,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
 
     def _initial_offset(self) -> int | None:
         start = self._src.start
-        offset = self._src.group_offsets.get(self.partition,
-                                             start.offsets.get(self._key))
+        offset = start.offsets.get(self._key, self._src.group_offsets.get(self.partition))
         if offset is not None:
             return offset
         if start.timestamp_ms is not None:

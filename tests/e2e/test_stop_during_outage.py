@@ -179,33 +179,20 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
     The server's processes are stopped with SIGSTOP: its kernel still accepts and acknowledges.
     Before the deadline, the job was still in its query when the harness killed it (-9 after
     40 s). Now it ends itself at the grace plus 5 s with 75, and the next start loses nothing
-    and records nothing twice.
-
-    While frozen, and before the stop, the call with no answer is said (runtime.call_watch):
-    before the watch, ``/readyz`` said running until the liveness probe's 300 s ran out. Now
-    ``/readyz`` is 503 paused on postgres ("no answer for ...") once the statement timeout plus
-    5 s have passed, ``/livez`` stays 200, and ``dependency-not-answering`` is logged.
+    and records nothing twice. (Without a stop, the hung call is bounded by the liveness probe.)
     """
     if postgres_server is None:
         pytest.skip("needs the suite's own PostgreSQL (external one configured)")
-    # (20 s and 30 s deployed) a shorter test: a call is said after 1 + 5 s without an answer
     settings = make_settings(stop_grace_seconds=5.0, db_statement_timeout_ms=1_000)
     job, stream, producer = _streaming(settings, jobs, seed=23)
     with _frozen(postgres_server.pid):
-        frozen_at = time.monotonic()
-        job.wait_until(lambda: _not_answering(job), 30, "/readyz paused: postgres not answering")
-        said_after = time.monotonic() - frozen_at
-        livez = job.get("/livez")
-        assert livez is not None and livez.status == 200, "a frozen server is no reason to restart"
-        job.wait_until(lambda: "dependency-not-answering" in _events(job), 10,
-                       "dependency-not-answering logged")
+        time.sleep(2)  # the worker is in a call the frozen server never answers
         started = time.monotonic()
         code = job.terminate(timeout=40, sig=signal.SIGTERM)
         took = time.monotonic() - started
     assert code == 75, job.log_tail()
     assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
     assert "stopped-during-outage" in [e.get("event") for e in job.log_events(1)]
-    assert said_after < 1 + 5 + 10, f"said {said_after:.1f} s after the freeze"
     counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
 

@@ -56,8 +56,8 @@ def test_postgresql_and_kafka_not_answering_or_down_is_one_line_and_exit_75(
         env = {**base_env(), "USER_ACTIVITY_DATABASE_URL": f"postgresql://u@127.0.0.1:{port}/d",
                "USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
         runs += [(command, "PostgreSQL: ", why, _start(command, env)) for command in COMMANDS]
-        runs.append((["create-topics"], f"Kafka (127.0.0.1:{port}): ", "",
-                     _start(["create-topics"], env)))
+        runs += [(command, f"Kafka (127.0.0.1:{port}): ", "", _start(command, env))
+                 for command in (["create-topics"], ["check"])]
     try:
         for command, service, why, run in runs:
             _, err = run.communicate(timeout=40)

@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from cli import check as cli_check
 from cli import replay
 from runtime.settings import ENV_PREFIX, Settings
 from runtime.shutdown import DEADLINE_MARGIN
@@ -430,6 +431,24 @@ def test_jobs_run_the_operator_commands() -> None:
     assert _pod_spec(_one("Job", "user-activity-create-topics"))["containers"][0]["args"] == [
         "-m", "cli", "create-topics",
     ]
+
+
+@pytest.mark.parametrize(("statefulset", "flow"),
+                         [(FAVORITES, "favorites"), (SESSION_LINKING, "session-linking")],
+                         ids=["favorites", "session-linking"])
+def test_each_dataflow_pod_checks_what_its_flow_needs_last_before_the_stream_starts(
+    statefulset: Doc, flow: str,
+) -> None:
+    stream = _container(statefulset, DATAFLOW_CONTAINER)
+    check = _pod_spec(statefulset)["initContainers"][-1]
+
+    assert check["name"] == "check"
+    assert check["args"] == ["-m", "cli", "check", "--flow", flow]
+    assert flow in cli_check.FLOWS
+    assert check["image"] == stream["image"]
+    assert check["envFrom"] == stream["envFrom"]  # the job's settings: TLS, SASL, topics
+    ca = [m for m in stream["volumeMounts"] if m["name"] == "kafka-ca"]
+    assert [m for m in check["volumeMounts"] if m["name"] == "kafka-ca"] == ca
 
 
 def test_the_maintenance_cronjob_runs_the_maintain_command_one_at_a_time() -> None:

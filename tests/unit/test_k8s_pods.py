@@ -43,7 +43,7 @@ def flag_values(args: list[str], flag: str) -> list[str]:
 def test_init_containers_come_first_in_manifest_order(manifests: Manifests, tmp_path: Path) -> None:
     pod = favorites_pod(manifests, 1, tmp_path)
 
-    assert [c.name for c in pod.init_containers] == ["write-hostfile", "init-recovery"]
+    assert [c.name for c in pod.init_containers] == ["write-hostfile", "init-recovery", "check"]
     assert [c.name for c in pod.containers] == ["stream"]
     assert all(c.restart == "no" for c in pod.init_containers)
     assert pod.container("stream").restart == "always"
