@@ -15,6 +15,7 @@ several records: two more starts per record). A bomb's inflation outlasts a comm
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,28 +87,43 @@ class CarefulReader:
         self.death = None
         self.move()
 
-    def take(self, next_offset: int) -> list[Message]:
-        """The next batch, or nothing (not yet, not its turn, Kafka unreachable)."""
+    def take(self, next_offset: int, limit: int, seconds: float = 0.1) -> list[Message]:
+        """Up to ``limit`` records, batch after batch for up to ``seconds``, each fetch on record.
+
+        Nothing when it is not this partition's turn or Kafka is unreachable. Stops at an
+        error (an undecodable batch's: the caller skips it) and before :attr:`death`.
+        """
         with _turn_lock:
             if not _turn:
                 _turn.append(self._key)
             if _turn[0] != self._key:
                 return []
-        if not self._assigned:
-            if next_offset >= self._at:  # before it: batches a careful start read already
-                fetching = self._fetching + 1 if next_offset == self._at else 1
-                if not self._commit(next_offset, fetching, wait=True):
-                    return []  # Kafka unreachable: fetch nothing until it is on record
-                self._marked = next_offset
-            self.consumer.assign([TopicPartition(*self._key, next_offset)])
-            self._assigned = True
-        messages = self.consumer.consume(1000, 0)
-        if messages:
+        taken: list[Message] = []
+        deadline = time.monotonic() + seconds
+        while len(taken) < limit and next_offset != self.death:
+            if not self._assigned:
+                if next_offset >= self._at:  # before it: batches a careful start read already
+                    fetching = self._fetching + 1 if next_offset == self._at else 1
+                    if not self._commit(next_offset, fetching, wait=True):
+                        break  # Kafka unreachable: fetch nothing until it is on record
+                    self._marked = next_offset
+                self.consumer.assign([TopicPartition(*self._key, next_offset)])
+                self._assigned = True
+            first = self.consumer.poll(max(0.0, deadline - time.monotonic()))
+            if first is None:
+                break
+            room = limit - len(taken) - 1
+            messages = [first, *(self.consumer.consume(room, 0) if room else [])]  # its batch
             self.move()  # unassigned, not paused: a resumed partition's next fetch lags a second
             if self._marked is not None:  # fetched alive: no longer a death spot
                 self._commit(self._marked, 0, wait=False)
                 self._marked = None
-        return messages
+            taken += messages
+            last = messages[-1]
+            if last.error() is not None or last.offset() is None:
+                break
+            next_offset = last.offset() + 1  # type: ignore[operator]
+        return taken
 
     def _commit(self, offset: int, fetching: int, *, wait: bool) -> bool:
         offsets = [TopicPartition(*self._key, offset, metadata=_metadata(self._starts, fetching))]

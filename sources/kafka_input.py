@@ -250,7 +250,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
             careful.skipped()
             return []
         else:
-            messages = careful.take(self._next_offset or 0)
+            messages = careful.take(self._next_offset or 0, src.batch_size)
         batch: list[InputItem] = []
         append = batch.append
         now = time.monotonic()

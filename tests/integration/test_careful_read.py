@@ -66,7 +66,8 @@ def test_a_careful_reader_reads_one_batch_a_fetch_each_once_its_offset_is_on_rec
     """300 batches of one record (a .NET producer at a low rate): each read once, in order.
 
     Before each fetch the next offset is committed with the count: what a death leaves.
-    Without ``fetch.queue.backoff.ms`` 0, librdkafka waited a second per batch.
+    Without ``fetch.queue.backoff.ms`` 0, librdkafka waited a second per batch; a poll gathers
+    batches (here ``limit`` 1: one batch a take).
     """
     settings = make_settings()
     topic = settings.topic_favorite_added
@@ -83,7 +84,7 @@ def test_a_careful_reader_reads_one_batch_a_fetch_each_once_its_offset_is_on_rec
     try:
         while len(offsets) < 300:
             assert time.monotonic() < deadline, f"read {len(offsets)}"
-            batch = reader.take(offsets[-1] + 1 if offsets else 0)
+            batch = reader.take(offsets[-1] + 1 if offsets else 0, limit=1)
             if batch:
                 assert len(batch) == 1, "one batch per fetch"
                 # on record before it was fetched (its mark cleared once read, asynchronously)
@@ -167,7 +168,7 @@ def test_careful_partitions_of_a_process_take_turns_so_only_one_leaves_a_mark(
     watcher.commit(offsets=[TopicPartition(topic, p, 0, metadata="ua-starts=1") for p in (0, 1)],
                    asynchronous=False)
     source = KafkaInput(settings.kafka_client_config(), topic, process=Process(), tail=True,
-                        consumer_group=group)
+                        consumer_group=group, batch_size=1)  # a record a poll: turns show
     parts = [source.build_part("input", f"{topic}#{p}", 0) for p in (0, 1)]
     read: dict[int, list[int]] = {0: [], 1: []}
     try:
