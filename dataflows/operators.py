@@ -21,6 +21,7 @@ from dataflows.dedup import DedupState, DedupWindow
 from runtime.backoff import Backoff
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
+from runtime.process import Process
 from runtime.settings import Settings, StartingOffset
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.alignment import EventTimeAlignment
@@ -62,6 +63,7 @@ def kafka_inputs(
     *,
     flow_name: str,
     consumer_group: str,
+    process: Process,
     alignment: EventTimeAlignment | None = None,
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
@@ -70,7 +72,7 @@ def kafka_inputs(
     every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
     ``flow_name`` names the flow's lag gauge; snapshotted offsets are also committed to
     ``consumer_group`` (informational; empty: not at all). ``alignment``: the inputs' partitions
-    pass records on in event-time order (:mod:`sources.alignment`).
+    pass records on in event-time order (:mod:`sources.alignment`). ``process``: the job's.
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
@@ -80,6 +82,7 @@ def kafka_inputs(
             KafkaInput(
                 settings.kafka_client_config(),
                 topic,
+                process=process,
                 start=start,
                 tail=settings.tail,
                 batch_size=settings.source_batch_size,
@@ -108,12 +111,13 @@ def kafka_records(
     *,
     flow_name: str,
     consumer_group: str,
+    process: Process,
     alignment: EventTimeAlignment | None = None,
 ) -> Stream[SourceRecord]:
     """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
     consumed = kafka_inputs(
         flow, settings, inputs, start, retries, flow_name=flow_name,
-        consumer_group=consumer_group, alignment=alignment,
+        consumer_group=consumer_group, process=process, alignment=alignment,
     )
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)

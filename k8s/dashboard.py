@@ -6,7 +6,7 @@ sidecar); ``python k8s/dashboard.py --check`` exits 1 when the committed files d
 this code generates (tests/unit/test_dashboard.py does the same). Edit this file, never the JSON.
 
 Every query is PromQL on the series the service exports (runtime/metrics.py,
-runtime/input_progress.py) and on Bytewax's own ``bytewax_*`` metrics (its API server, :3030).
+sources/progress.py) and on Bytewax's own ``bytewax_*`` metrics (its API server, :3030).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prometheus metrics of the service: SPEC §6 names exactly, plus session linking and health.
 
 The input partitions' progress and lag gauges (``user_activity_input_*`` and the flows'
-``*_lag_seconds``) are computed at scrape time by :mod:`runtime.input_progress`.
+``*_lag_seconds``) are computed at scrape time by :mod:`sources.progress`.
 Metrics live in prometheus_client's default registry, served on ``USER_ACTIVITY_HTTP_PORT``
 (``/metrics``). Bytewax's own metrics come from its API server (``BYTEWAX_DATAFLOW_API_ENABLED``,
 port 3030), which also renders this registry.

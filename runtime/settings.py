@@ -131,9 +131,9 @@ class Settings(BaseSettings):
     source_stuck_seconds: float = Field(
         30.0, ge=0,
         description="A partition that read nothing for this long while the broker says records"
-                    " are waiting, at two checks this far apart, gets a new consumer at its"
-                    " offset (librdkafka can stop"
-                    " fetching an assigned partition after a broker restart); `0`: never.")
+                    " are waiting, at two checks this far apart, stops the job with exit code 75"
+                    " (librdkafka can stop fetching an assigned partition after a broker"
+                    " restart); `0`: never.")
     source_receive_max_bytes: int = Field(
         100_000_000, ge=2_000_000, le=2_147_483_647,
         description="The largest zstd record batch, once decompressed, that an input consumer"

@@ -28,7 +28,6 @@ from typing_extensions import override
 
 from runtime import tracing
 from runtime.backoff import Backoff, retry_forever
-from runtime.input_progress import INPUT_PROGRESS
 from runtime.logs import log_event
 from runtime.process import Process
 from runtime.settings import Settings
@@ -59,6 +58,14 @@ class FromRecord(Protocol):
     def envelope(self) -> _Created:
         """Its envelope (CreatedAt: the flow's lag)."""
         ...
+
+
+class FlowLag(Protocol):
+    """Where a flow's lag gauge learns what its sinks hold (``sources.progress``)."""
+
+    def holding(self, flow: str, part: str, oldest: datetime) -> None: ...  # noqa: D102
+
+    def finished(self, flow: str, part: str, newest: datetime | None) -> None: ...  # noqa: D102
 
 
 class Publishing(Protocol):
@@ -122,12 +129,14 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         retries_counter: Counter,
         logger: logging.Logger,
         flow: str,
+        lag: FlowLag | None = None,
     ) -> None:
-        """``flow`` names the flow's lag gauge (:mod:`runtime.input_progress`)."""
+        """``lag`` is told what the partition holds, for ``flow``'s lag gauge."""
         self._settings = settings
         self._process = process
         self._health = process.health
         self._flow = flow
+        self._lag = lag
         self._name = name
         self._db = Database(settings, name)
         self._dlq = DeadLetterPublisher(settings, dlq_topic, dlq_counter, retries_counter,
@@ -165,14 +174,15 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     def track_held(self, messages: Sequence[M]) -> None:
         """``messages`` are in this partition's hands until :meth:`track_finished` (lag)."""
-        if messages:
-            INPUT_PROGRESS.holding(self._flow, self._name,
-                                   min(m.envelope.created_at for m in messages))
+        if messages and self._lag is not None:
+            self._lag.holding(self._flow, self._name,
+                              min(m.envelope.created_at for m in messages))
 
     def track_finished(self, messages: Sequence[M]) -> None:
         """Everything this partition held is finished, ``messages`` the last of it."""
-        INPUT_PROGRESS.finished(self._flow, self._name, max(
-            (m.envelope.created_at for m in messages), default=None))
+        if self._lag is not None:
+            self._lag.finished(self._flow, self._name, max(
+                (m.envelope.created_at for m in messages), default=None))
 
     def _write_now(self, messages: list[M]) -> None:
         """Transactions, DLQ, outbox offer, report (in this order)."""

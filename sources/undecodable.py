@@ -1,20 +1,10 @@
-"""A record batch librdkafka cannot decompress: find where it ends, so the partition moves on.
+"""A record batch librdkafka refuses at every fetch: where it ends, so the partition moves on.
 
-librdkafka reports a batch it cannot decompress (``_BAD_COMPRESSION``: its records decompress
-to more than ``receive.message.max.bytes``, e.g. one highly compressible record of 150 MB that
-the broker accepted because its *compressed* batch fits the topic's limit; or corrupt bytes)
-with the batch's base offset only, and then fetches the same batch again, forever: without
-help the partition never moves and everything behind the batch waits. The batch's last offset
-is in its header, which librdkafka does not hand over; but a fetch from an offset inside the
-batch gets the same batch (the same error), and a fetch from past it gets what follows. So the
-end is the smallest offset whose fetch is not that error (:func:`find_batch_end`, pure), asked
-of the broker by :class:`BatchProbe` (a consumer of its own: the worker's shared consumer and
-its other partitions are not touched).
-
-Only zstd batches are held to ``receive.message.max.bytes`` once decompressed: librdkafka
-decompresses gzip, lz4 and snappy batches whatever their size (measured, librdkafka 2.16: a
-5 MB record of zeros in each codec against a 2 MB limit; only the zstd one was refused). A
-decompression bomb in those codecs is read whole, in memory (docs/architecture.md, "Input").
+librdkafka reports a zstd batch that decompresses past ``receive.message.max.bytes`` (or
+corrupt bytes) as ``_BAD_COMPRESSION`` with the batch's base offset only, and fetches it again
+forever. A fetch from an offset inside the batch gets the same batch (the same error), a fetch
+from past it what follows: :func:`find_batch_end` (pure) finds the first offset past it with
+:meth:`BatchProbe.inside`, asked of the broker by a consumer of its own.
 """
 
 from __future__ import annotations
@@ -25,22 +15,15 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from runtime.logs import LIBRDKAFKA_LOGGER
-from runtime.shutdown import SHUTDOWN
-
 UNDECODABLE_CODES = frozenset({KafkaError._BAD_COMPRESSION})
 """Consumer error codes of a batch that fails the same way at every fetch."""
 
 
 def find_batch_end(base: int, high: int, inside: Callable[[int], bool]) -> int:
-    """The first offset after the batch that starts at ``base``: ``base < end <= high``.
+    """The first offset after the batch at ``base``: ``base < end <= high``.
 
-    ``inside(offset)`` says whether a fetch from ``offset`` still gets that batch (true for
-    ``base`` itself, which is never asked). ``high``, the partition's high watermark, is past
-    every batch and is never asked either. Steps double from ``base`` until a probe is past the
-    batch, then halve: at most about 2·log2(n) + 1 probes for a batch of n records, one for a
-    batch of one record (the usual case: a record larger than the producer's ``batch.size`` is
-    sent in a batch of its own).
+    ``inside(offset)``: a fetch from ``offset`` still gets that batch (never asked of ``base``
+    or ``high``). Steps double, then halve: about 2·log2(n) + 1 probes for n records.
     """
     lo, hi, step = base, high, 1  # inside(lo), not inside(hi)
     while lo + step < hi:
@@ -59,54 +42,40 @@ def find_batch_end(base: int, high: int, inside: Callable[[int], bool]) -> int:
 
 
 class ProbeFailedError(Exception):
-    """The broker gave no answer about an offset in time (unreachable, slow): try again later."""
+    """The broker gave no answer about an offset in time (unreachable, slow): try later."""
 
 
 class BatchProbe:
-    """Asks the broker whether a fetch from an offset still gets the undecodable batch.
+    """Asks the broker whether a fetch from an offset still gets the batch at ``base``."""
 
-    One consumer (the input's configuration, so the same ``receive.message.max.bytes``),
-    assigned anew at each probed offset; closed by :meth:`close`.
-    """
-
-    def __init__(self, config: Mapping[str, Any], topic: str, partition: int, base: int,
-                 *, timeout: float = 10.0) -> None:
-        self._topic = topic
-        self._partition = partition
+    def __init__(self, config: Mapping[str, Any], topic: str, partition: int, base: int, *,
+                 stopping: Callable[[], bool], timeout: float = 10.0) -> None:
+        self._tp = TopicPartition(topic, partition)
         self._base = base
+        self._stopping = stopping
         self._timeout = timeout
-        self._consumer = Consumer({
-            **config, "logger": LIBRDKAFKA_LOGGER, "group.id": "user-activity-stream-probe",
-            "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "enable.partition.eof": False, "auto.offset.reset": "earliest"})
+        self._consumer = Consumer(dict(config))
 
     def inside(self, offset: int) -> bool:
         """True when a fetch from ``offset`` gets the batch at ``base`` (its error again).
 
-        False when a record at or after ``offset`` arrives, another undecodable batch does (the
-        next one: its error names its own base offset, so the probe is past this batch), or the
-        consumer's position passes ``offset`` with nothing to deliver (control records, aborted
-        ones). Raises :class:`ProbeFailedError` when none of these happens within the time-out
-        (or a stop is requested meanwhile).
+        False when a record arrives, another batch's error (its own base), or the position
+        passes ``offset`` (control records). Raises :class:`ProbeFailedError` after the
+        time-out, or at once when a stop is requested.
         """
-        consumer = self._consumer
-        consumer.assign([TopicPartition(self._topic, self._partition, offset)])
+        self._consumer.assign([TopicPartition(self._tp.topic, self._tp.partition, offset)])
         deadline = time.monotonic() + self._timeout
-        while time.monotonic() < deadline and not SHUTDOWN.requested():
-            for msg in consumer.consume(16, 0.2):
+        while time.monotonic() < deadline and not self._stopping():
+            for msg in self._consumer.consume(16, 0.2):
                 error = msg.error()
                 if error is None:
                     return False
                 if error.code() in UNDECODABLE_CODES:
                     return msg.offset() == self._base
-            position = consumer.position([TopicPartition(self._topic, self._partition)])
-            if position[0].offset > offset:
+            if self._consumer.position([self._tp])[0].offset > offset:
                 return False
-        raise ProbeFailedError(f"no answer for {self._topic}[{self._partition}]@{offset}")
+        raise ProbeFailedError(f"no answer for {self._tp.topic}[{self._tp.partition}]@{offset}")
 
     def close(self) -> None:
         """Close the probe's consumer."""
         self._consumer.close()
-
-
-__all__ = ["UNDECODABLE_CODES", "BatchProbe", "ProbeFailedError", "find_batch_end"]

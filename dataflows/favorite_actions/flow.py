@@ -233,6 +233,7 @@ def build_flow(
         consumed = kafka_inputs(
             flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
             flow_name="favorites", consumer_group=settings.consumer_group_favorites,
+            process=process,
         )
     outputs = sinks or FavoritesSinks.of(settings, process, publisher)
     action_types = {

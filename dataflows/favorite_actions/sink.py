@@ -44,6 +44,7 @@ from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.errors import is_infrastructure_error
 from sinks.transactional import PartitionedSink, Publishing, TransactionalPartition
+from sources.progress import INPUT_PROGRESS
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             retries_counter=FAVORITES_RETRIES,
             logger=logger,
             flow="favorites",
+            lag=INPUT_PROGRESS,
         )
         waits = settings.favorites_session_wait_seconds if settings.tail else 0
         self._store = FavoritesStore(settings.topic_action_tracked, wait_seconds=waits)

@@ -173,7 +173,7 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
             flow, settings, [("user_signed_in_input", settings.topic_user_signed_in)],
             start or configured_start(settings), SESSION_LINKING_RETRIES,
             flow_name="session-linking", consumer_group=settings.consumer_group_session_linking,
-            alignment=alignment)
+            process=process, alignment=alignment)
 
     max_skew = timedelta(seconds=settings.session_linking_max_clock_skew_seconds)
     decoded = op.map("decode_sign_in", records, _decoder(max_skew))

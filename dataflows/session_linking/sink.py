@@ -37,6 +37,7 @@ from runtime.settings import Settings
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
 from sinks.transactional import PartitionedSink, Publishing, TransactionalPartition
+from sources.progress import INPUT_PROGRESS
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                          name=f"user-activity-session-linking-{part}",
                          dlq_topic=settings.topic_session_linking_dlq,
                          dlq_counter=SESSION_LINKING_DLQ, retries_counter=SESSION_LINKING_RETRIES,
-                         logger=logger, flow="session-linking")
+                         logger=logger, flow="session-linking", lag=INPUT_PROGRESS)
         self._store = SessionLinksStore(SessionTopics(
             linked=settings.topic_session_linked, started=settings.topic_session_started,
             ended=settings.topic_session_ended), live_within=timedelta(

@@ -6,10 +6,10 @@ every start, and each start resumes before it. Here the job runs with a data-seg
 (``prlimit --data``, 640 MiB: it needs about 160 MiB), so the bomb kills it as a pod's memory
 limit would, by the allocation librdkafka cannot make.
 
-Before :mod:`sources.guarded_read`, every start died and nothing behind the bomb, nor the three
-events before it in the same fetch, was ever recorded. Now the third start at the same offset
-reads the partition through memory-capped children: the valid events are recorded once, the
-bomb is skipped, counted and logged, and the job reads on as usual.
+Without :mod:`sources.careful` every start died and nothing behind the bomb was ever recorded.
+Now the second and third starts read the partition one batch per fetch, each fetch's offset
+committed first, and both die fetching the bomb; the fourth skips it (counted, logged): the
+valid events are recorded once and the job reads on as usual.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _produce_bomb(config: dict[str, Any], topic: str) -> None:
     assert not errors, errors
 
 
-def test_a_gzip_bomb_is_skipped_from_the_third_start_and_every_valid_event_is_recorded_once(
+def test_a_gzip_bomb_is_skipped_at_the_fourth_start_and_every_valid_event_is_recorded_once(
     make_settings: SettingsFactory, db: psycopg.Connection[Any], jobs: JobSupervisor,
     tmp_path: Path,
 ) -> None:
@@ -79,31 +79,37 @@ def test_a_gzip_bomb_is_skipped_from_the_third_start_and_every_valid_event_is_re
 
     job = CappedJob(settings, tmp_path / "job", tail=True)
     jobs.jobs.append(job)
-    for start in (1, 2):  # the crash loop: each start dies on the bomb, nothing is recorded
+    for start in (1, 2, 3):  # the crash loop: each start dies on the bomb
         job.start(wait_http=0)
         assert job.wait(90) is not None, f"start {start} survived the bomb"
         assert job.exit_codes[-1] != 0
-        assert recorded() == 0
+        if start == 1:  # fetched with the events before it: none recorded
+            assert recorded() == 0
+    careful = [(e["partition"], e["starts"], e.get("died_at")) for n in (2, 3)
+               for e in job.log_events(n) if e["event"] == "input-partition-careful"]
+    assert careful == [(0, 2, None), (0, 3, 3)]  # the 2nd died fetching offset 3
 
     job.start()
     job.wait_until(lambda: recorded() == 6, 120, "the six valid events to be recorded")
     undecodable = "user_activity_input_records_undecodable_total"
     job.wait_until(lambda: metric_sum(job.metrics(), undecodable, topic=topic, partition="0") == 1,
                    30, "the bomb to be counted")
-    def unguarded() -> list[int]:
-        return [e["next_offset"] for e in job.log_events(3)
-                if e["event"] == "input-partition-unguarded"]
+    def done() -> list[int]:
+        return [e["next_offset"] for e in job.log_events(4)
+                if e["event"] == "input-partition-careful-done"]
 
-    job.wait_until(lambda: unguarded() == [7], 30, "the partition to join the worker's consumer")
-    events = job.log_events(3)
-    [guarded] = [e for e in events if e["event"] == "input-partition-guarded"]
-    assert (guarded["partition"], guarded["starts"], guarded["offset"]) == (0, 3, 0)
+    job.wait_until(lambda: done() == [7], 30, "the partition to join the worker's consumer")
+    events = job.log_events(4)
+    [fourth] = [e for e in events if e["event"] == "input-partition-careful"]
+    assert (fourth["starts"], fourth["died_at"], fourth["deaths"]) == (4, 3, 2)
     [skipped] = [e for e in events if e["event"] == "input-records-undecodable"]
     assert (skipped["from_offset"], skipped["to_offset"]) == (3, 4)
     assert "decompression bomb" in skipped["reason"]
+    assert not any(e["event"] == "input-records-undecodable" for n in (2, 3)
+                   for e in job.log_events(n))
 
-    produce(settings, favorites(ids[6:]))  # read by the worker's consumer again
-    job.wait_until(lambda: recorded() == 8, 60, "the events after the guarded read")
+    produce(settings, favorites(ids[6:]))  # read by the worker's shared consumer again
+    job.wait_until(lambda: recorded() == 8, 60, "the events after the careful read")
     assert job.terminate() == 0
     tracked = consume_all(settings, settings.topic_action_tracked, expect_at_least=8,
                           timeout=30, settle=1)
@@ -111,6 +117,6 @@ def test_a_gzip_bomb_is_skipped_from_the_third_start_and_every_valid_event_is_re
 
     job.start()  # progress and a clean stop ended the count: read as usual, nothing again
     time.sleep(3)
-    assert not [e for e in job.log_events(4) if e["event"] == "input-partition-guarded"]
+    assert not [e for e in job.log_events(5) if e["event"] == "input-partition-careful"]
     assert job.terminate() == 0
     assert recorded() == 8

@@ -23,11 +23,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from prometheus_client import REGISTRY
 
-from runtime.backlog import BACKLOG
-from runtime.input_progress import INPUT_PROGRESS
+from runtime.process import Process
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
-from sources.topic_id import cleanup_policy
+from sources.progress import INPUT_PROGRESS
+from sources.topic import cleanup_policy
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce, produce_in_transactions
 
@@ -54,7 +54,8 @@ def _after_transactions(
     settings = make_settings(tail=tail)
     topic = settings.topic_favorite_added
     end = _write_transactions(settings, topic, aborted_last=last == "aborted")
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=tail, flow="favorites",
+    part = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                      tail=tail, flow="favorites",
                       stuck_after=0).build_part("input", f"{topic}#0", None)
     return part, end, topic
 
@@ -91,7 +92,7 @@ def test_a_bounded_partition_whose_last_offsets_are_never_delivered_ends_at_its_
 def test_a_tailed_partition_ending_on_a_marker_is_caught_up(
     make_settings: SettingsFactory, last: str,
 ) -> None:
-    """No record behind, no lag, no backlog signal."""
+    """No record behind, no lag."""
     part, end, topic = _after_transactions(make_settings, last, tail=True)
     try:
         records, _ = _read(part, lambda _: part.snapshot() == end, "never caught up")
@@ -100,7 +101,6 @@ def test_a_tailed_partition_ending_on_a_marker_is_caught_up(
         assert records == [0, 1, 2, 3, 4]
         assert (progress.high_watermark, progress.next_offset) == (end, end)
         assert (progress.behind(), progress.lag(time.time())) == (0, 0.0)
-        assert not BACKLOG.reading()
     finally:
         part.close()
 
@@ -125,7 +125,8 @@ def test_records_deleted_before_they_were_read_are_counted_and_logged_as_expired
     admin = AdminClient(settings.kafka_client_config())
     [future] = admin.delete_records([TopicPartition(topic, 0, 12)]).values()
     assert future.result(30).low_watermark == 12
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+    part = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                      tail=True, flow="favorites",
                       stuck_after=0).build_part("input", f"{topic}#0", 5)
     try:
         records, _ = _read(part, lambda read: len(read) >= 8, "not read")
@@ -152,7 +153,8 @@ def test_records_deleted_up_to_the_partitions_end_while_the_job_was_stopped_are_
     admin = AdminClient(settings.kafka_client_config())
     [future] = admin.delete_records([TopicPartition(topic, 0, 20)]).values()
     assert future.result(30).low_watermark == 20
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+    part = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                      tail=True, flow="favorites",
                       stuck_after=0).build_part("input", f"{topic}#0", 5)
     try:
         deadline = time.monotonic() + 30
@@ -180,7 +182,8 @@ def test_a_resume_offset_past_the_partitions_end_reads_from_the_log_start_and_sa
     settings = make_settings(tail=True)
     topic = settings.topic_favorite_added
     produce(settings, [Produced(topic, str(i).encode(), b"{}", partition=0) for i in range(5)])
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True, flow="favorites",
+    part = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                      tail=True, flow="favorites",
                       stuck_after=0).build_part("input", f"{topic}#0", 100)
     try:
         records, _ = _read(part, lambda read: len(read) >= 5, "not read")
@@ -211,7 +214,8 @@ def test_a_compacted_input_topic_is_said_at_start(
         time.sleep(0.2)
 
     for topic in (compacted, kept):
-        assert KafkaInput(settings.kafka_client_config(), topic, tail=False).list_parts()
+        assert KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                          tail=False).list_parts()
 
     gauge = "user_activity_input_topic_compacted"
     assert REGISTRY.get_sample_value(gauge, {"topic": compacted}) == 1

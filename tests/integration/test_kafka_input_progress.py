@@ -10,10 +10,10 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from runtime.input_progress import INPUT_PROGRESS
-from runtime.shutdown import SHUTDOWN
+from runtime.process import Process
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
+from sources.progress import INPUT_PROGRESS
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce
 
@@ -34,7 +34,8 @@ def test_snapshotted_offsets_are_committed_to_the_consumer_group_for_lag_tools(
     topic = settings.topic_favorite_added
     group = f"test-group-{uuid.uuid4().hex[:8]}"
     produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(40)])
-    source = KafkaInput(settings.kafka_client_config(), topic, tail=True, batch_size=25,
+    source = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                        tail=True, batch_size=25,
                         consumer_group=group, flow="favorites")
     part = source.build_part("input", f"{topic}#0", None)
     try:
@@ -63,13 +64,13 @@ def test_a_requested_shutdown_ends_the_partition_at_its_next_poll(
 ) -> None:
     settings = make_settings(tail=True)
     topic = settings.topic_favorite_added
-    part = KafkaInput(settings.kafka_client_config(), topic, tail=True).build_part(
-        "input", f"{topic}#0", None)
+    process = Process()
+    part = KafkaInput(settings.kafka_client_config(), topic, process=process,
+                      tail=True).build_part("input", f"{topic}#0", None)
     try:
         part.next_batch()
-        SHUTDOWN.request("test")
+        process.stopping.request("test")
         with pytest.raises(StopIteration):
             part.next_batch()
     finally:
-        SHUTDOWN.__init__()  # type: ignore[misc]  # a fresh request for the tests after
         part.close()

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 import runtime.metrics
-from runtime.input_progress import INPUT_PROGRESS
+from sources.progress import INPUT_PROGRESS
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 RULES_FILE = K8S / "prometheus-rules.yaml"
@@ -46,7 +46,7 @@ def _exported_series() -> set[str]:
         if isinstance(collector, MetricWrapperBase):
             for family in collector.describe():
                 series |= {family.name + suffix for suffix in SUFFIXES[family.type]}
-    for family in INPUT_PROGRESS.collect():  # computed at scrape time, see runtime.input_progress
+    for family in INPUT_PROGRESS.collect():  # computed at scrape time, see sources.progress
         series |= {family.name + suffix for suffix in SUFFIXES[family.type]}
     return series
 

@@ -15,7 +15,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 import runtime.metrics
-from runtime.input_progress import INPUT_PROGRESS
+from sources.progress import INPUT_PROGRESS
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / "k8s" / "dashboard.py"

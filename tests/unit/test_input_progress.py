@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.input_progress import InputProgress, PartitionProgress
+from sources.progress import InputProgress, PartitionProgress
 
 
 def _samples(progress: InputProgress) -> dict[str, float]:

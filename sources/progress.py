@@ -1,22 +1,13 @@
-"""Per input partition progress and lag, measured at the source and computed at scrape time.
+"""Input progress and lag, recorded by the input partitions, computed at scrape time.
 
-Each Kafka input partition records after every poll where it stands (:class:`PartitionProgress`:
-next offset, the high watermark librdkafka last fetched, when it last read a record and that
-record's CreateTime). The collector registered here turns that into gauges at the moment
-``/metrics`` (or Bytewax's API server) is scraped, so a stopped input cannot freeze them:
-
-- ``user_activity_input_records_behind{topic,partition}``: high watermark - next offset;
-- ``user_activity_input_seconds_since_progress{topic,partition}``: seconds since a record was
-  last read, while records are behind (0 when caught up); measured on the monotonic clock, so
-  a step of the wall clock does not move it;
-- ``user_activity_input_lag_seconds{topic,partition}``: now - CreateTime of the last record read
-  (the producer's stamp, i.e. the envelope's CreatedAt to within the producer's linger), while
-  records are behind (0 when caught up; the partition's start time if nothing was read yet);
-- ``user_activity_favorites_lag_seconds`` / ``user_activity_session_linking_lag_seconds``
-  (SPEC §6, now - CreatedAt): now minus the envelope CreatedAt of the oldest message the flow's
-  sink holds (read, not yet committed: a stalled sink's batch ages); holding none, while records
-  wait behind an input partition, now minus CreatedAt of the newest message it finished (before
-  the first, the partition lag above); else 0 (docs/spec.md, issue 41).
+Each input partition records where it stands after every poll (:class:`PartitionProgress`);
+the collector turns that into gauges when ``/metrics`` is scraped, so a stopped input cannot
+freeze them: ``user_activity_input_records_behind`` (high watermark - next offset),
+``user_activity_input_seconds_since_progress`` (monotonic seconds since a record was read,
+while records wait), ``user_activity_input_lag_seconds`` (now - CreateTime of the last record
+read, while records wait). The flow lag gauges (SPEC §6, issue 41): now - CreatedAt of the
+oldest message a sink of the flow holds (:meth:`InputProgress.holding`); holding none while
+records wait, of the newest it finished (:meth:`InputProgress.finished`); else 0.
 """
 
 from __future__ import annotations
@@ -48,12 +39,9 @@ class PartitionProgress:
     partition: int
     next_offset: int | None = None
     high_watermark: int = -1
-    last_read: float = field(default_factory=time.time)
-    """Wall time a record was last read (the partition's start until then)."""
+    last_read: float = field(default_factory=time.time)  # wall time (the start until then)
     last_read_monotonic: float = field(default_factory=time.monotonic)
-    """The same moment on the monotonic clock (what :meth:`stalled_for` measures from)."""
-    last_record_time: float | None = None
-    """CreateTime (seconds) of the last record read."""
+    last_record_time: float | None = None  # CreateTime (s) of the last record read
 
     def read(self, next_offset: int, record_time_ms: int | None, now: float,
              monotonic: float | None = None) -> None:
@@ -78,11 +66,7 @@ class PartitionProgress:
         return max(0.0, now - since)
 
     def stalled_for(self, monotonic_now: float) -> float:
-        """Seconds without a record read while records wait (0 while caught up).
-
-        On the monotonic clock: a step of the wall clock would add its size (a false
-        ``UserActivityInputStalled``) or hide a stall.
-        """
+        """Seconds without a record read while records wait (0 while caught up)."""
         return max(0.0, monotonic_now - self.last_read_monotonic) if self.behind() else 0.0
 
 

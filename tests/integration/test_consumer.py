@@ -1,4 +1,4 @@
-"""The partitions of one worker share one consumer and still read exactly, on a real broker.
+"""One consumer per worker (:mod:`sources.consumer`): its partitions still read exactly.
 
 Each test builds several partitions of two topics on this thread, as a Bytewax worker does,
 and reads them the way Bytewax polls them: round robin, one ``next_batch`` each.
@@ -13,10 +13,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from runtime.backoff import Backoff
-from runtime.health import HEALTH
+from runtime.process import Process
 from schemas.kafka_record import SourceRecord
 from sources.kafka_input import KafkaInput
 from tests.conftest import SettingsFactory
@@ -27,7 +26,8 @@ pytestmark = pytest.mark.integration
 
 def _parts(settings: Any, topics: list[str], partitions: range, **options: Any) -> list[Any]:
     return [
-        KafkaInput(settings.kafka_client_config(), topic, tail=True, **options).build_part(
+        KafkaInput(settings.kafka_client_config(), topic, tail=True,
+                   **{"process": Process(), **options}).build_part(
             "input", f"{topic}#{p}", None)
         for topic in topics for p in partitions
     ]
@@ -96,7 +96,8 @@ def test_a_partition_that_leaves_does_not_stop_the_others_and_the_last_one_close
         assert [r.offset for r in got[topic, 1]] == list(range(10, 20))
         # A partition built again after leaving (a later run in this process) reads on from
         # its snapshot, from the same consumer while another partition still holds it.
-        again = KafkaInput(settings.kafka_client_config(), topic, tail=True).build_part(
+        again = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
+                           tail=True).build_part(
             "input", f"{topic}#0", 10)
         assert again._shared is shared
         assert [r.offset for r in _read_round_robin([again], 10, 30)[topic, 0]] == list(
@@ -104,7 +105,7 @@ def test_a_partition_that_leaves_does_not_stop_the_others_and_the_last_one_close
         again.close()
     finally:
         parts[1].close()
-    assert shared._members == {}
+    assert shared.users == set()
     with _open_parts(settings, [topic], range(1)) as fresh:
         assert fresh[0]._shared is not shared, "the last partition leaving forgot the consumer"
 
@@ -132,24 +133,6 @@ def test_one_partition_with_a_backlog_does_not_fill_the_buffers_without_bound(
         assert high <= 5 * batch, high
 
 
-def test_a_stuck_consumer_is_replaced_for_every_partition_and_none_skips_or_repeats(
-    make_settings: SettingsFactory,
-) -> None:
-    """The fault of librdkafka#5153 on one partition of two: both read on exactly."""
-    settings = make_settings(tail=True)
-    topic = settings.topic_favorite_added
-    with _open_parts(settings, [topic], range(2), batch_size=5, stuck_after=2.0) as parts:
-        produce(settings, [r for p in range(2) for r in _values(topic, p, 12)])
-        _read_round_robin(parts, 24, 30)
-        stuck = parts[0]._consumer
-        stuck.pause([TopicPartition(topic, 0)])  # fetches nothing more for partition 0
-        produce(settings, [r for p in range(2) for r in _values(topic, p, 12, start=12)])
-        got = _read_round_robin(parts, 24, 30)
-        assert parts[0]._consumer is not stuck and parts[1]._consumer is parts[0]._consumer
-        assert [r.offset for r in got[topic, 0]] == list(range(12, 24))
-        assert [r.offset for r in got[topic, 1]] == list(range(12, 24))
-
-
 def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_partition_pauses(
     make_settings: SettingsFactory, kafka_broker: Any, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -161,11 +144,13 @@ def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_parti
     """
     if kafka_broker is None:
         pytest.skip("needs the suite's own broker to stop and start")
-    caplog.set_level(logging.INFO, "sources.shared_consumer")
+    caplog.set_level(logging.INFO, "sources.consumer")
+    process = Process()
     settings = make_settings(tail=True)
     topics = [settings.topic_favorite_added, settings.topic_favorite_removed]
     backoff = Backoff(initial=0.5, maximum=1.0)
-    with _open_parts(settings, topics, range(3), batch_size=50, backoff=backoff) as parts:
+    with _open_parts(settings, topics, range(3), batch_size=50, backoff=backoff,
+                     process=process) as parts:
         shared = parts[0]._shared
         counting = shared.consumer = _CountingConsumer(shared.consumer)
         produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5)])
@@ -179,10 +164,11 @@ def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_parti
                 for part in parts:
                     assert part.next_batch() == []
                 time.sleep(0.05)
-            late = KafkaInput(settings.kafka_client_config(), topics[0], tail=True,
+            late = KafkaInput(settings.kafka_client_config(), topics[0], process=process,
+                              tail=True,
                               backoff=backoff).build_part("input", f"{topics[0]}#3", None)
             parts.append(late)
-            waiting = dict(HEALTH.snapshot().waiting)
+            waiting = dict(process.health.snapshot().waiting)
             assert waiters | {f"{topics[0]}[3]"} <= set(waiting), "every partition waits"
             assert {waiting[w] for w in waiters} == {"kafka"}
         finally:
@@ -203,7 +189,7 @@ def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_parti
         recovered = _events(caplog, "kafka-consumer-recovered")
         assert len(recovered) == 1
         assert set(recovered[0].partitions) == waiters | {f"{topics[0]}[3]"}
-        assert not (waiters | {f"{topics[0]}[3]"}) & set(dict(HEALTH.snapshot().waiting))
+        assert not (waiters | {f"{topics[0]}[3]"}) & set(dict(process.health.snapshot().waiting))
 
 
 class _CountingConsumer:

@@ -1,0 +1,146 @@
+"""What the broker says of an input topic: its partitions, its id, its cleanup policy.
+
+A compacted input topic loses unread events silently: said at start and by each check
+(``input-topic-compacted`` at ERROR, the compacted gauge). While a tailed job runs,
+:meth:`TopicWatch.check`, called by the poll of the topic's partition 0, asks again every
+interval without waiting (the answers are futures, read at later polls): partitions added, or
+the topic deleted and created again (its id changed), is one line and a clean stop with exit
+75 (the restart reads them); the topic missing or refused is the unavailable gauge and one
+ERROR line until it is back. No answer is no news: the partitions say an outage themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+)
+from confluent_kafka import TopicPartition as Tp
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+from runtime.logs import log_event
+from runtime.metrics import INPUT_TOPIC_COMPACTED, INPUT_TOPIC_UNAVAILABLE
+from runtime.shutdown import Shutdown
+
+logger = logging.getLogger(__name__)
+
+NO_AUTO_CREATE = {"allow.auto.create.topics": False}
+"""An admin client's metadata request must not create the topic it asks about."""
+
+
+def topic_id(admin: AdminClient, topic: str, timeout: float = 10.0) -> str | None:
+    """The broker's id of ``topic`` (None when not told): a topic made again has another."""
+    try:
+        described = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)
+        return str(described[topic].result(timeout + 1).topic_id)
+    except (KafkaException, TimeoutError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def cleanup_policy(admin: AdminClient, topic: str, timeout: float = 10.0) -> str | None:
+    """``topic``'s ``cleanup.policy`` (None when not told)."""
+    resource = ConfigResource("topic", topic)
+    try:
+        configs = admin.describe_configs([resource], request_timeout=timeout)[resource]
+        return str(configs.result(timeout + 1)["cleanup.policy"].value)
+    except (KafkaException, TimeoutError, KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def group_offsets(admin: AdminClient, group: str, topic: str, partitions: list[int]
+                  ) -> dict[int, int]:
+    """The offsets ``group`` committed on ``topic`` (partitions it has none for are left out).
+
+    Raises ``KafkaException`` when the broker does not answer.
+    """
+    asked = ConsumerGroupTopicPartitions(group, [Tp(topic, p) for p in partitions])
+    answer = admin.list_consumer_group_offsets([asked])[group].result(15)
+    return {tp.partition: tp.offset for tp in answer.topic_partitions if tp.offset >= 0}
+
+
+class TopicWatch:
+    """The periodic check of one input topic (see the module doc)."""
+
+    def __init__(self, admin: AdminClient, topic: str, *, partitions: int,
+                 known_id: str | None, interval: float, stopping: Shutdown) -> None:
+        self._admin = admin
+        self._topic = topic
+        self._partitions = partitions
+        self._id = known_id
+        self._interval = interval
+        self._stopping = stopping
+        self._due = time.monotonic() + interval
+        self._asked: tuple[Future[Any], Future[Any]] | None = None
+        self._unavailable = False
+        self._compacted = False
+
+    def cleanup(self, policy: str | None) -> None:
+        """Set the compacted gauge from ``policy``; said when it becomes compacted."""
+        if policy is None:
+            return
+        compacted = "compact" in policy
+        INPUT_TOPIC_COMPACTED.labels(self._topic).set(1 if compacted else 0)
+        if compacted != self._compacted:
+            self._compacted = compacted
+            log_event(logger, "input-topic-compacted" if compacted else
+                      "input-topic-not-compacted", logging.ERROR if compacted else logging.INFO,
+                      topic=self._topic, cleanup_policy=policy)
+
+    def check(self) -> None:
+        """Ask when due; read the answers once they are in (never waits)."""
+        if self._asked is None:
+            if self._interval <= 0 or time.monotonic() < self._due:
+                return
+            self._due = time.monotonic() + self._interval
+            resource = ConfigResource("topic", self._topic)
+            self._asked = (
+                self._admin.describe_topics(TopicCollection([self._topic]),
+                                            request_timeout=5)[self._topic],
+                self._admin.describe_configs([resource], request_timeout=5)[resource])
+            return
+        described, configs = self._asked
+        if not (described.done() and configs.done()):
+            return
+        self._asked = None
+        try:
+            topic = described.result()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() > 0:  # the broker's answer
+                self._say_unavailable(error.name())
+            return
+        self._say_unavailable(None)
+        if self._id is not None and str(topic.topic_id) != self._id:
+            self._restart("input-topic-recreated", logging.ERROR,
+                          f"{self._topic} was deleted and created again",
+                          topic_id=str(topic.topic_id), read_topic_id=self._id)
+        elif len(topic.partitions) > self._partitions:
+            self._restart("kafka-partitions-added", logging.WARNING,
+                          f"{self._topic} has {len(topic.partitions)} partitions,"
+                          f" {self._partitions} are read",
+                          reading=self._partitions, partitions=len(topic.partitions))
+        else:
+            with contextlib.suppress(KafkaException, KeyError):
+                self.cleanup(str(configs.result()["cleanup.policy"].value))
+
+    def _restart(self, event: str, level: int, reason: str, **fields: Any) -> None:
+        log_event(logger, event, level, topic=self._topic, **fields,
+                  action="stopping cleanly (exit 75): the restart reads it")
+        self._interval = 0.0
+        self._stopping.restart(reason)
+
+    def _say_unavailable(self, error: str | None) -> None:
+        INPUT_TOPIC_UNAVAILABLE.labels(self._topic).set(0 if error is None else 1)
+        if (error is not None) != self._unavailable:
+            self._unavailable = error is not None
+            log_event(logger, "input-topic-available" if error is None else
+                      "input-topic-unavailable", logging.INFO if error is None else logging.ERROR,
+                      topic=self._topic, error=error)
