@@ -1,8 +1,4 @@
-"""Load the settings at an entry point: a bad setting is one clear line and exit code 2.
-
-``pydantic``'s ValidationError names the field and the problem; a process that cannot start
-should say that in one line an operator can act on, not in a 40-line traceback.
-"""
+"""Load the settings at an entry point: a bad setting is one clear line and exit code 2."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ from runtime.settings import ENV_PREFIX, Settings
 
 _SECRETS = frozenset(
     name for name, info in Settings.model_fields.items() if "SecretStr" in str(info.annotation))
-"""Fields whose value an error line never shows (the database URL holds its password)."""
 
 
 def describe(error: ValidationError) -> str:
