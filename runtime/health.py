@@ -142,19 +142,12 @@ class _Handler(BaseHTTPRequestHandler):
         """Silence the per-request access log."""
 
 
-_server_lock = threading.Lock()
-_server: ThreadingHTTPServer | None = None
-
-
 def serve_http(host: str, port: int, health: Health) -> int | None:
-    """Serve ``health`` and the metrics on a thread named ``http`` (once); the port, None if 0."""
-    global _server  # noqa: PLW0603
+    """Serve ``health`` and the metrics on a thread named ``http``; the port (None: port 0)."""
     if port == 0:
         return None
-    with _server_lock:
-        if _server is None:
-            handler = type("HealthHandler", (_Handler,), {"health": health})
-            _server = ThreadingHTTPServer((host, port), handler)
-            _server.daemon_threads = True
-            threading.Thread(target=_server.serve_forever, name="http", daemon=True).start()
-        return int(_server.server_address[1])
+    handler = type("HealthHandler", (_Handler,), {"health": health})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return int(server.server_address[1])
