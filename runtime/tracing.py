@@ -46,7 +46,6 @@ _OK = Status(StatusCode.OK)
 _UNSET = Status(StatusCode.UNSET)
 _BATCH_LINK: Mapping[str, AttributeValue] = {"user_activity.link": "batch-database-work"}
 _DAY_NS = 86_400 * 10**9
-_ODD_HEX = frozenset(b"13579bdf"[i:i + 1] for i in range(8))  # last flags digit: sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,34 +158,27 @@ class Tracing:
         ))
 
     def sample(self, record: SourceRecord) -> MessageTrace | None:
-        """The message's trace if it is sampled, else None (unsampled cases parse little)."""
-        sampling = self.sampling
-        bound = sampling.bound
-        parent_based = sampling.parent_based
-        if not bound and not parent_based:
+        """The message's trace if sampled, else None (no valid ``traceparent``: a root)."""
+        if not self.sampling.bound and not self.sampling.parent_based:
             return None
-        header = None
-        for key, value in record.headers:
-            if key == TRACEPARENT:
-                header = value
-        if header is not None:
-            if parent_based and header[54:55] not in _ODD_HEX:
-                # unsampled if valid, else a root (the ratio decides); 55 characters: valid
-                if not bound or len(header) == 55 or valid_traceparent(header) is not None:
-                    return None
-            elif not parent_based and _ratio_says_no(header, bound):
-                return None
-            else:
-                parent = valid_traceparent(header)  # valid: a ratio rule said yes above
-                if parent is not None:
-                    return MessageTrace(int(parent[3:35], 16), int(parent[36:52], 16),
-                                        _new_span_id())
-        if not bound:
-            return None
+        parent = self._parent(record.header(TRACEPARENT))
+        if parent is not None:
+            trace_id, span_id, sampled = parent
+            return MessageTrace(trace_id, span_id, _new_span_id()) if sampled else None
         trace_id = random.getrandbits(128) or 1
-        if (trace_id & _LOW_64) >= bound:
+        if (trace_id & _LOW_64) >= self.sampling.bound:
             return None
         return MessageTrace(trace_id, 0, _new_span_id())
+
+    def _parent(self, header: bytes | None) -> tuple[int, int, bool] | None:
+        """A valid ``traceparent``'s trace id and span id, and whether this rule samples it."""
+        parent = None if header is None else valid_traceparent(header)
+        if parent is None:
+            return None
+        trace_id = int(parent[3:35], 16)
+        sampled = (int(parent[53:55], 16) & 1 == 1 if self.sampling.parent_based
+                   else (trace_id & _LOW_64) < self.sampling.bound)
+        return trace_id, int(parent[36:52], 16), sampled
 
     def finish_messages(
         self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
@@ -247,17 +239,12 @@ class Tracing:
         any_span = False
         for record in records:
             headers = record.headers
-            stored = _stored_traceparent(headers)
-            # what we store is a version-00 traceparent (55 characters): its flags end it
-            parent = valid_traceparent(stored) if (
-                stored is not None and stored[54:55] in _ODD_HEX
-                and (sampling.parent_based or not _ratio_says_no(stored, sampling.bound))
-            ) else None
-            if parent is None:
+            parent = self._parent(_stored_traceparent(headers))
+            if parent is None or not parent[2]:
                 out.append(record)
                 spans.append(None)
                 continue
-            trace_id = int(parent[3:35], 16)
+            trace_id, parent_span_id, _ = parent
             attributes: dict[str, AttributeValue] = {
                 "messaging.system": "kafka", "messaging.operation.type": "send",
                 "messaging.operation.name": "publish", "messaging.destination.name": record.topic}
@@ -273,7 +260,7 @@ class Tracing:
                                     _with_traceparent(headers, traceparent)))
             spans.append(_Pending(
                 f"publish {record.topic}", SpanContext(trace_id, span_id, False, _SAMPLED),
-                SpanContext(trace_id, int(parent[36:52], 16), True, _SAMPLED), attributes,
+                SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes,
                 time.time_ns(),
             ))
             any_span = True
@@ -335,14 +322,6 @@ def _with_traceparent(headers: Any, traceparent: str) -> Any:
         return {**headers, TRACEPARENT: traceparent}
     encoded = traceparent.encode()
     return [(name, encoded if name == TRACEPARENT else value) for name, value in headers]
-
-
-def _ratio_says_no(traceparent: bytes, bound: int) -> bool:
-    """True when the trace id's low 64 bits are at or above ``bound`` (not hex: False)."""
-    try:
-        return int(traceparent[19:35], 16) >= bound
-    except ValueError:
-        return False
 
 
 def _new_span_id() -> int:
