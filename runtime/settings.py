@@ -165,8 +165,7 @@ class Settings(BaseSettings):
         description="Start-up heap frozen, a young collection every N net allocations, no"
                     " automatic full one; `0`: Python's defaults.")
     gc_full_collect_interval_seconds: float = Field(
-        60.0, ge=0,
-        description="A full `gc.collect()` this often instead; `0`: never.")
+        60.0, ge=0, description="A full `gc.collect()` this often instead; `0`: never.")
     session_linking_lateness_seconds: float = Field(
         10.0, ge=0, le=86_400,
         description="Allowed lateness of sign-ins: each device's are applied in SignedInAt"
