@@ -51,42 +51,33 @@ def render_schema(model: type[BaseModel]) -> str:
     return json.dumps(schema, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
-def _expected_schemas() -> dict[str, str]:
-    return {schema_file_name(model): render_schema(model) for model in CONTRACT_MODELS}
+def _changes(directory: Path) -> dict[Path, str | None]:
+    """Each schema file to (re)write with its text, or to delete (None): stale ones."""
+    expected = {schema_file_name(model): render_schema(model) for model in CONTRACT_MODELS}
+    changes: dict[Path, str | None] = {
+        directory / name: text for name, text in expected.items()
+        if _read_text(directory / name) != text}
+    if directory.is_dir():
+        changes |= {path: None for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}"))
+                    if path.name not in expected}
+    return changes
 
 
 def drifted_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
     """The schema files in ``directory`` that are missing, differ from their model, or are stale."""
-    expected = _expected_schemas()
-    drifted: list[Path] = []
-    for name, text in expected.items():
-        path = directory / name
-        if _read_text(path) != text:
-            drifted.append(path)
-    if directory.is_dir():
-        drifted.extend(
-            path
-            for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}"))
-            if path.name not in expected
-        )
-    return drifted
+    return list(_changes(directory))
 
 
 def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
     """Write every contract's changed schema into ``directory``, delete stale ones; the paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    expected = _expected_schemas()
-    changed: list[Path] = []
-    for name, text in expected.items():
-        path = directory / name
-        if _read_text(path) != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
-    for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}")):
-        if path.name not in expected:
+    changes = _changes(directory)
+    for path, text in changes.items():
+        if text is None:
             path.unlink()
-            changed.append(path)
-    return changed
+        else:
+            path.write_text(text, encoding="utf-8")
+    return list(changes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
