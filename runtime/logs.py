@@ -143,8 +143,6 @@ def log_events(
     header = logger.makeRecord(logger.name, level, "(unknown file)", 0, event, (), None)
     # '{"ts":...,"event":...}' -> '{"ts":...,"event":...,': each row's own JSON object follows.
     head = formatter.format(header).encode()[:-1] + b","
-    dumps = orjson.dumps
-    newline = orjson.OPT_APPEND_NEWLINE
     shapes: dict[tuple[str, ...], bool] = {}
     lines: list[bytes] = []
     for row in rows:
@@ -152,18 +150,10 @@ def log_events(
         plain = shapes.get(keys)
         if plain is None:
             plain = shapes[keys] = _plain_keys(keys)
-        if plain:
-            for value in row.values():
-                if value is None:
-                    break
-            else:
-                try:
-                    encoded = dumps(row, default=str, option=newline)
-                except TypeError:  # an integer orjson cannot write
-                    encoded = _dumps_line(row, newline)
-                lines.append(head + encoded[1:])
-                continue
-        lines.append(_format_row(logger, formatter, header, row))
+        if plain and None not in row.values():
+            lines.append(head + _dumps_line(row, orjson.OPT_APPEND_NEWLINE)[1:])
+        else:
+            lines.append(_format_row(logger, formatter, header, row))
     if not lines:
         return
     data = b"".join(lines)
@@ -181,7 +171,6 @@ def log_events(
 
 _HEADER_KEYS = frozenset({"ts", "level", "logger", "event"})
 _LOG_EVENT_PARAMS = frozenset({"logger", "event", "level"})
-_BATCH_HANDLER_TYPES = (logging.StreamHandler,)
 
 
 def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[Any] | None:
@@ -199,13 +188,13 @@ def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[
         current = current.parent if current.propagate else None
     if (
         found is None
-        or type(found) not in _BATCH_HANDLER_TYPES
+        or type(found) is not logging.StreamHandler
         or getattr(found, "terminator", None) != "\n"
         or type(found.formatter) is not JsonFormatter
         or found.filters
     ):
         return None
-    return found  # type: ignore[return-value]
+    return found
 
 
 def _plain_keys(keys: tuple[str, ...]) -> bool:
