@@ -231,12 +231,8 @@ class Tracing:
         Under a non-parent-based rule the stored trace id must also pass the ratio: the
         decision its message got at decode.
         """
-        sampling = self.sampling
-        if not sampling.parent_based and not sampling.bound:
-            return list(records), None
         out: list[Any] = []
         spans: list[_Pending | None] = []
-        any_span = False
         for record in records:
             headers = record.headers
             parent = self._parent(_stored_traceparent(headers))
@@ -263,8 +259,7 @@ class Tracing:
                 SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes,
                 time.time_ns(),
             ))
-            any_span = True
-        return out, (_Publishing(self, spans) if any_span else None)
+        return out, (_Publishing(self, spans) if any(spans) else None)
 
 
 @dataclass(frozen=True, slots=True)
