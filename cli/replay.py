@@ -39,7 +39,7 @@ from runtime.bytewax_0_21 import recovery
 from runtime.health import Health
 from runtime.process import Process
 from runtime.settings import Settings
-from runtime.shutdown import SHUTDOWN
+from runtime.shutdown import Shutdown
 from sinks.dry_run import Tally
 from sinks.outbox import OutboxPublisher
 from sinks.transactional import Publishing
@@ -51,6 +51,8 @@ OUTCOMES = ("recorded", "duplicate", "invalid-owner", "no-session", "dead-letter
 SESSION_OUTCOMES = (*(outcome.value for outcome in LinkOutcome), "dead-lettered")
 """The session-linking flow's outcomes: every :class:`LinkOutcome` (``late-conflict`` and
 ``superseded`` included, so the rows add up to the sign-ins replayed), and dead letters."""
+_STOPPING = Shutdown()
+"""The replay's stop request (its signal handlers')."""
 
 
 def parse_offsets(specs: Sequence[str]) -> dict[tuple[str, int], int]:
@@ -227,7 +229,7 @@ def replay(
     tally = Tally() if dry_run else None
     directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out,
                               min_free_bytes=settings.recovery_min_free_bytes)
-    process = Process(Health(), SHUTDOWN)
+    process = Process(Health(), _STOPPING)
     publisher = (None if dry_run or not settings.outbox_enabled
                  else OutboxPublisher(bounded, process=process))
     flow = replayed.build(bounded, start, topics, tally, process, publisher)
@@ -272,24 +274,24 @@ def replay(
             epoch_interval=None,
             recovery_config=RecoveryConfig(str(directory)),  # type: ignore[no-untyped-call]
         )
-        ended = not SHUTDOWN.requested()
+        ended = not _STOPPING.requested()
     finally:
         if publisher is not None and loop is not None:  # its rows out before the summary
             publishing.set()
-            loop.join(SHUTDOWN.time_left(30.0))
+            loop.join(_STOPPING.time_left(30.0))
             publisher.close()
         done.set()
         reporter.join()
         if dry_run or (ended and recovery_dir is None):
             shutil.rmtree(directory, ignore_errors=True)  # nothing to resume
-        elif not ended and not SHUTDOWN.requested():  # failed: the summary below is not printed
+        elif not ended and not _STOPPING.requested():  # failed: the summary below is not printed
             print(f"replay of {flow_name} failed before its end: --recovery-dir {directory}"
                   " resumes it", file=out, flush=True)
     result = counts()
     elapsed = time.monotonic() - started
     title = f"DRY RUN of {flow_name} (nothing written)" if dry_run else f"replay of {flow_name}"
-    if SHUTDOWN.requested():
-        title += f", STOPPED ({SHUTDOWN.signal}) before its end"
+    if _STOPPING.requested():
+        title += f", STOPPED ({_STOPPING.signal}) before its end"
         if not dry_run:
             title += f": --recovery-dir {directory} resumes it"
     width = max(len(k) for k in outcomes) + 2
@@ -375,8 +377,8 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
     tune_gc(settings.gc_young_threshold)
     # SIGTERM and the first Ctrl-C end the inputs: what was read commits, the summary is
     # printed, and the same directory resumes
-    SHUTDOWN.grace = settings.stop_grace_seconds
-    install_signal_handlers(SHUTDOWN)
+    _STOPPING.grace = settings.stop_grace_seconds
+    install_signal_handlers(_STOPPING)
     replay(settings, start, flow_name=args.flow, topics=topics, dry_run=args.dry_run,
            recovery_dir=args.recovery_dir)
-    return EXIT_RESTART if SHUTDOWN.requested() else 0
+    return EXIT_RESTART if _STOPPING.requested() else 0

@@ -41,11 +41,11 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     from runtime.bytewax_0_21.clock import ClockCheck
     from runtime.bytewax_0_21.cluster_stop import ClusterStop
     from runtime.configuration import load_settings
-    from runtime.health import HEALTH, serve_http
+    from runtime.health import Health, serve_http
     from runtime.housekeeping import Housekeeping
     from runtime.logs import configure_logging
     from runtime.process import Process
-    from runtime.shutdown import SHUTDOWN, abandon, install_signal_handlers
+    from runtime.shutdown import Shutdown, abandon, install_signal_handlers
     from sinks.outbox import OutboxPublisher, OutboxWatchdog
     from sinks.retention import maintenance_task
 
@@ -57,7 +57,7 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
         recovery.watch(options.recovery_dir, settings.recovery_min_free_bytes)
     if not recovery.check_at_start(options, flow_id, tail=settings.tail):
         raise SystemExit(recovery.RECOVERY_REFUSED)
-    process = Process(HEALTH, SHUTDOWN)
+    process = Process(Health(), Shutdown())
     process.stopping.grace = settings.stop_grace_seconds
     handled = install_signal_handlers(process.stopping)  # before /readyz answers
     try:

@@ -155,12 +155,12 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             ),
         ),
         PanelSpec(
-            "Background loop restarts", "short",
-            "Restarts of a supervised background loop after an unexpected exception."
-            " UserActivityBackgroundLoopRestarting fires on any.",
-            (Query("sum by (pod, thread) (increase("
-                   f"{_s('user_activity_background_restarts_total')}[{RATE}]))",
-                   "{{pod}} {{thread}}"),),
+            "Housekeeping task failures", "short",
+            "Unexpected exceptions of a periodic housekeeping task (it runs again at its next"
+            " time). UserActivityHousekeepingTaskFailing fires on any.",
+            (Query("sum by (pod, task) (increase("
+                   f"{_s('user_activity_background_errors_total')}[{RATE}]))",
+                   "{{pod}} {{task}}"),),
         ),
     )),
     ("Outbox", (

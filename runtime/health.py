@@ -144,10 +144,6 @@ class Health:
         PAUSED_SECONDS.set(0 if since is None else time.monotonic() - since)
 
 
-HEALTH = Health()
-"""The process-wide health state."""
-
-
 class _Handler(BaseHTTPRequestHandler):
     health: ClassVar[Health]
 

@@ -187,11 +187,6 @@ STORAGE_PARTITION_DAYS_READY = Gauge(
     " land in the DEFAULT partition, which only chunked DELETEs shrink.",
     ["table"],
 )
-BACKGROUND_RESTARTS = Counter(  # runtime.periodic's, until its last user goes
-    "user_activity_background_restarts",
-    "Restarts of a supervised background loop after an unexpected exception.",
-    ["thread"],
-)
 BACKGROUND_ERRORS = Counter(
     "user_activity_background_errors",
     "Unexpected exceptions of a periodic housekeeping task (it runs again at its next time).",

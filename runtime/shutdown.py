@@ -97,10 +97,6 @@ class Shutdown:
             _exit_now()
 
 
-SHUTDOWN = Shutdown()
-"""The job's stop request (made here until every adapter is handed the composition root's)."""
-
-
 def abandon(why: str) -> None:
     """End the process now with exit code 75 (one ``stopped-during-outage`` line, no cleanup)."""
     log_event(logger, "stopped-during-outage", logging.ERROR, why=why, exit_code=EXIT_RESTART,

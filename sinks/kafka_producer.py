@@ -29,13 +29,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
-from runtime.shutdown import SHUTDOWN, Shutdown
+from runtime.shutdown import Shutdown
 from sinks.errors import is_record_error
 
 logger = logging.getLogger(__name__)
 
-_NEVER_STOPPING = SHUTDOWN
-"""The stop of a producer not told of the process's (the job's, until every caller passes it)."""
+_NEVER_STOPPING = Shutdown()
+"""The stop of a producer not told of the process's: never requested."""
 
 Headers = Sequence[tuple[str, bytes]] | Mapping[str, str | bytes]
 """Kafka headers: ``(name, value)`` pairs, or a mapping (``str`` values are sent UTF-8 encoded)."""

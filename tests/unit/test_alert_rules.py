@@ -77,7 +77,7 @@ EXPECTED_ALERTS = {
     "UserActivityInputTopicUnavailable",
     "UserActivityInputTopicRecreated",
     "UserActivityInputTopicCompacted",
-    "UserActivityBackgroundLoopRestarting",
+    "UserActivityHousekeepingTaskFailing",
     "UserActivityRecoveryVolumeLow",
     "UserActivityStorageNotReclaimed",
     "UserActivityPartitionsMissingAhead",
@@ -122,7 +122,7 @@ def test_a_held_topic_is_compared_with_the_stall_threshold_per_topic_at_once() -
 @pytest.mark.parametrize(
     ("name", "counter"),
     [("UserActivityOutboxRowsParked", "user_activity_outbox_parked_total"),
-     ("UserActivityBackgroundLoopRestarting", "user_activity_background_restarts_total"),
+     ("UserActivityHousekeepingTaskFailing", "user_activity_background_errors_total"),
      ("UserActivityInputRecordsExpired", "user_activity_input_records_expired_total")],
 )
 def test_counter_alerts_fire_on_any_increase_also_of_a_series_first_seen_at_one(

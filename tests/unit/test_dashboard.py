@@ -89,7 +89,7 @@ def test_dashboard_has_a_uid_and_the_required_panels() -> None:
     assert {
         "Input lag per partition", "Records behind", "Seconds since progress", "Paused time",
         "Favorites throughput by outcome", "Dead letters and parked outbox rows",
-        "Session-linking outcomes", "Background loop restarts",
+        "Session-linking outcomes", "Housekeeping task failures",
         "Oldest unpublished outbox row vs stall threshold", "Outbox published rate",
         "Items out per step",
     } <= titles
