@@ -32,8 +32,7 @@ MIN_ISR = "min.insync.replicas"
 
 
 def outbox_topics(settings: Settings) -> list[str]:
-    """The outbox's outputs; session-started and -ended only while published
-    (``USER_ACTIVITY_PUBLISH_SESSION_LIFECYCLE``)."""
+    """The outbox's outputs (the session lifecycle topics only while published)."""
     lifecycle = [settings.topic_session_started, settings.topic_session_ended] \
         if settings.publish_session_lifecycle else []
     return [settings.topic_action_tracked, settings.topic_session_linked, *lifecycle]
