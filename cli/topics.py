@@ -1,9 +1,10 @@
 """Create the topics this service owns, and nothing else.
 
-Ours: the outbox's four outputs and the two dead-letter topics, made with the
-USER_ACTIVITY_TOPIC_* partitions, replication factor and min.insync.replicas (1 and 1 on a
-one-broker cluster). An existing topic is never changed: one that differs is named (exit 2).
-Replication factor 1 on several brokers is refused unless --allow-single-replica.
+Ours: the outbox's outputs (session-started/-ended only while published) and the two
+dead-letter topics, made with the USER_ACTIVITY_TOPIC_* partitions, replication factor and
+min.insync.replicas (1 and 1 on a one-broker cluster). An existing topic is never changed: one
+that differs is named (exit 2). Replication factor 1 on several brokers is refused unless
+--allow-single-replica.
 """
 
 from __future__ import annotations
