@@ -1,7 +1,4 @@
-"""Bytewax operators shared by the flows: Kafka inputs with routed consumer errors, the dedup step.
-
-Only this module and each flow's ``flow`` module import ``bytewax.operators``.
-"""
+"""Bytewax operators shared by the flows: Kafka inputs (consumer errors routed), the dedup step."""
 
 from __future__ import annotations
 
@@ -68,11 +65,9 @@ def kafka_inputs(
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
-    ``retries`` counts every retry of an unreachable Kafka. The consumer of this stream passes
-    every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
-    ``flow_name`` names the flow's lag gauge; snapshotted offsets are also committed to
-    ``consumer_group`` (informational; empty: not at all). ``alignment``: the inputs' partitions
-    pass records on in event-time order (:mod:`sources.alignment`). ``process``: the job's.
+    The stream's consumer must pass every :class:`ConsumerError` to :func:`log_consumer_error`.
+    ``retries`` counts retries of an unreachable Kafka; ``flow_name`` names the lag gauge;
+    snapshotted offsets are also committed to ``consumer_group`` (empty: not at all).
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
@@ -114,7 +109,7 @@ def kafka_records(
     process: Process,
     alignment: EventTimeAlignment | None = None,
 ) -> Stream[SourceRecord]:
-    """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
+    """:func:`kafka_inputs` with the consumer errors logged."""
     consumed = kafka_inputs(
         flow, settings, inputs, start, retries, flow_name=flow_name,
         consumer_group=consumer_group, process=process, alignment=alignment,
@@ -127,12 +122,11 @@ def kafka_records(
 
 
 class Deduplicable(Protocol):
-    """A message the dedup window can remember."""
+    """A message the dedup window can remember by ``dedup_id``."""
 
     @property
     def dedup_id(self) -> bytes:
         """A compact id of the message's idempotency key."""
-        ...
 
 
 M = TypeVar("M", bound=Deduplicable)
@@ -140,11 +134,7 @@ M = TypeVar("M", bound=Deduplicable)
 
 @dataclass(frozen=True)
 class DedupBound:
-    """How much one flow's dedup windows hold: ``max_ids`` in all, ``keys`` windows sharing it.
-
-    Each window holds at most ``ceil(max_ids / keys)`` ids (the keys are shards that spread the
-    ids evenly); the oldest are forgotten first. ``flow`` labels the metrics.
-    """
+    """How much one flow's dedup windows hold: ``max_ids`` in all, shared by ``keys`` windows."""
 
     flow: str
     max_ids: int
@@ -152,7 +142,7 @@ class DedupBound:
 
     @property
     def per_key(self) -> int:
-        """The most ids one key's window holds."""
+        """``ceil(max_ids / keys)``."""
         return max(1, -(-self.max_ids // self.keys))
 
 
@@ -170,11 +160,7 @@ class DedupMeter:
         self._logged_at = -_FULL_LOG_EVERY_SECONDS
 
     def forgot(self, count: int, oldest_expiry: float | None, ttl: float, now: float) -> None:
-        """A window forgot ``count`` ids early (it was full); its oldest id now expires then.
-
-        The log line's ``remembered_s`` is how far back that window reaches now (the TTL, as
-        the bound lets it be: an operator raises the bound when this is too short).
-        """
+        """A full window forgot ``count`` ids early; ``remembered_s``: how far back it reaches."""
         self._forgotten.inc(count)
         self._since_log += count
         if now - self._logged_at >= _FULL_LOG_EVERY_SECONDS:
@@ -188,14 +174,9 @@ class DedupMeter:
 class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     """Per-key dedup: passes a message on once per ``dedup_id`` within the TTL.
 
-    An optimisation only (the database's idempotency marks decide). Duplicates are dropped and
-    reported to ``on_duplicate``, not passed on as ``None``. Expired ids are evicted by a timer;
-    a key whose window empties is discarded. The snapshot is the key's packed window (two
-    ``bytes``, ``len(dedup_id) + 4`` bytes per id), so snapshot cost follows the keys touched in
-    an epoch, not the total number of ids remembered. With a ``meter`` (of its flow's
-    :class:`DedupBound`), the window holds at most ``bound.per_key`` ids, forgetting the oldest
-    first; the ids held are the ``user_activity_dedup_ids`` gauge, the early forgets the
-    ``user_activity_dedup_forgotten_early_total`` counter.
+    Duplicates are reported to ``on_duplicate`` and dropped. Expired ids are evicted by a timer;
+    a key whose window empties is discarded; the snapshot is the packed window. With a
+    ``meter``, the window holds at most ``bound.per_key`` ids (oldest forgotten first).
     """
 
     def __init__(
@@ -234,7 +215,6 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
         return [], len(self._window) == 0
 
     def _count(self, now: float) -> None:
-        """Move the flow's gauge by this window's change; report ids it forgot early."""
         meter = self._meter
         if meter is None:
             return
@@ -264,10 +244,7 @@ def deduplicated(
     on_duplicate: Callable[[M], None],
     bound: DedupBound | None = None,
 ) -> Stream[tuple[str, M]]:
-    """``keyed`` without the messages seen within ``ttl`` for the same key.
-
-    ``bound``: each key's window holds at most ``bound.per_key`` ids (oldest forgotten first).
-    """
+    """``keyed`` without the messages seen within ``ttl`` for the same key (:class:`DedupLogic`)."""
     meter = None if bound is None else DedupMeter(bound)
     return op.stateful_batch(
         step_id, keyed, lambda state: DedupLogic(ttl, state, on_duplicate, meter)
