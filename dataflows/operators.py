@@ -36,15 +36,8 @@ def configured_start(settings: Settings) -> StartPosition:
 def log_consumer_error(error: ConsumerError) -> None:
     """Count and log a consumer error (never raised: librdkafka recovers by itself)."""
     CONSUMER_ERRORS.labels(topic=error.topic, code=error.code).inc()
-    log_event(
-        logger,
-        "kafka-consumer-error",
-        logging.ERROR if error.fatal else logging.WARNING,
-        topic=error.topic,
-        partition=error.partition,
-        code=error.code,
-        reason=error.reason,
-    )
+    log_event(logger, "kafka-consumer-error", logging.ERROR if error.fatal else logging.WARNING,
+              topic=error.topic, partition=error.partition, code=error.code, reason=error.reason)
 
 
 def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
@@ -52,15 +45,8 @@ def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
 
 
 def kafka_inputs(
-    flow: Dataflow,
-    settings: Settings,
-    inputs: list[tuple[str, str]],
-    start: StartPosition,
-    retries: Counter,
-    *,
-    flow_name: str,
-    consumer_group: str,
-    process: Process,
+    flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]], start: StartPosition,
+    retries: Counter, *, flow_name: str, consumer_group: str, process: Process,
     alignment: EventTimeAlignment | None = None,
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
@@ -71,49 +57,22 @@ def kafka_inputs(
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
-        op.input(
-            step_id,
-            flow,
-            KafkaInput(
-                settings.kafka_client_config(),
-                topic,
-                process=process,
-                start=start,
-                tail=settings.tail,
-                batch_size=settings.source_batch_size,
-                stuck_after=settings.source_stuck_seconds,
-                fetch_wait_ms=settings.source_fetch_wait_ms,
-                receive_max_bytes=settings.source_receive_max_bytes,
-                partition_check=settings.source_partition_check_seconds,
-                backoff=backoff,
-                count_retry=retries.inc,
-                consumer_group=consumer_group,
-                flow=flow_name,
-                alignment=alignment,
-            ),
-        )
+        op.input(step_id, flow, KafkaInput(
+            settings.kafka_client_config(), topic, process=process, start=start,
+            tail=settings.tail, batch_size=settings.source_batch_size,
+            stuck_after=settings.source_stuck_seconds,
+            fetch_wait_ms=settings.source_fetch_wait_ms,
+            receive_max_bytes=settings.source_receive_max_bytes,
+            partition_check=settings.source_partition_check_seconds, backoff=backoff,
+            count_retry=retries.inc, consumer_group=consumer_group, flow=flow_name,
+            alignment=alignment))
         for step_id, topic in inputs
     ]
     return streams[0] if len(streams) == 1 else op.merge("merge_inputs", *streams)
 
 
-def kafka_records(
-    flow: Dataflow,
-    settings: Settings,
-    inputs: list[tuple[str, str]],
-    start: StartPosition,
-    retries: Counter,
-    *,
-    flow_name: str,
-    consumer_group: str,
-    process: Process,
-    alignment: EventTimeAlignment | None = None,
-) -> Stream[SourceRecord]:
-    """:func:`kafka_inputs` with the consumer errors logged."""
-    consumed = kafka_inputs(
-        flow, settings, inputs, start, retries, flow_name=flow_name,
-        consumer_group=consumer_group, process=process, alignment=alignment,
-    )
+def without_consumer_errors(consumed: Stream[InputItem]) -> Stream[SourceRecord]:
+    """The records of ``consumed``; its consumer errors go to :func:`log_consumer_error`."""
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
     )
@@ -179,13 +138,8 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     ``meter``, the window holds at most ``bound.per_key`` ids (oldest forgotten first).
     """
 
-    def __init__(
-        self,
-        ttl: float,
-        state: DedupState | None,
-        on_duplicate: Callable[[M], None],
-        meter: DedupMeter | None = None,
-    ) -> None:
+    def __init__(self, ttl: float, state: DedupState | None, on_duplicate: Callable[[M], None],
+                 meter: DedupMeter | None = None) -> None:
         self._ttl = ttl
         self._window = DedupWindow(
             ttl, state, max_ids=None if meter is None else meter.bound.per_key)
@@ -237,13 +191,9 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
         return self._window.snapshot()
 
 
-def deduplicated(
-    step_id: str,
-    keyed: Stream[tuple[str, M]],
-    ttl: float,
-    on_duplicate: Callable[[M], None],
-    bound: DedupBound | None = None,
-) -> Stream[tuple[str, M]]:
+def deduplicated(step_id: str, keyed: Stream[tuple[str, M]], ttl: float,
+                 on_duplicate: Callable[[M], None], bound: DedupBound | None = None,
+                 ) -> Stream[tuple[str, M]]:
     """``keyed`` without the messages seen within ``ttl`` for the same key (:class:`DedupLogic`)."""
     meter = None if bound is None else DedupMeter(bound)
     return op.stateful_batch(
@@ -254,11 +204,6 @@ def deduplicated(
 def warn_version_mismatch(message: Any, fields: Callable[[Any], dict[str, Any]]) -> Any:
     """Log ``contract-version-mismatch`` for a message of another Version, and pass it on."""
     if message.version_mismatch:
-        log_event(
-            logger,
-            "contract-version-mismatch",
-            logging.WARNING,
-            version=message.envelope.version,
-            **fields(message),
-        )
+        log_event(logger, "contract-version-mismatch", logging.WARNING,
+                  version=message.envelope.version, **fields(message))
     return message

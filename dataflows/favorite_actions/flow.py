@@ -176,13 +176,9 @@ class FavoritesSinks:
 
 
 def build_flow(
-    settings: Settings,
-    *,
-    source: Source[InputItem] | None = None,
-    sinks: FavoritesSinks | None = None,
-    start: StartPosition | None = None,
-    topics: Sequence[str] | None = None,
-    process: Process | None = None,
+    settings: Settings, *, source: Source[InputItem] | None = None,
+    sinks: FavoritesSinks | None = None, start: StartPosition | None = None,
+    topics: Sequence[str] | None = None, process: Process | None = None,
     publisher: Publishing | None = None,
 ) -> Dataflow:
     """The favorites dataflow for ``settings``; building it has no side effects.

@@ -87,15 +87,9 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
         super().__init__(
-            settings,
-            process,
-            publisher,
-            name=f"user-activity-favorites-{part}",
-            dlq_topic=settings.topic_favorites_dlq,
-            dlq_counter=FAVORITES_DLQ,
-            retries_counter=FAVORITES_RETRIES,
-            logger=logger,
-            flow="favorites",
+            settings, process, publisher, name=f"user-activity-favorites-{part}",
+            dlq_topic=settings.topic_favorites_dlq, dlq_counter=FAVORITES_DLQ,
+            retries_counter=FAVORITES_RETRIES, logger=logger, flow="favorites",
             lag=INPUT_PROGRESS,
         )
         waits = settings.favorites_session_wait_seconds if settings.tail else 0

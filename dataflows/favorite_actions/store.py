@@ -78,12 +78,8 @@ class FavoritesStore:
     """Writes batches of favorites messages to PostgreSQL, one transaction each."""
 
     def __init__(
-        self,
-        action_tracked_topic: str,
-        new_id: Callable[[], UUID] = uuid_compat.uuid7,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        *,
-        wait_seconds: int = 0,
+        self, action_tracked_topic: str, new_id: Callable[[], UUID] = uuid_compat.uuid7,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC), *, wait_seconds: int = 0,
     ) -> None:
         """``wait_seconds``: how long a message without a session waits for one (0: skipped)."""
         self._topic = action_tracked_topic

@@ -30,8 +30,9 @@ from dataflows.operators import (
     DedupBound,
     configured_start,
     deduplicated,
-    kafka_records,
+    kafka_inputs,
     warn_version_mismatch,
+    without_consumer_errors,
 )
 from dataflows.session_linking.decode import (
     DecodedSignIn,
@@ -157,11 +158,11 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
     if source is not None:
         records: Stream[SourceRecord] = op.input("user_signed_in_input", flow, source)
     else:
-        records = kafka_records(
+        records = without_consumer_errors(kafka_inputs(
             flow, settings, [("user_signed_in_input", settings.topic_user_signed_in)],
             start or configured_start(settings), SESSION_LINKING_RETRIES,
             flow_name="session-linking", consumer_group=settings.consumer_group_session_linking,
-            process=process, alignment=alignment)
+            process=process, alignment=alignment))
 
     max_skew = timedelta(seconds=settings.session_linking_max_clock_skew_seconds)
     decoded = op.map("decode_sign_in", records, _decoder(max_skew))
