@@ -66,7 +66,6 @@ def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(line for line in text.strip().splitlines()[-lines:] if line.strip())
 
 
-
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
@@ -159,7 +158,6 @@ def _wait_ready(client_config: Mapping[str, Any], deadline: float,
 def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6) -> None:
     """Create ``topics`` (existing ones are left as they are) and wait until all are led."""
     ensure_topics({"bootstrap.servers": bootstrap}, list(dict.fromkeys(topics)), partitions)
-
 
 
 def start_nodes(nodes: Sequence[KafkaBroker], client_config: Mapping[str, Any], *,
@@ -364,7 +362,6 @@ class KafkaBroker:
                 return False
             time.sleep(0.05)
         return True
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -87,7 +87,8 @@ class Kubelet:
         took = {}
         for init in pod.init_containers:
             started = time.monotonic()
-            self.run_to_completion(init, init_timeout)
+            self.run(init)
+            self.completed(init.name, init_timeout)
             took[init.name.split(".")[-1]] = round(time.monotonic() - started, 1)
         for container in pod.containers.values():
             self.run(container)
@@ -105,11 +106,6 @@ class Kubelet:
         """``docker run --detach`` (a leftover container of that name is removed first)."""
         self.docker("rm", "--force", container.name, check=False)
         self.docker(*container.args)
-
-    def run_to_completion(self, container: Container, timeout: float) -> str:
-        """Run ``container``; :meth:`completed`."""
-        self.run(container)
-        return self.completed(container.name, timeout)
 
     def completed(self, name: str, timeout: float) -> str:
         """The log once ``name`` stopped for good with exit 0, else :class:`ContainerFailed`."""
