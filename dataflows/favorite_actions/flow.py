@@ -7,10 +7,8 @@
     favorite_removed_input┘                                   └─ dedup_by_message_id
                                                       ─ record_action_history (Postgres + outbox)
 
-One input step per topic, so either can be replayed on its own. The stream is keyed by the
-owner's shard: one owner's messages stay in order, deduplicated by one window and written by
-one sink partition. Exactly-once effect = at-least-once input (offsets in Bytewax snapshots) +
-idempotent transactional writes.
+One input step per topic (either can be replayed alone); keyed by owner shard, so one owner's
+messages stay in order. Exactly-once effect = offsets in snapshots + idempotent writes.
 """
 
 from __future__ import annotations

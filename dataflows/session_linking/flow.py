@@ -7,10 +7,8 @@
                                            └─ key_by_device_shard ─ dedup_by_message_id
                   ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
 
-The dedup and reorder steps are keyed by the device's shard (:data:`DEVICE_SHARDS`): one
-device's sign-ins go to one worker, in SignedInAt order (:mod:`.reorder`); the sink's row locks
-make it safe against any other writer. Exactly one effect per sign-in = at-least-once input
-(offsets in Bytewax snapshots) + the idempotency mark in the linking transaction.
+Keyed by device shard: one device's sign-ins go to one worker, in SignedInAt order. Exactly
+one effect per sign-in = offsets in snapshots + the idempotency mark in the transaction.
 """
 
 from __future__ import annotations
