@@ -35,7 +35,8 @@ class DedupWindow:
     - ``admit`` of an id before its expiry ``ceil(now + ttl)`` returns False and does not
       extend it; expiries never go backwards (a clock going back keeps the latest one).
     - An id is forgotten when its expiry has come (at the next ``admit`` or ``evict``), or as
-      the oldest beyond ``max_ids`` (counted in :attr:`forgotten_early`); nothing else is.
+      the oldest beyond ``max_ids``, also in a restored state (counted in
+      :attr:`forgotten_early`); nothing else is.
     - All ids of one window have one length; another raises ``ValueError``. ``now + ttl`` must
       fit a uint32 of seconds, else ``OverflowError``.
 
