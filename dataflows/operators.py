@@ -15,11 +15,13 @@ from bytewax.operators import StatefulBatchLogic
 from prometheus_client import Counter
 
 from dataflows.dedup import DedupState, DedupWindow
+from runtime import tracing
 from runtime.backoff import Backoff
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
 from runtime.process import Process
 from runtime.settings import Settings, StartingOffset
+from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.alignment import EventTimeAlignment
 from sources.kafka_input import InputItem, KafkaInput, StartPosition
@@ -207,3 +209,8 @@ def warn_version_mismatch(message: Any, fields: Callable[[Any], dict[str, Any]])
         log_event(logger, "contract-version-mismatch", logging.WARNING,
                   version=message.envelope.version, **fields(message))
     return message
+
+
+def trace_poison(letter: DeadLetter) -> None:
+    """The span of a record dead-lettered at decode, when it is sampled."""
+    tracing.finish_alone(letter.record, "dead-lettered", error=letter.reason.value)

@@ -33,13 +33,14 @@ from dataflows.favorite_actions.decode import (
 )
 from dataflows.favorite_actions.dry_run import DryRunActionSink
 from dataflows.favorite_actions.sink import ActionHistorySink, message_fields
-from dataflows.favorite_actions.traces import trace_duplicate, trace_poison, trace_skipped
+from dataflows.favorite_actions.traces import trace_duplicate, trace_skipped
 from dataflows.operators import (
     DedupBound,
     configured_start,
     deduplicated,
     kafka_inputs,
     log_consumer_error,
+    trace_poison,
     warn_version_mismatch,
 )
 from runtime.bytewax_0_21.steps import sink_step_id

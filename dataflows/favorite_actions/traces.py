@@ -9,13 +9,10 @@ from dataflows.favorite_actions.decode import FavoriteMessage, Skipped
 from dataflows.favorite_actions.store import BatchOutcome
 from runtime import tracing
 from runtime.tracing import DatabaseWork, Handled
-from schemas.dlq_letter import DeadLetter
 
 RECORDED = "recorded"
 DUPLICATE = "duplicate"
-INVALID_OWNER = "invalid-owner"
 NO_SESSION = "no-session"
-DEAD_LETTERED = "dead-lettered"
 
 
 def _handled(message: FavoriteMessage, outcome: str, **attributes: str) -> Handled | None:
@@ -72,7 +69,3 @@ def trace_skipped(skipped: Skipped) -> None:
         error="not exactly one of UserId / AnonymousId, or an empty GUID",
     )
 
-
-def trace_poison(letter: DeadLetter) -> None:
-    """A record dead-lettered at decode."""
-    tracing.finish_alone(letter.record, DEAD_LETTERED, error=letter.reason.value)

@@ -29,6 +29,7 @@ from dataflows.operators import (
     configured_start,
     deduplicated,
     kafka_inputs,
+    trace_poison,
     warn_version_mismatch,
     without_consumer_errors,
 )
@@ -44,7 +45,7 @@ from dataflows.session_linking.dry_run import DryRunLinkSink
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
 from dataflows.session_linking.reorder import ReorderLogic
 from dataflows.session_linking.sink import SessionLinkSink
-from dataflows.session_linking.traces import trace_duplicate, trace_invalid, trace_poison
+from dataflows.session_linking.traces import trace_duplicate, trace_invalid
 from runtime.bytewax_0_21.steps import sink_step_id
 from runtime.logs import log_event
 from runtime.metrics import SESSION_LINKING_DLQ, SESSION_LINKING_OUTCOMES, SESSION_LINKING_RETRIES

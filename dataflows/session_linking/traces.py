@@ -11,9 +11,6 @@ from dataflows.session_linking.decode import InvalidSignIn, SignInMessage
 from dataflows.session_linking.linking import LinkOutcome, LinkResult
 from runtime import tracing
 from runtime.tracing import DatabaseWork, Handled
-from schemas.dlq_letter import DeadLetter
-
-DEAD_LETTERED = "dead-lettered"
 
 
 def _handled(result: LinkResult) -> Handled | None:
@@ -61,7 +58,3 @@ def trace_invalid(invalid: InvalidSignIn) -> None:
     tracing.finish_alone(invalid.record, LinkOutcome.INVALID.value,
                          message_id=str(invalid.envelope.message_id), error="an empty GUID")
 
-
-def trace_poison(letter: DeadLetter) -> None:
-    """A record dead-lettered at decode."""
-    tracing.finish_alone(letter.record, DEAD_LETTERED, error=letter.reason.value)
