@@ -13,16 +13,6 @@ FOLDERS = ("schemas", "runtime", "sources", "sinks", "dataflows", "cli", "devenv
 MAX_LINES = 12
 
 NOT_YET_TRIMMED = {
-    "dataflows/dedup.py",
-    "dataflows/favorite_actions/flow.py",
-    "dataflows/favorite_actions/store.py",
-    "dataflows/favorite_actions/wire.py",
-    "dataflows/session_linking/flow.py",
-    "dataflows/session_linking/reorder.py",
-    "devenv/deploy/pods.py",
-    "devenv/harness/jobs.py",
-    "devenv/kafka_cluster.py",
-    "devenv/postgres_server.py",
     "sinks/dead_letters.py",
     "sinks/deferred_statement.py",
     "sinks/errors.py",
