@@ -30,9 +30,7 @@ def write_isolating_poison(
     """Write ``items``; return the results of the successful writes and the poisoned items."""
     results: list[R] = []
     poisoned: list[Poisoned[T]] = []
-    if items:
-        # A plain recursive function, not a self-referencing closure: a closure cycle would keep
-        # every written batch alive until the next full garbage collection.
+    if items:  # not a recursive closure: its cycle would keep every batch until a full GC
         _write_halving(items, write, attempts, results, poisoned)
     return results, poisoned
 

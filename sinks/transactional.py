@@ -1,15 +1,11 @@
 """The Bytewax sink partition shared by the flows: each batch in one transaction, or the DLQ.
 
-- ``write_batch`` returns only after the batch's transaction committed (and its poison was
-  acknowledged by the DLQ topic); Bytewax snapshots the input offsets only after the sinks
-  returned at the end of an epoch, so a crash loses nothing.
-- Items go by key (one owner or device shard) to one of ``sink_partitions`` fixed partitions,
-  one connection each: one key's messages are written in order by one partition.
-- Infrastructure failures (:mod:`sinks.errors`) are retried forever with back-off; the worker
-  blocks (back-pressure), the partition is paused in health, nothing goes to the DLQ.
-- A data error or an unexpected exception: the batch is bisected; a message failing alone
-  ``poison_attempts`` times is dead-lettered and its batch-mates are written.
-- The outbox rows of a committed batch are offered to the process's publisher at once.
+``write_batch`` returns only after the batch committed (and its poison was acknowledged by the
+DLQ topic): Bytewax snapshots input offsets after the sinks returned, so a crash loses nothing.
+Items go by key to one of ``sink_partitions`` partitions (one connection each, one key's messages
+in order). Infrastructure failures are retried forever with back-off (the worker blocks, health
+paused); a data error or an unexpected exception bisects the batch, and a message failing alone
+``poison_attempts`` times is dead-lettered. A committed batch's outbox rows are offered at once.
 """
 
 from __future__ import annotations
@@ -47,17 +43,13 @@ class _Created(Protocol):
 
 
 class FromRecord(Protocol):
-    """A message that knows the Kafka record it came from (what a dead letter re-sends)."""
+    """A message that knows its Kafka record (what a dead letter re-sends) and its envelope."""
 
     @property
-    def record(self) -> SourceRecord:
-        """The consumed record."""
-        ...
+    def record(self) -> SourceRecord: ...  # noqa: D102
 
     @property
-    def envelope(self) -> _Created:
-        """Its envelope (CreatedAt: the flow's lag)."""
-        ...
+    def envelope(self) -> _Created: ...  # noqa: D102
 
 
 class FlowLag(Protocol):
@@ -84,10 +76,7 @@ T = TypeVar("T")
 
 
 class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
-    """``sink_partitions`` fixed partitions; the snapshot state is ``None`` (only a barrier).
-
-    ``publisher``: the process's outbox publisher (None: rows wait for another process's).
-    """
+    """``sink_partitions`` fixed partitions; ``publisher`` None: another process's publishes."""
 
     def __init__(self, settings: Settings, process: Process,
                  publisher: Publishing | None = None) -> None:
@@ -111,11 +100,7 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
 
 
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
-    """One partition's connection, DLQ producer and share of the outbox publisher.
-
-    Subclasses say how a batch is written in one transaction (``write``), how a committed
-    result is reported (``report``) and which log fields name a message (``fields``).
-    """
+    """One partition's connection, DLQ producer and share of the outbox publisher."""
 
     def __init__(
         self,
@@ -131,7 +116,6 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         flow: str,
         lag: FlowLag | None = None,
     ) -> None:
-        """``lag`` is told what the partition holds, for ``flow``'s lag gauge."""
         self._settings = settings
         self._process = process
         self._health = process.health
@@ -164,7 +148,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     @override
     def write_batch(self, values: list[M]) -> None:
-        """Commit ``values`` (retrying outages, isolating poison); return after the commit."""
+        """Commit ``values`` (module doc); return after the commit."""
         self._write_now(values)
         self._health.beat()
 
