@@ -30,7 +30,12 @@ from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.process import Process
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter, LetterForm, next_form
-from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
+from sinks.errors import (
+    DeliveryFailedError,
+    is_infrastructure_error,
+    is_record_error,
+    kafka_error_of,
+)
 from sinks.kafka_producer import KafkaProducer, OutgoingRecord, Sending
 
 logger = logging.getLogger(__name__)
@@ -60,11 +65,8 @@ _UNREACHABLE_CODES = frozenset({
 
 def is_kafka_unreachable(exc: BaseException) -> bool:
     """True when ``exc`` says Kafka could not be reached (not: it answered with a refusal)."""
-    if isinstance(exc, TimeoutError):
-        return True
-    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-        return exc.args[0].code() in _UNREACHABLE_CODES
-    return False
+    err = kafka_error_of(exc) if isinstance(exc, KafkaException) else None
+    return isinstance(exc, TimeoutError) or (err is not None and err.code() in _UNREACHABLE_CODES)
 
 
 @dataclass(slots=True)
@@ -79,10 +81,8 @@ class _Pending:
 class DeadLetterPublisher:
     """Sends dead letters to one DLQ topic and counts them."""
 
-    def __init__(
-        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
-        *, name: str, process: Process,
-    ) -> None:
+    def __init__(self, settings: Settings, topic: str, dlq_counter: Counter,
+                 retries_counter: Counter, *, name: str, process: Process) -> None:
         self._topic = topic
         self._process = process
         self._name = name  # the waiter a Kafka outage pauses (health)
@@ -216,7 +216,7 @@ class DeadLetterPublisher:
         try:
             limit = self._retry(read, is_kafka_unreachable)
         except Exception as exc:  # noqa: BLE001 - any answer but "unreachable": use the default
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = kafka_error_of(exc)
             log_event(logger, "dlq-limit-unknown", logging.WARNING, dlq_topic=self._topic,
                       error=type(exc).__name__, code=None if err is None else err.name(),
                       limit=DEFAULT_TOPIC_LIMIT)
@@ -251,10 +251,8 @@ class DeadLetterPublisher:
 class DeadLetterSink(DynamicSink[DeadLetter]):
     """Publishes a flow's dead letters to its DLQ topic (``write_batch`` blocks until acked)."""
 
-    def __init__(
-        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
-        process: Process,
-    ) -> None:
+    def __init__(self, settings: Settings, topic: str, dlq_counter: Counter,
+                 retries_counter: Counter, process: Process) -> None:
         self._publisher_args = (settings, topic, dlq_counter, retries_counter)
         self._process = process
 

@@ -65,13 +65,9 @@ def send(conn: Connection, statement: Positional, params: dict[str, BinaryParame
         raise RuntimeError("a deferred statement needs an idle autocommit connection")
     values = [params[name] for name in statement.names]
     pgconn = conn.pgconn
-    pgconn.send_query_params(
-        statement.text,
-        [bytes(value.data) for value in values],
-        [value.array_oid for value in values],
-        [Format.BINARY] * len(values),
-        Format.BINARY,
-    )
+    pgconn.send_query_params(statement.text, [bytes(value.data) for value in values],
+                             [value.array_oid for value in values],
+                             [Format.BINARY] * len(values), Format.BINARY)
     conn.wait(generators.send(pgconn))
 
 

@@ -16,36 +16,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
 from runtime.shutdown import Shutdown
-from sinks.errors import is_record_error
+from schemas.outbox import OutboxRow
+from sinks.errors import is_record_error, kafka_error_of
 
 logger = logging.getLogger(__name__)
-
-Headers = Sequence[tuple[str, bytes]] | Mapping[str, str | bytes]
-"""Kafka headers: ``(name, value)`` pairs, or a mapping (``str`` values are sent UTF-8 encoded)."""
-
-
-class Producible(Protocol):
-    """What :func:`produce_and_wait` reads of a record (an ``OutboxRow`` is produced as it is)."""
-
-    @property
-    def topic(self) -> str: ...  # noqa: D102
-
-    @property
-    def key(self) -> bytes | None: ...  # noqa: D102
-
-    @property
-    def value(self) -> bytes | None: ...  # noqa: D102
-
-    @property
-    def headers(self) -> Headers: ...  # noqa: D102
-
 
 @dataclass(frozen=True, slots=True)
 class OutgoingRecord:
@@ -55,6 +36,10 @@ class OutgoingRecord:
     key: bytes | None
     value: bytes | None
     headers: Sequence[tuple[str, bytes]] = ()
+
+
+Producible = OutgoingRecord | OutboxRow
+"""What :func:`produce_and_wait` sends (an outbox row as it is; ``str`` header values UTF-8)."""
 
 
 def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> Producer:
@@ -153,15 +138,8 @@ def _hand_over(
             except BufferError:
                 producer.poll(0.05)  # local queue full: serve delivery reports, then retry
             except KafkaException as exc:  # refused before queueing: this record's result
-                refused(index, _error_of(exc))
+                refused(index, kafka_error_of(exc) or KafkaError(KafkaError._FAIL, str(exc)))
                 break
-
-
-def _error_of(exc: KafkaException) -> KafkaError:
-    """The ``KafkaError`` a ``KafkaException`` carries (a generic ``_FAIL`` if none)."""
-    if exc.args and isinstance(exc.args[0], KafkaError):
-        return exc.args[0]
-    return KafkaError(KafkaError._FAIL, str(exc))
 
 
 @dataclass(eq=False, slots=True)

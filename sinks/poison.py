@@ -24,9 +24,8 @@ class Poisoned(Generic[T]):
     attempts: int
 
 
-def write_isolating_poison(
-    items: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int
-) -> tuple[list[R], list[Poisoned[T]]]:
+def write_isolating_poison(items: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int,
+                           ) -> tuple[list[R], list[Poisoned[T]]]:
     """Write ``items``; return the results of the successful writes and the poisoned items."""
     results: list[R] = []
     poisoned: list[Poisoned[T]] = []
@@ -35,13 +34,8 @@ def write_isolating_poison(
     return results, poisoned
 
 
-def _write_halving(
-    batch: Sequence[T],
-    write: Callable[[Sequence[T]], R],
-    attempts: int,
-    results: list[R],
-    poisoned: list[Poisoned[T]],
-) -> None:
+def _write_halving(batch: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int,
+                   results: list[R], poisoned: list[Poisoned[T]]) -> None:
     try:
         results.append(write(batch))
         return

@@ -89,9 +89,8 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
         return [str(i) for i in range(self._settings.sink_partitions)]
 
     @override
-    def build_part(
-        self, step_id: str, for_part: str, resume_state: None
-    ) -> TransactionalPartition[M, Any]:
+    def build_part(self, step_id: str, for_part: str, resume_state: None
+                   ) -> TransactionalPartition[M, Any]:
         return self.build_partition(for_part)
 
     @abstractmethod
@@ -102,20 +101,9 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
     """One partition's connection, DLQ producer and share of the outbox publisher."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        process: Process,
-        publisher: Publishing | None,
-        *,
-        name: str,
-        dlq_topic: str,
-        dlq_counter: Counter,
-        retries_counter: Counter,
-        logger: logging.Logger,
-        flow: str,
-        lag: FlowLag | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, process: Process, publisher: Publishing | None, *,
+                 name: str, dlq_topic: str, dlq_counter: Counter, retries_counter: Counter,
+                 logger: logging.Logger, flow: str, lag: FlowLag | None = None) -> None:
         self._settings = settings
         self._process = process
         self._health = process.health
@@ -177,11 +165,9 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def _write_all(self, messages: list[M]) -> None:
         size = self._settings.sink_batch_max
         for start in range(0, len(messages), size):
-            results, poisoned = write_isolating_poison(
-                messages[start : start + size],
-                self._write_retrying,
-                self._settings.poison_attempts,
-            )
+            batch = messages[start : start + size]
+            results, poisoned = write_isolating_poison(batch, self._write_retrying,
+                                                       self._settings.poison_attempts)
             for result in results:
                 if self._publisher is not None:
                     self._publisher.offer(self.outbox_rows(result))
@@ -209,27 +195,16 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                     self._db.reset()
                 raise
 
-        return retry_forever(
-            once,
-            is_transient=is_infrastructure_error,
-            backoff=self._backoff,
-            on_retry=self._on_retry,
-            on_recovered=self._on_recovered,
-            sleep=self._process.stopping.retry_sleep,
-        )
+        return retry_forever(once, is_transient=is_infrastructure_error, backoff=self._backoff,
+                             on_retry=self._on_retry, on_recovered=self._on_recovered,
+                             sleep=self._process.stopping.retry_sleep)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries.inc()
         self._health.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
-        log_event(
-            self._logger,
-            "postgres-retry",
-            logging.WARNING,
-            error=type(exc).__name__,
-            sqlstate=getattr(exc, "sqlstate", None),
-            attempt=attempt,
-            delay_s=round(delay, 2),
-        )
+        log_event(self._logger, "postgres-retry", logging.WARNING, error=type(exc).__name__,
+                  sqlstate=getattr(exc, "sqlstate", None), attempt=attempt,
+                  delay_s=round(delay, 2))
 
     def _on_recovered(self, attempts: int) -> None:
         self._health.resumed(waiter=self._name)
@@ -239,19 +214,11 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         letters = []
         for p in poisoned:
             reason = DlqReason.DATA_ERROR if is_data_error(p.error) else DlqReason.PROCESSING_ERROR
-            letters.append(
-                DeadLetter.now(p.item.record, reason, type(p.error).__name__, p.attempts)
-            )
-            log_event(
-                self._logger,
-                "record-failed",
-                logging.ERROR,
-                outcome="failed",
-                reason=reason.value,
-                error=type(p.error).__name__,
-                sqlstate=getattr(p.error, "sqlstate", None),
-                **self.fields(p.item),
-            )
+            error = type(p.error).__name__
+            letters.append(DeadLetter.now(p.item.record, reason, error, p.attempts))
+            log_event(self._logger, "record-failed", logging.ERROR, outcome="failed",
+                      reason=reason.value, error=error,
+                      sqlstate=getattr(p.error, "sqlstate", None), **self.fields(p.item))
         self._dlq.publish(letters)
         tracing.finish_messages([
             tracing.Handled(trace, p.item.record, "dead-lettered", error=letter.reason.value)
