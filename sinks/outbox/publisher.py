@@ -238,12 +238,7 @@ class OutboxPublisher:
 
         A row not acknowledged here, or of a held topic, is left to the window.
         """
-        rows: list[OutboxRow] = []
-        while True:  # all of it: a row offered before the next window must not wait for it
-            try:
-                rows.extend(self._offered.get_nowait())
-            except queue.Empty:
-                break
+        rows = self._take_offered()  # all of it: a row offered must not wait for the next window
         if not rows or not self.holds_lease or len(self._sent_early) >= _EARLY_MAX:
             return 0
         rows = [row for row in rows  # a window was quicker, or the topic is held back
@@ -420,13 +415,16 @@ class OutboxPublisher:
         self._lease = conn
         self._held.known(held_topics(conn))  # a previous holder's: their new rows go behind
         self._held_refresh = time.monotonic() + _HELD_REFRESH_SECONDS
-        while True:  # offered while a standby (a race with offer()): the old holder sent them
-            try:
-                self._offered.get_nowait()
-            except queue.Empty:
-                break
+        self._take_offered()  # offered while a standby (a race with offer()): the old holder's
         log_event(logger, "outbox-lease-taken", logging.INFO)
         return True
+
+    def _take_offered(self) -> list[OutboxRow]:
+        rows: list[OutboxRow] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                rows.extend(self._offered.get_nowait())
+        return rows
 
     def _lost_lease(self) -> None:
         """Forget what only the lease holder knows; the connection is opened anew."""

@@ -46,25 +46,20 @@ def _query(name: str) -> str:
 class PartitionCensus:
     """What storage looks like for one partitioned table, as of a UTC ``today``."""
 
-    expired: int
-    """Day partitions past the retention still there (0 right after a good run)."""
-    days_ready: int
-    """Consecutive days from today on with their partition (0: today's rows go to DEFAULT)."""
+    expired: int  # day partitions past the retention still there
+    days_ready: int  # consecutive days from today with their partition (0: today's in DEFAULT)
 
 
 @dataclass
 class MaintenanceReport:
     """What one run did."""
 
-    ran: bool = True
-    """False when another run held the lock (this one did nothing)."""
+    ran: bool = True  # False: another run held the lock
     created: int = 0
     dropped: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    """Expired outbox partitions kept: rows in them are not published yet (or not lockable)."""
+    kept: list[str] = field(default_factory=list)  # expired, with unpublished rows (or locked)
     deleted_rows: int = 0
-    census: dict[str, PartitionCensus] = field(default_factory=dict)
-    """Per table, after the run (:func:`run_maintenance` only)."""
+    census: dict[str, PartitionCensus] = field(default_factory=dict)  # run_maintenance's
 
 
 def run_maintenance(settings: Settings, conn: Connection | None = None, *,
