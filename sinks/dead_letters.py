@@ -99,11 +99,7 @@ class DeadLetterPublisher:
         return self._limit
 
     def publish(self, letters: Sequence[DeadLetter]) -> None:
-        """Send ``letters``; return once all are acknowledged (retrying forever).
-
-        A letter refused with a record error is reduced and sent again at once; a service
-        error pauses with back-off and retries only the letters not delivered yet.
-        """
+        """Send ``letters``; return once all are acknowledged or unwritable (module doc)."""
         if not letters:
             return
         producer = self._ensure_producer()

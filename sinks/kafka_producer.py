@@ -43,11 +43,7 @@ Producible = OutgoingRecord | OutboxRow
 
 
 def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> Producer:
-    """An idempotent ``acks=all`` producer with the service's connection/TLS/SASL settings.
-
-    Its ``error_cb`` logs client errors (``kafka-producer-fatal`` for a fatal one), then calls
-    the ``error_cb`` of ``overrides`` if any.
-    """
+    """An idempotent ``acks=all`` producer; its ``error_cb`` logs, then calls the given one."""
     client_id = f"{settings.kafka_client_id}-{client_suffix}"
     chained: Callable[[KafkaError], None] | None = overrides.pop("error_cb", None)
 
@@ -78,14 +74,11 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
 
 def produce_and_wait(producer: Producer, records: Sequence[Producible], timeout: float = 35.0,
                      *, stopping: Shutdown | None = None) -> list[KafkaError | None]:
-    """Produce ``records`` and wait until all are settled; the i-th result is i's error.
+    """Produce ``records`` and wait until all are settled; the i-th result is i's error (or None).
 
-    ``None`` means acknowledged. A record ``produce()`` refuses (``KafkaException``) gets that
-    error, the others are still sent; a full local queue is served and the record retried. The
-    producer reports failures only (``delivery.report.only.error``): one callback serves the
-    call and maps a report back to its record by ``(topic, key, value)``; equal records, or a
-    report that matches none, fail together (a retry, the safe direction). Anything in flight
-    after ``timeout`` (less past a requested stop's grace) fails every record (``_TIMED_OUT``).
+    Failures only are reported (one callback, a report mapped back by ``(topic, key, value)``):
+    equal records, or a report that matches none, fail together (a retry, the safe direction).
+    Anything in flight after ``timeout`` (less past a stop's grace) fails every record.
     """
     results: list[KafkaError | None] = [None] * len(records)
     by_content: dict[tuple[str | None, bytes | None, bytes | None], list[int]] | None = None
@@ -164,9 +157,7 @@ class Sending:
 class KafkaProducer:
     """A producer built on first use; its fatal state requests a restart (module doc).
 
-    ``exact_reports=True`` turns success reports on, for :meth:`send` and :meth:`wait` (the DLQ):
-    a record the broker acknowledged is never reported failed. ``stopping`` bounds the waits
-    by a requested stop's grace.
+    ``exact_reports``: success reports on, for :meth:`send` and :meth:`wait` (the DLQ).
     """
 
     def __init__(self, settings: Settings, client_suffix: str, *, stopping: Shutdown,

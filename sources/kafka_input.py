@@ -74,11 +74,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
         flow: str = "", alignment: EventTimeAlignment | None = None,
     ) -> None:
-        """``stuck_after``, ``partition_check``: seconds between checks (0: none).
-
-        ``consumer_group``: where offsets are also committed (empty: nowhere); ``flow``: the
-        lag gauge fed; ``alignment``: event-time order across the partitions.
-        """
+        """``stuck_after``, ``partition_check``: seconds between checks (0: none)."""
         self.client_config: dict[str, Any] = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
         self.topic, self.process, self.tail = topic, process, tail
