@@ -27,7 +27,7 @@ from confluent_kafka import (
 
 from cli import table
 from cli.migrate import MIGRATIONS_DIR
-from cli.topics import admin_client, own_topics
+from cli.topics import admin_client, outbox_topics, own_topics
 from runtime.settings import Settings
 
 FLOWS = ("favorites", "session-linking")
@@ -84,7 +84,7 @@ def needs(settings: Settings, flows: tuple[str, ...]) -> tuple[dict[str, str], d
                    settings.topic_session_linking_dlq: "WRITE"}
         groups[settings.consumer_group_session_linking] = "READ"
     if settings.outbox_enabled:
-        topics |= dict.fromkeys(own_topics(settings)[:4], "WRITE")  # the outbox's outputs
+        topics |= dict.fromkeys(outbox_topics(settings), "WRITE")
     if settings.start_from_group:
         groups[settings.start_from_group] = "DESCRIBE"
     groups.pop("", None)  # no group: no commits

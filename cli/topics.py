@@ -31,11 +31,17 @@ from runtime.settings import Settings
 MIN_ISR = "min.insync.replicas"
 
 
+def outbox_topics(settings: Settings) -> list[str]:
+    """The outbox's outputs (the session lifecycle topics only while published)."""
+    lifecycle = [settings.topic_session_started, settings.topic_session_ended] \
+        if settings.publish_session_lifecycle else []
+    return [settings.topic_action_tracked, settings.topic_session_linked, *lifecycle]
+
+
 def own_topics(settings: Settings) -> list[str]:
     """The topics this service writes and owns: the outbox's outputs and the dead letters."""
-    return [settings.topic_action_tracked, settings.topic_session_linked,
-            settings.topic_session_started, settings.topic_session_ended,
-            settings.topic_favorites_dlq, settings.topic_session_linking_dlq]
+    return [*outbox_topics(settings), settings.topic_favorites_dlq,
+            settings.topic_session_linking_dlq]
 
 
 def input_topics(settings: Settings) -> list[str]:

@@ -41,6 +41,7 @@ class Housekeeping:
     def every(self, seconds: float, name: str, call: Callable[[], object]) -> None:
         """Run ``call`` every ``seconds`` (the first run ``seconds`` after :meth:`start`)."""
         if seconds > 0:
+            BACKGROUND_ERRORS.labels(task=name)  # the series exists (at 0) before any failure
             self._tasks.append(_Task(name, seconds, call, time.monotonic() + seconds))
 
     def start(self) -> None:
