@@ -16,7 +16,8 @@ pytestmark = pytest.mark.e2e
 
 # the flow is built as `python -m bytewax.run` builds it; then the threads of the process
 _PROBE = ("import threading, dataflows.favorite_actions as job; job.flow;"
-          " print(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()))")
+          " main = threading.main_thread();"
+          " print(sorted(t.name for t in threading.enumerate() if t is not main))")
 _ROOTS = ["housekeeping", "http", "outbox-publisher", "stop-deadline"]
 
 
