@@ -1,9 +1,8 @@
 """Operator commands of the user-activity stream: user-activity COMMAND (or python -m cli).
 
-Settings are the USER_ACTIVITY_* variables (docs/configuration.md); a bad one is one line naming
-it, exit 2. Exit 75: PostgreSQL or Kafka down, or not answering within 10 s: run it again (every
-command is idempotent). Exit 2: refused (a missing right, a replication factor above the
-brokers, a problem check found). COMMAND --help says more.
+Settings are the USER_ACTIVITY_* variables (docs/configuration.md). Every command is idempotent.
+Exit codes: 0 done; 2 refused (a bad setting, a missing right, a problem check found);
+75 PostgreSQL or Kafka down or silent for 10 s: run it again. COMMAND --help says more.
 """
 
 from __future__ import annotations
@@ -20,13 +19,10 @@ from runtime.logs import configure_logging
 from runtime.settings import Settings
 
 CONNECT_TIMEOUT_S = 10
-"""How long a command waits for PostgreSQL or Kafka to answer its first call."""
 UNAVAILABLE = 75
-"""The exit code of a command its service did not answer: run it again."""
 
 
 def _at_least_one(text: str) -> int:
-    """A whole number >= 1 (a store of no partitions fails every start of the job)."""
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return int(text)
@@ -100,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _postgres_unavailable(exc: BaseException) -> bool:
-    """Whether a PostgreSQL error says the service is not there (run it again), not a bug.
-
-    A failed connect (no SQLSTATE), or an infrastructure class other than 42 (a migration's SQL).
-    """
+    # a failed connect (no SQLSTATE), or an infrastructure class other than 42 (a migration's)
     from sinks.errors import is_infrastructure_error
 
     state = getattr(exc, "sqlstate", None)
@@ -111,10 +104,7 @@ def _postgres_unavailable(exc: BaseException) -> bool:
 
 
 def _kafka_unavailable(exc: BaseException) -> bool:
-    """Whether a Kafka error says the broker is not there or not answering (run it again).
-
-    Anything else (authentication, authorization, a policy) is refused: exit 2.
-    """
+    # the broker is not there or not answering; anything else (a right, a policy) is refused
     from confluent_kafka import KafkaError
 
     error = exc.args[0] if exc.args else None

@@ -1,14 +1,10 @@
 """Check what the job needs, before it starts: one table, then one line per problem.
 
-Kafka, with the job's own settings and principal: each topic the flow reads or writes exists
-(partitions, replication factor), and the broker says this principal may READ the inputs and the
-consumer groups, WRITE every output and dead-letter topic, DESCRIBE
-USER_ACTIVITY_START_FROM_GROUP. Those rights are the broker's own verdict (the authorized
-operations of each topic and group, KIP-430: prefixed and wildcard ACLs count), read with no
-right to describe ACLs and nothing written. PostgreSQL: it connects, the role's privileges on
-what the job uses, every migration applied (ones this image does not know are shown, not
-refused: an expand-first release). Exit 0: complete; 2: problems (one line each on stderr);
-75: Kafka or PostgreSQL did not answer.
+Kafka, as the job's principal: each topic exists, and the broker's own verdict (KIP-430
+authorized operations) lets it READ the inputs and groups, WRITE the outputs and dead letters,
+DESCRIBE USER_ACTIVITY_START_FROM_GROUP; nothing is written. PostgreSQL: it connects, the role's
+privileges, every migration applied (unknown newer ones are shown, not refused).
+Exit 0: complete; 2: problems (one line each on stderr); 75: Kafka or PostgreSQL did not answer.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from confluent_kafka import (
 
 from cli import table
 from cli.migrate import MIGRATIONS_DIR
-from cli.topics import admin_client, own_topics
+from cli.topics import admin_client, outbox_topics, own_topics
 from runtime.settings import Settings
 
 FLOWS = ("favorites", "session-linking")
@@ -46,13 +42,10 @@ TABLES = {
     "sign_in_conflicts": "SELECT, INSERT, DELETE",
     "stream_stops": "SELECT, INSERT",
 }
-"""The privileges the job's statements need, per table of schema ``user_activity``."""
 MAINTAINED = ("outbox", "consumer_idempotency_marks")
-"""Tables whose daily partitions the job creates and drops (it must own them)."""
 MAINTENANCE_FUNCTION = "user_activity.ensure_daily_partitions(date, date)"
 
 Row = tuple[str, str, bool, str]
-"""A line of the table: kind, name, ok, what was found."""
 
 
 def run(settings: Settings, flows: Iterable[str] = FLOWS, out: TextIO | None = None) -> int:
@@ -84,7 +77,7 @@ def needs(settings: Settings, flows: tuple[str, ...]) -> tuple[dict[str, str], d
                    settings.topic_session_linking_dlq: "WRITE"}
         groups[settings.consumer_group_session_linking] = "READ"
     if settings.outbox_enabled:
-        topics |= dict.fromkeys(own_topics(settings)[:4], "WRITE")  # the outbox's outputs
+        topics |= dict.fromkeys(outbox_topics(settings), "WRITE")
     if settings.start_from_group:
         groups[settings.start_from_group] = "DESCRIBE"
     groups.pop("", None)  # no group: no commits
@@ -130,12 +123,10 @@ def kafka_rows(settings: Settings, flows: tuple[str, ...]) -> list[Row]:
 
 
 def _lacking(wanted: str, authorized: list[Any] | None) -> bool:
-    """Whether ``wanted`` is not among the ``authorized`` operations (None: not told)."""
     return authorized is not None and wanted not in {op.name for op in authorized}
 
 
 def _refused(exc: KafkaException, wanted: str, ours: bool) -> str:
-    """What a failed describe says; raised again when it is no answer about the resource."""
     error = exc.args[0]
     if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         return ("missing (user-activity create-topics makes it)" if ours
@@ -148,7 +139,6 @@ def _refused(exc: KafkaException, wanted: str, ours: bool) -> str:
 
 
 def _committed(admin: Any, group: str, topics: dict[str, str]) -> str:
-    """How many input partitions ``group`` has committed offsets for."""
     [future] = admin.list_consumer_group_offsets(
         [ConsumerGroupTopicPartitions(group)], request_timeout=10).values()
     committed = [p for p in future.result().topic_partitions
@@ -196,7 +186,6 @@ def _privileges(kind: str, name: str, wanted: str, lacking: list[str] | None) ->
 
 
 def _maintenance(conn: psycopg.Connection[Any]) -> list[Row]:
-    """The rights of the job's own maintenance (USER_ACTIVITY_MAINTENANCE_INTERVAL_SECONDS)."""
     executes = _one(conn, "SELECT CASE WHEN f IS NOT NULL THEN has_function_privilege(f,"
                           " 'EXECUTE') END FROM to_regprocedure(%s) f", (MAINTENANCE_FUNCTION,))
     rows: list[Row] = [("function", MAINTENANCE_FUNCTION, bool(executes),
@@ -214,7 +203,6 @@ def _maintenance(conn: psycopg.Connection[Any]) -> list[Row]:
 
 
 def _migrations(conn: psycopg.Connection[Any]) -> Row:
-    """Every migration file applied; those the database has and this image not, shown."""
     files = {path.stem for path in MIGRATIONS_DIR.glob("*.sql")}
     try:
         applied = {row[0] for row in conn.execute("SELECT migration_id FROM _yoyo_migration")}

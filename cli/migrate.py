@@ -1,11 +1,8 @@
 """Apply the forward-only SQL migrations of this image (migrations/, with yoyo).
 
-Idempotent: applied migrations are recorded and skipped. One run at a time: a session advisory
-lock, released by the server when the run's session ends, also when the run is killed. A run
-that waits for it longer than 60 s stops (exit 75: the Job runs it again). A transactional
-migration waits at most 5 s for its table locks (so it never holds the running job longer): past
-that it is rolled back and the run stops the same way. A migration marked
-"-- transactional: false" (CREATE INDEX CONCURRENTLY) runs without that limit. A missing right is
+Idempotent. One run at a time (a session advisory lock, gone with a killed run's session);
+waiting for it over 60 s exits 75. A transactional migration waits at most 5 s for its table
+locks, so it never holds the running job longer (then rolled back, exit 75). A missing right is
 one line naming it, exit 2.
 """
 
@@ -23,10 +20,9 @@ from yoyo.backends import get_backend_class
 from yoyo.connections import parse_uri
 
 LOCK = (1970496882, 1835624306)
-"""The migrations' session advisory lock (``pg_locks``: ``classid``, ``objid``): "user", "migr"."""
+"""The migrations' session advisory lock (``pg_locks`` ``classid``, ``objid``)."""
 
 LOCK_TIMEOUT_SECONDS = 5.0
-"""A transactional migration's ``lock_timeout``: how long it may hold the job's statements."""
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -51,11 +47,7 @@ def apply_migrations(dsn: str, directory: Path = MIGRATIONS_DIR, *,
                      connect_options: Mapping[str, Any] | None = None,
                      lock_wait_seconds: float = 60.0,
                      lock_timeout_seconds: float = LOCK_TIMEOUT_SECONDS) -> list[str]:
-    """Apply every pending migration; return the ids of those applied now.
-
-    ``connect_options``: the settings' TCP options, so that the lock's session ends soon after
-    its node is lost. Raises :class:`MigrationBusy` or :class:`MigrationRefused` (module doc).
-    """
+    """Apply every pending migration; the ids applied now (:class:`MigrationBusy`, ``Refused``)."""
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10,
                          application_name="user-activity-migrate",
                          **dict(connect_options or {})) as conn:

@@ -5,13 +5,9 @@
     user-activity replay --from-group legacy-favorites-consumer --dry-run
     user-activity replay --flow session-linking --from 2026-11-01T00:00:00Z
 
-Reads from a time, explicit offsets or a consumer group's committed offsets up to the end
-offsets seen at start (--until: up to the first record at or after that time), through the same
-steps and sinks as the job. Writes are idempotent: a range already processed writes and
-publishes nothing, rows missing are restored. The replay keeps its own recovery store
-(--recovery-dir, default a temporary one), never the job's: the job's offsets and state are
-untouched, and the same directory resumes an interrupted replay. --dry-run writes nothing and
-reports what each message would do. Exit 0 at its end, 75 when stopped (SIGTERM, Ctrl-C).
+Reads up to the end offsets seen at start (or --until) through the job's steps and sinks;
+writes are idempotent. Its own recovery store (--recovery-dir, default temporary), never the
+job's; the same directory resumes it. Exit 0 at its end, 75 when stopped (SIGTERM, Ctrl-C).
 """
 
 from __future__ import annotations
@@ -47,12 +43,8 @@ from sources.kafka_input import StartPosition
 
 _SKIPPED = "user_activity_favorites_skipped_total"
 OUTCOMES = ("recorded", "duplicate", "invalid-owner", "no-session", "dead-lettered")
-"""The favorites flow's outcomes (the summary table's rows)."""
 SESSION_OUTCOMES = (*(outcome.value for outcome in LinkOutcome), "dead-lettered")
-"""The session-linking flow's outcomes: every :class:`LinkOutcome` (``late-conflict`` and
-``superseded`` included, so the rows add up to the sign-ins replayed), and dead letters."""
 _STOPPING = Shutdown()
-"""The replay's stop request (its signal handlers')."""
 
 
 def parse_offsets(specs: Sequence[str]) -> dict[tuple[str, int], int]:
@@ -116,8 +108,7 @@ class _Replayed:
     build: Callable[[Settings, StartPosition, Sequence[str] | None, Tally | None, Process,
                      Publishing | None], Dataflow]
     totals: Callable[[], dict[str, int]]
-    upstream: tuple[str, ...]
-    """Outcomes counted before the sinks (a dry run adds their counters to its tally)."""
+    upstream: tuple[str, ...]  # counted before the sinks: a dry run adds them to its tally
 
 
 def _build_favorites(  # noqa: PLR0917
@@ -147,7 +138,6 @@ FLOWS = {
     "session-linking": _Replayed(SESSION_OUTCOMES, _build_session_linking, _session_totals,
                                  ("invalid", "duplicate")),
 }
-"""The flows ``replay`` can run, by ``--flow`` name."""
 
 
 class ReplayRefused(ValueError):
@@ -155,12 +145,9 @@ class ReplayRefused(ValueError):
 
 
 _MARKER = recovery.REPLAY_MARKER
-"""Written into a recovery directory a replay made: what it replays, from where (the main job
-refuses such a store)."""
 
 
 def _refuse_if_in_use(recovery_dir: Path) -> None:
-    """Lock ``recovery_dir`` for this replay (the job's ``.job-lock-0``), or refuse it."""
     if held := recovery.lock(recovery_dir, 0):
         pid = held.partition("(")[2].partition(")")[0] or "pid ?"  # the lock's reason names it
         raise ReplayRefused(f"{recovery_dir} is in use by another process ({pid}: a replay, or"
@@ -172,11 +159,9 @@ def _recovery_dir(
     recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool, out: TextIO,
     *, min_free_bytes: int,
 ) -> Path:
-    """The replay's recovery store: a new one, or its own earlier one to resume.
+    """The replay's recovery store: a new one (temporary without a directory), or its own to resume.
 
-    A dry run, and a replay given no directory, get a temporary store (removed at their end).
-    Refused (:class:`ReplayRefused`): a store no replay made (the job's), another flow's, one
-    another process runs on. A store needs the job's free room (exit 74 before any write).
+    Refused (:class:`ReplayRefused`): a store no replay made, another flow's, one in use.
     """
     if dry_run and recovery_dir is not None:
         print(f"a dry run keeps no recovery store: {recovery_dir} is not used", file=out,
@@ -361,7 +346,6 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
     if args.offsets:
         offsets = parse_offsets(args.offsets)
         if unread := sorted({topic for topic, _ in offsets} - set(replayed_topics)):
-            # a typo replayed the whole topic from its earliest offset
             raise ReplayRefused(f"--offsets names {', '.join(unread)}, which this replay does"
                                 f" not read (it reads {', '.join(replayed_topics)})")
         start = StartPosition(offsets=offsets, until_ms=until)
@@ -375,8 +359,7 @@ def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int
     from runtime.shutdown import EXIT_RESTART, install_signal_handlers
 
     tune_gc(settings.gc_young_threshold)
-    # SIGTERM and the first Ctrl-C end the inputs: what was read commits, the summary is
-    # printed, and the same directory resumes
+    # SIGTERM and the first Ctrl-C end the inputs: what was read commits, the summary prints
     _STOPPING.grace = settings.stop_grace_seconds
     install_signal_handlers(_STOPPING)
     replay(settings, start, flow_name=args.flow, topics=topics, dry_run=args.dry_run,

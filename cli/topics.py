@@ -1,13 +1,10 @@
 """Create the topics this service owns, and nothing else.
 
-Ours: the outbox's outputs (action-tracked, session-linked, session-started, session-ended) and
-the two dead-letter topics; the input topics belong to their producers' teams. Each is made with
-USER_ACTIVITY_TOPIC_PARTITIONS partitions, replication factor
-USER_ACTIVITY_TOPIC_REPLICATION_FACTOR and min.insync.replicas
-USER_ACTIVITY_TOPIC_MIN_INSYNC_REPLICAS (1 and 1 when the cluster has one broker). An existing
-topic is never changed: one that differs is named (exit 2). Replication factor 1 on a cluster of
-several brokers is refused unless --allow-single-replica. --dry-run prints the plan, changes
-nothing. (ensure_topics creates any topics: the test harness's.)
+Ours: the outbox's outputs (session-started/-ended only while published) and the two
+dead-letter topics, made with the USER_ACTIVITY_TOPIC_* partitions, replication factor and
+min.insync.replicas (1 and 1 on a one-broker cluster). An existing topic is never changed: one
+that differs is named (exit 2). Replication factor 1 on several brokers is refused unless
+--allow-single-replica.
 """
 
 from __future__ import annotations
@@ -31,11 +28,17 @@ from runtime.settings import Settings
 MIN_ISR = "min.insync.replicas"
 
 
+def outbox_topics(settings: Settings) -> list[str]:
+    """The outbox's outputs (the session lifecycle topics only while published)."""
+    lifecycle = [settings.topic_session_started, settings.topic_session_ended] \
+        if settings.publish_session_lifecycle else []
+    return [settings.topic_action_tracked, settings.topic_session_linked, *lifecycle]
+
+
 def own_topics(settings: Settings) -> list[str]:
     """The topics this service writes and owns: the outbox's outputs and the dead letters."""
-    return [settings.topic_action_tracked, settings.topic_session_linked,
-            settings.topic_session_started, settings.topic_session_ended,
-            settings.topic_favorites_dlq, settings.topic_session_linking_dlq]
+    return [*outbox_topics(settings), settings.topic_favorites_dlq,
+            settings.topic_session_linking_dlq]
 
 
 def input_topics(settings: Settings) -> list[str]:
@@ -140,14 +143,12 @@ def create_topics(settings: Settings, *, dry_run: bool = False,
 
 
 def _brokers(metadata: Any) -> int:
-    """The cluster's brokers: those up, or more if ``__consumer_offsets`` has more replicas."""
     offsets = metadata.topics.get("__consumer_offsets")
     replicas = len(offsets.partitions[0].replicas) if offsets and 0 in offsets.partitions else 0
     return max(len(metadata.brokers), replicas)
 
 
 def _min_isr(admin: Any, topics: list[str]) -> dict[str, int]:
-    """Each topic's ``min.insync.replicas`` (left out where the principal may not read it)."""
     found: dict[str, int] = {}
     if not topics:
         return found

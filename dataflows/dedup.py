@@ -2,25 +2,10 @@
 
 The database (idempotency mark + unique ``source_message_id``) decides; this window only spares
 it the obvious redeliveries. Ids expire ``ttl`` seconds (rounded up to a whole second) after
-they were first seen, or earlier when the window holds ``max_ids``: then the oldest id is
-forgotten for each new one, so memory (and each snapshot) stays bounded whatever the input's
-volume (a backfill, a replay, a day busier than the TTL was sized for). Across a restart the
-window is what its last snapshot held: ids admitted after that snapshot are forgotten (their
-redeliveries reach the database, which decides).
-
-The window is packed, because the job holds about a million ids at once (24 h TTL): the ids
-sit back to back in one ``bytearray`` of fixed-width records and their expiries, in whole
-seconds, in an ``array('I')`` (uint32). Appending keeps insertion order, which is also expiry
-order, so eviction only moves a start offset forward; the dead prefix is dropped once it is
-more than half of the buffer (each record is copied O(1) times, amortised). A snapshot is two
-``bytes`` objects.
-
-Memory per id: ``width + 4`` bytes (21 for the favorites' 17-byte ids, 20 for the
-session-linking 16-byte MessageIds) plus the containers' growth slack (at most about 12%), about
-250 bytes per owner, and, for an owner above :data:`INDEX_ABOVE` ids only, 5 to 16 bytes per id
-of hash index. Measured (1M ids over 10k owners; docs/performance.md): 24 bytes per
-id held, 22 per id for a snapshot of every owner, 21 per id pickled; the previous
-``dict[bytes, float]`` held 121 bytes per id (snapshots 47, pickled 29).
+they were first seen, or earlier when the window holds ``max_ids`` (the oldest is forgotten for
+each new one), so memory and snapshots stay bounded. After a restart the window is what its
+last snapshot held. Packed: ids back to back in one ``bytearray``, expiries (whole seconds) in
+an ``array('I')``, in insertion = expiry order; ``len(id) + 4`` bytes per id.
 """
 
 from __future__ import annotations
@@ -31,12 +16,10 @@ from array import array
 from bisect import bisect_right
 
 DedupState = tuple[bytes, bytes]
-"""A snapshot: ``(ids, expiries)``. ``ids`` is the live ids concatenated in expiry order, all
-of one width; ``expiries`` is one little-endian uint32 per id (Unix time in whole seconds),
-non-decreasing. The width is ``len(ids) // (len(expiries) // 4)``."""
+"""A snapshot ``(ids, expiries)``: the live ids of one width concatenated in expiry order, and
+one little-endian uint32 per id (Unix seconds, non-decreasing)."""
 
-INDEX_ABOVE = 1024
-"""Above this many ids an owner's window also keeps a hash index (see :class:`DedupWindow`)."""
+INDEX_ABOVE = 1024  # above this many ids a window also keeps a hash index
 
 _EXPIRY_TYPE = "I"
 _UNKNOWN_WIDTH = -1  # an empty window's width until its first id
@@ -47,33 +30,18 @@ if array(_EXPIRY_TYPE).itemsize != 4:  # pragma: no cover - every supported plat
 
 
 class DedupWindow:
-    """Ids seen for one owner, each remembered until its expiry (insertion order = expiry order).
+    """Ids seen for one owner, each remembered until its expiry.
 
-    Guarantees:
+    - ``admit`` of an id before its expiry ``ceil(now + ttl)`` returns False and does not
+      extend it; expiries never go backwards (a clock going back keeps the latest one).
+    - An id is forgotten when its expiry has come (at the next ``admit`` or ``evict``), or as
+      the oldest beyond ``max_ids``, also in a restored state (counted in
+      :attr:`forgotten_early`); nothing else is.
+    - All ids of one window have one length; another raises ``ValueError``. ``now + ttl`` must
+      fit a uint32 of seconds, else ``OverflowError``.
 
-    - Remembered: every admitted id, until its expiry ``ceil(now + ttl)`` (Unix time in whole
-      seconds, so up to one second longer than ``ttl``, never shorter). ``admit`` of an id
-      before its expiry returns False and does not extend it; so an id is admitted at most
-      once per ``ttl``. Expiries never go backwards: if the clock does, a new id gets the
-      latest expiry already held (remembered a little longer, never shorter).
-    - Forgotten: an id whose expiry has come (``now >= expiry``), at the next ``admit`` or
-      ``evict``; it is then admitted again, with a fresh expiry. And the oldest ids beyond
-      ``max_ids`` (when given): admitting an id to a full window forgets the oldest one at once,
-      and a restored state larger than ``max_ids`` keeps its newest ``max_ids`` ids. Those are
-      counted in :attr:`forgotten_early`. Nothing else is forgotten.
-    - Ids are compared as exact bytes. All ids of one window have one length (fixed by the first
-      id or by the restored state); another length raises ``ValueError``. ``now + ttl`` must
-      fit a uint32 of seconds (until 2106), else ``OverflowError``.
-    - Memory: ``len(id) + 4`` bytes per id plus growth slack (see the module docstring).
-      Snapshots are immutable ``(bytes, bytes)`` of ``len(id) + 4`` bytes per id.
-
-    Membership is a C-speed ``bytearray.find`` over the live records: O(n) in the window's
-    bytes (about 0.3 ns per byte; 0.5 to 1 us for the typical ~100 ids of an owner), where a
-    match not on a record boundary (an id whose bytes straddle two records) is skipped. The
-    scan grows to about 4 us at 1k ids and 35 us at 10k, so above ``index_above`` live ids the
-    window adds an open-addressing hash table of record numbers (``array('I')``, load factor
-    at most 3/4, rebuilt at compaction, dropped again below half the threshold): about 1 us per
-    admit at any size, 5 to 16 bytes per id.
+    Membership is a ``bytearray.find`` over the live records; above ``index_above`` ids an
+    open-addressing hash index of record numbers is kept as well (rebuilt at compaction).
     """
 
     __slots__ = ("_exp", "_ids", "_index", "_index_above", "_max_ids", "_start", "_ttl", "_used",
@@ -87,18 +55,13 @@ class DedupWindow:
         index_above: int = INDEX_ABOVE,
         max_ids: int | None = None,
     ) -> None:
-        """A window remembering ids for ``ttl`` seconds, restored from ``state`` if given.
-
-        ``state`` is a :meth:`snapshot` (copied). ``max_ids`` (at least 1): the most ids held;
-        None: as many as arrive within the TTL.
-        """
+        """Restored from ``state`` (a :meth:`snapshot`) if given; ``max_ids`` None: unbounded."""
         if max_ids is not None and max_ids < 1:
             raise ValueError(f"max_ids must be at least 1, not {max_ids}")
         self._ttl = ttl
         self._index_above = index_above
         self._max_ids = max_ids
-        self.forgotten_early = 0
-        """How many ids were forgotten before their expiry because the window was full."""
+        self.forgotten_early = 0  # ids forgotten before their expiry (the window was full)
         self._start = 0  # records [0, _start) are dead (evicted, not yet compacted away)
         self._index: array[int] | None = None  # slot -> record number + 1 (0 = empty)
         self._used = 0  # non-empty slots of _index (live and dead records)
@@ -184,7 +147,6 @@ class DedupWindow:
         return len(self._exp) - self._start
 
     def _first_width(self, dedup_id: bytes) -> int:
-        """Fix the width of an empty window to the first id's; refuse any other width."""
         if not dedup_id:
             raise ValueError("empty dedup id")
         if self._width != _UNKNOWN_WIDTH:
@@ -195,11 +157,9 @@ class DedupWindow:
         return self._width
 
     def _trim(self, now: float) -> None:
-        """Drop the expired prefix; compact when more than half of the records are dead."""
         self._drop_prefix(bisect_right(self._exp, now, self._start))  # expiries non-decreasing
 
     def _forget_oldest(self, count: int) -> None:
-        """Forget the ``count`` oldest live ids before their expiry (the window is full)."""
         self.forgotten_early += count
         self._drop_prefix(self._start + count)
 
@@ -225,7 +185,6 @@ class DedupWindow:
                 self._build_index()
 
     def _build_index(self) -> None:
-        """(Re)build the hash index of the live records, at most half full."""
         start, end, width = self._start, len(self._exp), self._width
         live = end - start
         size = 8

@@ -1,12 +1,10 @@
 """The composition root: ``python -m bytewax.run dataflows.<flow>:flow`` starts a job here.
 
-Asking a flow package for ``flow`` (and only that) reads the settings (a bad one: one line,
-exit 2), checks the recovery store (exit 74 or 78), makes the job's one
-:class:`~runtime.process.Process`, starts every process service and hands each adapter what it
-needs. The job's threads besides Bytewax's: ``http`` (``/metrics``, ``/livez``, ``/readyz``),
-``outbox-publisher``, ``housekeeping`` (every periodic task), ``stop-deadline`` and, with
-``OTEL_*`` set, the span exporter's. At exit the publisher drains and stops, and the run ends
-with exit 75 when a restart was asked for or a stop left work undone.
+Asking a flow package for ``flow`` reads the settings (a bad one: exit 2), checks the recovery
+store (exit 74 or 78), makes the job's one :class:`~runtime.process.Process` and starts every
+process service. Threads besides Bytewax's: ``http``, ``outbox-publisher``, ``housekeeping``,
+``stop-deadline`` and, with ``OTEL_*`` set, the span exporter's. At exit the publisher drains;
+the run ends with exit 75 when a restart was asked for or a stop left work undone.
 """
 
 from __future__ import annotations

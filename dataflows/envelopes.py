@@ -1,9 +1,4 @@
-"""Parse a record's value into an envelope model, or say why it is poison (pure, never raises).
-
-Shared by every flow: null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON ->
-``invalid-json``; JSON that does not fit the contract -> ``schema-mismatch``, a field over its
-bound included (the contract models carry the bounds: the input-bounds table in :mod:`schemas`).
-"""
+"""Parse a record's value into an envelope model, or say why it is poison (pure, never raises)."""
 
 from __future__ import annotations
 
@@ -18,22 +13,19 @@ from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
 
-EMPTY_GUID = UUID(int=0)
-"""``Guid.Empty``: never a valid id."""
+EMPTY_GUID = UUID(int=0)  # Guid.Empty: never a valid id
 
 E = TypeVar("E", bound=BaseModel)
 
 
-_ID_MAX_LENGTH = 64
-"""Longer "ids" are not ids: never copied into a log line."""
+_ID_MAX_LENGTH = 64  # longer "ids" are not ids: never logged
 
 
 def partial_ids(value: bytes, payload_ids: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """``MessageId`` and the ``payload_ids`` of a JSON envelope that failed the contract.
 
-    For the dead-letter log line (SPEC §6 fields): only string values of at most 64 characters
-    of exactly these keys are taken, so no note, no payload text and no oversized field is
-    ever logged. Anything unreadable yields nothing.
+    Only string values of at most 64 characters of exactly these keys, so no payload text is
+    ever logged; anything unreadable yields nothing.
     """
     try:
         document = orjson.loads(value)
@@ -58,8 +50,8 @@ def parse_envelope(
 ) -> E | DeadLetter:
     """``record.value`` validated as ``model``, or a dead letter with a stable reason code.
 
-    A ``schema-mismatch`` letter carries the envelope's ``MessageId`` and ``payload_ids`` that
-    could be read (:func:`partial_ids`), for its log line.
+    Null -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; not the
+    contract (bounds included) -> ``schema-mismatch``, carrying the ids that could be read.
     """
     if record.value is None:
         return DeadLetter.now(record, DlqReason.TOMBSTONE, "NoneType")

@@ -1,7 +1,4 @@
-"""Bytewax operators shared by the flows: Kafka inputs with routed consumer errors, the dedup step.
-
-Only this module and each flow's ``flow`` module import ``bytewax.operators``.
-"""
+"""Bytewax operators shared by the flows: Kafka inputs (consumer errors routed), the dedup step."""
 
 from __future__ import annotations
 
@@ -18,11 +15,13 @@ from bytewax.operators import StatefulBatchLogic
 from prometheus_client import Counter
 
 from dataflows.dedup import DedupState, DedupWindow
+from runtime import tracing
 from runtime.backoff import Backoff
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
 from runtime.process import Process
 from runtime.settings import Settings, StartingOffset
+from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import ConsumerError, SourceRecord
 from sources.alignment import EventTimeAlignment
 from sources.kafka_input import InputItem, KafkaInput, StartPosition
@@ -39,15 +38,8 @@ def configured_start(settings: Settings) -> StartPosition:
 def log_consumer_error(error: ConsumerError) -> None:
     """Count and log a consumer error (never raised: librdkafka recovers by itself)."""
     CONSUMER_ERRORS.labels(topic=error.topic, code=error.code).inc()
-    log_event(
-        logger,
-        "kafka-consumer-error",
-        logging.ERROR if error.fatal else logging.WARNING,
-        topic=error.topic,
-        partition=error.partition,
-        code=error.code,
-        reason=error.reason,
-    )
+    log_event(logger, "kafka-consumer-error", logging.ERROR if error.fatal else logging.WARNING,
+              topic=error.topic, partition=error.partition, code=error.code, reason=error.reason)
 
 
 def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
@@ -55,70 +47,34 @@ def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
 
 
 def kafka_inputs(
-    flow: Dataflow,
-    settings: Settings,
-    inputs: list[tuple[str, str]],
-    start: StartPosition,
-    retries: Counter,
-    *,
-    flow_name: str,
-    consumer_group: str,
-    process: Process,
+    flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]], start: StartPosition,
+    retries: Counter, *, flow_name: str, consumer_group: str, process: Process,
     alignment: EventTimeAlignment | None = None,
 ) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
-    ``retries`` counts every retry of an unreachable Kafka. The consumer of this stream passes
-    every :class:`ConsumerError` to :func:`log_consumer_error`: never raised, never dropped.
-    ``flow_name`` names the flow's lag gauge; snapshotted offsets are also committed to
-    ``consumer_group`` (informational; empty: not at all). ``alignment``: the inputs' partitions
-    pass records on in event-time order (:mod:`sources.alignment`). ``process``: the job's.
+    The stream's consumer must pass every :class:`ConsumerError` to :func:`log_consumer_error`.
+    ``retries`` counts retries of an unreachable Kafka; ``flow_name`` names the lag gauge;
+    snapshotted offsets are also committed to ``consumer_group`` (empty: not at all).
     """
     backoff = Backoff(settings.retry_initial_seconds, settings.retry_max_seconds)
     streams = [
-        op.input(
-            step_id,
-            flow,
-            KafkaInput(
-                settings.kafka_client_config(),
-                topic,
-                process=process,
-                start=start,
-                tail=settings.tail,
-                batch_size=settings.source_batch_size,
-                stuck_after=settings.source_stuck_seconds,
-                fetch_wait_ms=settings.source_fetch_wait_ms,
-                receive_max_bytes=settings.source_receive_max_bytes,
-                partition_check=settings.source_partition_check_seconds,
-                backoff=backoff,
-                count_retry=retries.inc,
-                consumer_group=consumer_group,
-                flow=flow_name,
-                alignment=alignment,
-            ),
-        )
+        op.input(step_id, flow, KafkaInput(
+            settings.kafka_client_config(), topic, process=process, start=start,
+            tail=settings.tail, batch_size=settings.source_batch_size,
+            stuck_after=settings.source_stuck_seconds,
+            fetch_wait_ms=settings.source_fetch_wait_ms,
+            receive_max_bytes=settings.source_receive_max_bytes,
+            partition_check=settings.source_partition_check_seconds, backoff=backoff,
+            count_retry=retries.inc, consumer_group=consumer_group, flow=flow_name,
+            alignment=alignment))
         for step_id, topic in inputs
     ]
     return streams[0] if len(streams) == 1 else op.merge("merge_inputs", *streams)
 
 
-def kafka_records(
-    flow: Dataflow,
-    settings: Settings,
-    inputs: list[tuple[str, str]],
-    start: StartPosition,
-    retries: Counter,
-    *,
-    flow_name: str,
-    consumer_group: str,
-    process: Process,
-    alignment: EventTimeAlignment | None = None,
-) -> Stream[SourceRecord]:
-    """:func:`kafka_inputs` with consumer errors routed to ``log_consumer_errors``."""
-    consumed = kafka_inputs(
-        flow, settings, inputs, start, retries, flow_name=flow_name,
-        consumer_group=consumer_group, process=process, alignment=alignment,
-    )
+def without_consumer_errors(consumed: Stream[InputItem]) -> Stream[SourceRecord]:
+    """The records of ``consumed``; its consumer errors go to :func:`log_consumer_error`."""
     by_kind = op.branch(
         "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
     )
@@ -127,12 +83,11 @@ def kafka_records(
 
 
 class Deduplicable(Protocol):
-    """A message the dedup window can remember."""
+    """A message the dedup window can remember by ``dedup_id``."""
 
     @property
     def dedup_id(self) -> bytes:
         """A compact id of the message's idempotency key."""
-        ...
 
 
 M = TypeVar("M", bound=Deduplicable)
@@ -140,11 +95,7 @@ M = TypeVar("M", bound=Deduplicable)
 
 @dataclass(frozen=True)
 class DedupBound:
-    """How much one flow's dedup windows hold: ``max_ids`` in all, ``keys`` windows sharing it.
-
-    Each window holds at most ``ceil(max_ids / keys)`` ids (the keys are shards that spread the
-    ids evenly); the oldest are forgotten first. ``flow`` labels the metrics.
-    """
+    """How much one flow's dedup windows hold: ``max_ids`` in all, shared by ``keys`` windows."""
 
     flow: str
     max_ids: int
@@ -152,7 +103,7 @@ class DedupBound:
 
     @property
     def per_key(self) -> int:
-        """The most ids one key's window holds."""
+        """``ceil(max_ids / keys)``."""
         return max(1, -(-self.max_ids // self.keys))
 
 
@@ -170,11 +121,7 @@ class DedupMeter:
         self._logged_at = -_FULL_LOG_EVERY_SECONDS
 
     def forgot(self, count: int, oldest_expiry: float | None, ttl: float, now: float) -> None:
-        """A window forgot ``count`` ids early (it was full); its oldest id now expires then.
-
-        The log line's ``remembered_s`` is how far back that window reaches now (the TTL, as
-        the bound lets it be: an operator raises the bound when this is too short).
-        """
+        """A full window forgot ``count`` ids early; ``remembered_s``: how far back it reaches."""
         self._forgotten.inc(count)
         self._since_log += count
         if now - self._logged_at >= _FULL_LOG_EVERY_SECONDS:
@@ -188,23 +135,13 @@ class DedupMeter:
 class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
     """Per-key dedup: passes a message on once per ``dedup_id`` within the TTL.
 
-    An optimisation only (the database's idempotency marks decide). Duplicates are dropped and
-    reported to ``on_duplicate``, not passed on as ``None``. Expired ids are evicted by a timer;
-    a key whose window empties is discarded. The snapshot is the key's packed window (two
-    ``bytes``, ``len(dedup_id) + 4`` bytes per id), so snapshot cost follows the keys touched in
-    an epoch, not the total number of ids remembered. With a ``meter`` (of its flow's
-    :class:`DedupBound`), the window holds at most ``bound.per_key`` ids, forgetting the oldest
-    first; the ids held are the ``user_activity_dedup_ids`` gauge, the early forgets the
-    ``user_activity_dedup_forgotten_early_total`` counter.
+    Duplicates are reported to ``on_duplicate`` and dropped. Expired ids are evicted by a timer;
+    a key whose window empties is discarded; the snapshot is the packed window. With a
+    ``meter``, the window holds at most ``bound.per_key`` ids (oldest forgotten first).
     """
 
-    def __init__(
-        self,
-        ttl: float,
-        state: DedupState | None,
-        on_duplicate: Callable[[M], None],
-        meter: DedupMeter | None = None,
-    ) -> None:
+    def __init__(self, ttl: float, state: DedupState | None, on_duplicate: Callable[[M], None],
+                 meter: DedupMeter | None = None) -> None:
         self._ttl = ttl
         self._window = DedupWindow(
             ttl, state, max_ids=None if meter is None else meter.bound.per_key)
@@ -234,7 +171,6 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
         return [], len(self._window) == 0
 
     def _count(self, now: float) -> None:
-        """Move the flow's gauge by this window's change; report ids it forgot early."""
         meter = self._meter
         if meter is None:
             return
@@ -257,17 +193,10 @@ class DedupLogic(StatefulBatchLogic[M, M, DedupState], Generic[M]):
         return self._window.snapshot()
 
 
-def deduplicated(
-    step_id: str,
-    keyed: Stream[tuple[str, M]],
-    ttl: float,
-    on_duplicate: Callable[[M], None],
-    bound: DedupBound | None = None,
-) -> Stream[tuple[str, M]]:
-    """``keyed`` without the messages seen within ``ttl`` for the same key.
-
-    ``bound``: each key's window holds at most ``bound.per_key`` ids (oldest forgotten first).
-    """
+def deduplicated(step_id: str, keyed: Stream[tuple[str, M]], ttl: float,
+                 on_duplicate: Callable[[M], None], bound: DedupBound | None = None,
+                 ) -> Stream[tuple[str, M]]:
+    """``keyed`` without the messages seen within ``ttl`` for the same key (:class:`DedupLogic`)."""
     meter = None if bound is None else DedupMeter(bound)
     return op.stateful_batch(
         step_id, keyed, lambda state: DedupLogic(ttl, state, on_duplicate, meter)
@@ -277,11 +206,11 @@ def deduplicated(
 def warn_version_mismatch(message: Any, fields: Callable[[Any], dict[str, Any]]) -> Any:
     """Log ``contract-version-mismatch`` for a message of another Version, and pass it on."""
     if message.version_mismatch:
-        log_event(
-            logger,
-            "contract-version-mismatch",
-            logging.WARNING,
-            version=message.envelope.version,
-            **fields(message),
-        )
+        log_event(logger, "contract-version-mismatch", logging.WARNING,
+                  version=message.envelope.version, **fields(message))
     return message
+
+
+def trace_poison(letter: DeadLetter) -> None:
+    """The span of a record dead-lettered at decode, when it is sampled."""
+    tracing.finish_alone(letter.record, "dead-lettered", error=letter.reason.value)

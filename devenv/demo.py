@@ -39,10 +39,7 @@ RUN_DIR = Path(__file__).resolve().parent.parent / ".run"
 
 def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int,
                   traced: list[str]) -> None:
-    """Produce ``count`` events, 80 % on favorite-added; the first ``len(traced)`` sampled.
-
-    Every 200th has both owners (invalid); the other 250ths a device without a session.
-    """
+    """Produce ``count`` events, 80 % on favorite-added; the first ``len(traced)`` sampled."""
     producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all"})
     rng = random.Random(7)
     for i in range(count):
@@ -68,10 +65,7 @@ def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int,
 
 
 def _counts(dsn: str, watcher: Consumer, topic: str) -> tuple[int, int]:
-    """action_events rows, and records on ``topic`` (what CRM can read: the outbox is purged).
-
-    A just-created topic may answer NOT_LEADER for a moment: asked again for up to 30 s.
-    """
+    """action_events rows, and records on ``topic`` (what CRM can read: the outbox is purged)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT count(*) FROM user_activity.action_events").fetchone()
     deadline = time.monotonic() + 30

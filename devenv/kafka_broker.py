@@ -66,7 +66,6 @@ def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(line for line in text.strip().splitlines()[-lines:] if line.strip())
 
 
-
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
@@ -76,11 +75,7 @@ def _java() -> str:
 
 
 def fetch_jars(lib_dir: Path | None = None, *, timeout: float = 900.0) -> Path:
-    """Resolve the broker's runtime jars into ``lib_dir`` with Maven once; return the directory.
-
-    A ``.complete`` marker lists the jars of a finished copy; with it nothing is done.  Maven runs
-    offline first (enough when ``~/.m2`` has the artifacts), then against Maven Central.
-    """
+    """Resolve the broker's runtime jars into ``lib_dir`` with Maven once; return the directory."""
     lib = (lib_dir or DEFAULT_LIB_DIR).resolve()
     marker = lib / ".complete"
     with contextlib.suppress(OSError):
@@ -124,9 +119,7 @@ def _wait_ready(client_config: Mapping[str, Any], deadline: float,
                 still_running: Callable[[], None], brokers: int = 1) -> None:
     """Wait for ``brokers`` registered brokers, every partition led, then a group coordinator.
 
-    Right after a restart the coordinator answers COORDINATOR_LOAD_IN_PROGRESS while it loads
-    ``__consumer_offsets``, and librdkafka's consumer then waits about 3 s before it retries
-    JoinGroup: so a group is described until the answer is no loading error.
+    A consumer joining while the coordinator loads ``__consumer_offsets`` waits about 3 s.
     """
     admin = AdminClient({**client_config, "socket.connection.setup.timeout.ms": 2000,
                          "reconnect.backoff.ms": 100, "reconnect.backoff.max.ms": 500},
@@ -167,14 +160,9 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 6) ->
     ensure_topics({"bootstrap.servers": bootstrap}, list(dict.fromkeys(topics)), partitions)
 
 
-
 def start_nodes(nodes: Sequence[KafkaBroker], client_config: Mapping[str, Any], *,
                 brokers: int = 1, timeout: float = 90.0) -> None:
-    """Launch the prepared ``nodes`` and wait until ``brokers`` brokers are ready (``start``).
-
-    When one exits or ``timeout`` s pass, all of ``nodes`` are SIGKILLed and KafkaBrokerError
-    carries their logs' tails.
-    """
+    """Launch the prepared ``nodes`` and wait until ``brokers`` brokers are ready (``start``)."""
     checks: list[Callable[[], None]] = []
 
     def all_running() -> None:
@@ -198,14 +186,9 @@ def start_nodes(nodes: Sequence[KafkaBroker], client_config: Mapping[str, Any], 
 
 
 class KafkaBroker:
-    """One broker+controller JVM on 127.0.0.1 whose state lives in ``run_dir``.
+    """One broker+controller JVM on 127.0.0.1 whose state (ports, data, log) lives in ``run_dir``.
 
-    ``run_dir`` holds ``server.properties``, ``data/``, ``broker.log`` (the JVM's output, appended
-    on every start) and ``state.json`` (pid and ports).  The data dir is formatted on the first
-    start only (with ``cluster_id``, else a new one): a later start, in this or another process,
-    reuses the ports and the data.  The JVM gets ``die_with_parent`` (SIGTERM by default) when the
-    thread that started it exits (``setpriv --pdeathsig``), so a killed test run leaves no broker
-    behind; the CLI passes None.  One node of a cluster: :mod:`devenv.kafka_cluster`.
+    The JVM gets ``die_with_parent`` when the thread that started it exits (the CLI: None).
     """
 
     def __init__(self, run_dir: Path | str, *, port: int | None = None,
@@ -253,21 +236,13 @@ class KafkaBroker:
         return self.pid is not None
 
     def start(self, *, fresh: bool = False) -> str:
-        """Start the broker, wait until it is ready, return the bootstrap address.
-
-        Ready: metadata with every partition led, and a group coordinator that has loaded
-        ``__consumer_offsets``.  Formats the data dir on first use (``fresh=True``: anew).
-        """
+        """Start the broker, wait until it is ready, return the bootstrap address."""
         self.prepare(fresh=fresh)
         start_nodes([self], {"bootstrap.servers": self.bootstrap}, timeout=self.start_timeout)
         return self.bootstrap
 
     def prepare(self, *, fresh: bool = False) -> None:
-        """Write ``server.properties``; format the data dir on first use (``fresh=True``: anew).
-
-        Raises KafkaBrokerError when the broker already runs or the format fails.  Safe to run
-        for several nodes in parallel threads (it starts no long-lived process).
-        """
+        """Write ``server.properties``; format the data dir on first use (``fresh=True``: anew)."""
         if (running := self.pid) is not None:
             raise KafkaBrokerError(f"broker already running in {self.run_dir} (pid {running})")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -293,8 +268,7 @@ class KafkaBroker:
     def launch(self) -> Callable[[], None]:
         """Start the JVM of a prepared broker without waiting; return a liveness check.
 
-        The check raises KafkaBrokerError (with the log's tail) once the JVM has exited.  The JVM
-        dies with the calling thread (``die_with_parent``): call this from a long-lived one.
+        Call this from a long-lived thread: the JVM dies with it (``die_with_parent``).
         """
         cmd = [_java(), "-Xms64m", "-Xmx384m", *_JVM_OPTS, "-cp", f"{fetch_jars()}/*",
                "kafka.Kafka", str(self.properties_path)]
@@ -388,7 +362,6 @@ class KafkaBroker:
                 return False
             time.sleep(0.05)
         return True
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:

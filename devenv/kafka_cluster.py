@@ -1,11 +1,8 @@
 """A real N-node Apache Kafka cluster (KRaft, each node broker + controller) on loopback.
 
-Each node is a :class:`~devenv.kafka_broker.KafkaBroker` in ``<run dir>/node-<id>`` (same jars,
-JVM options and ready wait), all formatted with one cluster id, with static
-``controller.quorum.voters`` and production-like replication (RF 3, min ISR 2, no unclean
-election; a broker without heartbeat is fenced after 3 s).  With ``users``, every listener speaks
-SASL_PLAINTEXT/PLAIN and ACLs are enforced (StandardAuthorizer, super user ``admin``, no ACL:
-denied).  Faults per node id: ``kill``, ``stop``, ``start``/``restart``, ``freeze``/``thaw``.
+Nodes are :class:`~devenv.kafka_broker.KafkaBroker` s with production-like replication (RF 3,
+min ISR 2, no unclean election, fenced after 3 s without heartbeat). With ``users``: SASL/PLAIN
+and ACLs (super user ``admin``, no ACL: denied). Faults per node: kill, stop, start, freeze.
 
 CLI (state in ``.run/kafka-cluster`` unless ``--run-dir``): ``python -m devenv.kafka_cluster
 start [NODE] [--nodes N] [--user NAME=PASSWORD]... [--fresh] | stop [NODE] | status``; ``start``
@@ -77,12 +74,8 @@ def _replication(nodes: int) -> dict[str, str | int | bool]:
 class KafkaCluster:
     """``nodes`` KRaft nodes (ids 1..N) on 127.0.0.1 whose state lives in ``run_dir``.
 
-    ``cluster.json`` there (written at the first start) keeps the cluster id, the nodes' ports
-    and the users with their passwords (``admin``'s is generated), so another instance (another
-    process, the CLI) drives the same cluster: ``nodes`` and ``users`` only shape a new run dir.
-    ``users`` None: PLAINTEXT, no authorizer.  ``server_properties`` go on top of every node's.
-    Every JVM gets ``die_with_parent`` (SIGKILL: a frozen one too) when the thread that started
-    it exits.  Waits that time out raise AssertionError.
+    ``cluster.json`` keeps its id, ports and users, so another instance drives the same
+    cluster. ``users`` None: PLAINTEXT, no authorizer. Timed-out waits raise AssertionError.
     """
 
     def __init__(self, run_dir: Path | str, *, nodes: int = 3,
@@ -141,13 +134,7 @@ class KafkaCluster:
                 "sasl.username": user, "sasl.password": self.users[user]}
 
     def start(self, node: int | None = None, *, fresh: bool = False) -> str:
-        """Start ``node`` (default: every node not running, in parallel); wait until ready.
-
-        Ready: each running node registered, every partition led, a group coordinator loaded.
-        Formats on first use (``fresh=True``: anew), else rejoins with its data.  Call from a
-        long-lived thread (``die_with_parent``).  KafkaBrokerError: ``node`` runs, or a node
-        fails to start (those started are then killed).
-        """
+        """Start ``node`` (default: every node not running, in parallel); wait until ready."""
         targets = ([n for n in self.nodes.values() if not n.is_running()] if node is None
                    else [self.nodes[node]])
         if not self._state_path.exists():
@@ -234,11 +221,7 @@ class KafkaCluster:
     def grant(self, principal: str, resource_type: ResourceType, name: str,
               operation: AclOperation, pattern: ResourcePatternType = ResourcePatternType.LITERAL,
               *, timeout: float = 30.0) -> None:
-        """Allow ``principal`` (``User:job``) ``operation`` on a resource from any host.
-
-        Returns once the ACL is committed and described by a broker (librdkafka picks which;
-        the others apply the same metadata record within milliseconds).
-        """
+        """Allow ``principal`` (``User:job``) ``operation`` on a resource from any host."""
         binding = AclBinding(resource_type, name, pattern, principal, "*", operation,
                              AclPermissionType.ALLOW)
         for future in self._admin.create_acls([binding]).values():

@@ -67,11 +67,7 @@ def decode_request(body: bytes) -> list[ReceivedSpan]:
 
 
 class OtlpReceiver:
-    """A receiver on ``127.0.0.1:<free port>`` in a daemon thread (a context manager).
-
-    ``endpoint`` is the value for ``OTEL_EXPORTER_OTLP_ENDPOINT`` (the exporter appends
-    ``/v1/traces``).
-    """
+    """A receiver on ``127.0.0.1:<free port>`` in a daemon thread (a context manager)."""
 
     def __init__(self, *, keep: bool = True, host: str = "127.0.0.1", port: int = 0) -> None:
         self._lock = threading.Lock()
@@ -141,11 +137,7 @@ class OtlpReceiver:
 
 
 def render_tree(spans: Sequence[ReceivedSpan], traces: int) -> str:
-    """The first ``traces`` traces (by earliest span) as indented trees, one span a line.
-
-    A span whose parent is not among the spans (a remote parent: the producer's) is a root.
-    Each line: span id, name, kind, duration, outcome, status, batch size, links.
-    """
+    """The first ``traces`` traces (by earliest span) as indented trees, one span a line."""
     by_trace: dict[str, list[ReceivedSpan]] = {}
     for span in sorted(spans, key=lambda s: s.start_ns):
         by_trace.setdefault(span.trace_id, []).append(span)

@@ -1,17 +1,9 @@
 """A throwaway PostgreSQL server for tests and the local demo, over pytest-postgresql's executor.
 
-``pytest_postgresql.executors.PostgreSQLExecutor`` (works outside pytest) runs ``pg_ctl initdb``
-and ``pg_ctl start -w`` on Debian's binaries (``/usr/lib/postgresql/<newest>/bin``, or
-``$POSTGRES_BIN_DIR``, or ``pg_ctl`` on ``PATH``).  The server listens on ``127.0.0.1`` only, on a
-free port kept across restarts (recorded in ``run_dir/state.json``), with ``trust`` auth for the
-superuser ``postgres`` and no unix socket.  The executor starts PostgreSQL with ``-F``
-(fsync off): fine for tests and the demo, not for data you want to keep.
-
-PostgreSQL refuses to run as root: as root, every ``pg_ctl`` call goes through a small wrapper
-(``run_dir/pg_ctl``) that drops to the ``postgres`` system user with ``setpriv`` (the user is
-created if missing).  If that user cannot reach ``run_dir`` (e.g. pytest's mode-0700 tmp dirs),
-the data lives in a private temporary directory instead, which :meth:`PostgresServer.close`
-removes.
+Debian's binaries (or ``$POSTGRES_BIN_DIR``, or ``pg_ctl`` on ``PATH``); ``127.0.0.1`` only, on
+a port kept across restarts (``run_dir/state.json``), ``trust`` auth for ``postgres``, fsync
+off. As root, ``pg_ctl`` runs as the ``postgres`` system user (``setpriv``), with the data in a
+private temporary directory when that user cannot reach ``run_dir``.
 
 CLI: ``python -m devenv.postgres_server start|stop|status [--run-dir DIR] [--database NAME]``
 (``start`` leaves the server running and prints the database's DSN as its last line).
@@ -48,8 +40,8 @@ SYSTEM_USER = "postgres"
 DEFAULT_RUN_DIR = Path(__file__).resolve().parent.parent / ".run" / "postgres"
 DEFAULT_DATABASE = "user_activity"
 _OPTIONS = {"listen_addresses": HOST, "max_connections": "200"}
+# run by sh -c with pg_ctl, the data dir and a private base dir ("" for none)
 _GUARD = 'read _; "$0" stop -D "$1" -m immediate; [ -z "$2" ] || rm -rf "$2"'
-"""Run by ``sh -c`` with pg_ctl, the data dir and a private base dir ("" for none)."""
 
 
 def _bin_dir() -> Path:
@@ -67,7 +59,6 @@ def _bin_dir() -> Path:
 
 
 def _ensure_system_user(name: str) -> pwd.struct_passwd:
-    """The passwd entry of ``name``, created as a system user (with its group) if missing."""
     try:
         return pwd.getpwnam(name)
     except KeyError:
@@ -84,33 +75,17 @@ class _Executor(PostgreSQLExecutor):
 
     @property
     def envvars(self) -> dict[str, str]:
-        """The environment without mirakuru's mark: its exit hook never SIGKILLs our server.
-
-        The hook of every exiting process that imported mirakuru (each pytest process, through
-        pytest-postgresql) kills the processes whose mark *contains* its pid: with pids
-        recycled below 32768, a server died at random in a busy suite. The guard of
-        :class:`PostgresServer` stops a server that its process leaves behind instead.
-        """
+        """Without mirakuru's mark: its exit hook kills by pid substring (recycled pids)."""
         env = super().envvars
         del env[ENV_UUID]
         return env
 
     def _kill_all_kids(self, sig: int) -> set[int]:
-        """Nothing: without the mark none is found, and the scan is not even made.
-
-        mirakuru reads the environment of every process of the machine at each stop and when
-        the executor is collected; on a busy machine a process that vanished or changed midway
-        made that raise, and its ``__del__`` printed a banner to stdout (the CLI's DSN line).
-        """
+        """Nothing: mirakuru's scan of every process raced with vanishing ones."""
         return set()
 
     def start(self) -> Self:
-        """Start the server, then wait for ``pg_ctl start -w`` to end and forget that process.
-
-        Its handle is all that mirakuru's ``kill`` and ``__del__`` look at: a launcher still
-        ending at exit made ``killpg`` fail (ESRCH), and mirakuru printed a banner of
-        asterisks to stdout after the CLI's DSN line (a loaded machine, 1 run in 3).
-        """
+        """Start; wait for ``pg_ctl start -w`` and forget it (mirakuru's kill would fail)."""
         super().start()
         if self.process is not None:
             self.process.wait(timeout=self._timeout)
@@ -119,10 +94,7 @@ class _Executor(PostgreSQLExecutor):
 
     def _build_initdb_command(self, initdb_options: list[str],
                               pgdata: str | None = None) -> list[str]:
-        """Run initdb with ``--no-sync``: no final fsync of every file (a quarter of its time).
-
-        The server runs with fsync off anyway, and a cluster half-made by a crash is made anew.
-        """
+        """Run initdb with ``--no-sync``: the server runs with fsync off anyway."""
         return super()._build_initdb_command([*initdb_options, "--no-sync"], pgdata)
 
     def init_directory(self) -> None:
@@ -137,12 +109,9 @@ class _Executor(PostgreSQLExecutor):
 class PostgresServer:
     """One PostgreSQL cluster on 127.0.0.1 whose state lives in ``run_dir``.
 
-    ``stop()`` then ``start()`` comes back on the same port with the same data, so DSNs stay
-    valid (the chaos tests simulate an outage so).  ``close()`` stops it and removes a private
-    data directory (one in ``run_dir`` is kept).  ``settings`` are extra ``postgres -c``
-    options, e.g. ``{"fsync": "on"}``.  Unless ``detach`` is true, a server started by this
-    process does not outlive it: a guard (:data:`_GUARD`) stops it, and removes a private data
-    directory, when the process ends, however it ends (an exit, a kill, ``os._exit``).
+    ``stop()`` then ``start()`` keeps port and data; ``close()`` also removes a private data
+    dir. ``settings``: extra ``postgres -c`` options. Unless ``detach``, a guard process stops
+    the server when this process ends, however it ends.
     """
 
     def __init__(self, run_dir: Path | None = None, *, settings: Mapping[str, str] | None = None,
@@ -251,7 +220,7 @@ class PostgresServer:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _start_guard(self) -> None:
-        """A shell that waits for EOF on a pipe only this process holds, then stops the server."""
+        """A shell that stops the server on EOF of a pipe only this process holds."""
         self._end_guard()
         private = str(self.data_dir.parent) if self._relocated else ""
         self._guard = subprocess.Popen(  # its own session: no terminal SIGINT ends it first

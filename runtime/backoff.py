@@ -1,7 +1,6 @@
 """Exponential back-off with jitter, and the retry-forever loop for infrastructure failures.
 
-Pure logic plus ``time.sleep``: which exceptions count as infrastructure is decided by the caller
-(adapters classify by exception class / SQLSTATE, never by message text).
+The caller decides which exceptions are transient (by class or SQLSTATE, never message text).
 """
 
 from __future__ import annotations
@@ -16,11 +15,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Backoff:
-    """Delays ``initial * 2**attempt`` capped at ``maximum``, with equal jitter.
-
-    The jittered delay lies in ``[d/2, d]`` for the un-jittered ``d``: never zero (no hot loop),
-    and never above ``maximum``.
-    """
+    """Delays ``initial * 2**attempt`` capped at ``maximum``, with equal jitter (``[d/2, d]``)."""
 
     initial: float = 1.0
     maximum: float = 60.0
@@ -39,11 +34,9 @@ def retry_forever(
 ) -> T:
     """Run ``operation`` until it succeeds, sleeping between transient failures.
 
-    A failure for which ``is_transient`` is false is raised at once (it is the caller's to
-    classify as poison). ``on_retry(exc, attempt, delay)`` is called before each sleep;
-    ``on_recovered(attempts)`` once the dependency answers after at least one transient
-    failure: a success, or a failure that is not transient (the service is back and refused
-    the operation itself; a pause reported by ``on_retry`` must end then too).
+    A failure that is not transient is raised at once. ``on_retry(exc, attempt, delay)`` before
+    each sleep; ``on_recovered(attempts)`` once the dependency answers again (also with a
+    non-transient failure: the service is back).
     """
     attempt = 0
     while True:

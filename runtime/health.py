@@ -1,18 +1,10 @@
-"""Process health: running, paused waiting for a dependency, or dead; served over HTTP.
+"""Process health: running, paused waiting for a dependency, stalled or dead; served over HTTP.
 
-``/livez`` is 200 while the process makes progress or is paused on purpose (an outage is not a
-reason to restart the pod), 503 once no step has reported progress for ``stall_seconds`` while
-not paused. ``/readyz`` is 200 only while running: 503 while paused on a dependency, and 503
-while some part of the process reports itself stalled (:meth:`Health.stalled`: e.g. the oldest
-committed outbox row unpublished for longer than ``USER_ACTIVITY_OUTBOX_STALL_SECONDS``), with
-the reason in the body. ``/metrics`` serves the Prometheus registry. Bodies are JSON describing
-the state.
-
-A pause belongs to the loop that waits (a *waiter*: one sink partition, one input partition,
-one DLQ publisher, the outbox publisher), not to the dependency: the sink partitions wait for
-PostgreSQL separately, and the first to reconnect does not make the process ready while the
-others still wait (a worker's input partitions share one consumer and resume together).
-``/readyz`` names the dependency waited for longest and lists every waiter.
+``/livez``: 200 while the process makes progress or is paused on an outage (no reason to
+restart), 503 after ``stall_seconds`` without progress while not paused. ``/readyz``: 200 only
+while running; 503 while any waiter (a sink partition, a worker's input, the outbox publisher)
+is paused or any component reports itself stalled, the reason in the JSON body. ``/metrics``
+serves the Prometheus registry.
 """
 
 from __future__ import annotations
@@ -40,12 +32,10 @@ class HealthSnapshot:
     last_error: str | None
     seconds_since_progress: float
     stalled: tuple[tuple[str, str], ...] = ()
-    """What reports itself stalled, and why (``(component, reason)``)."""
     waiting: tuple[tuple[str, str], ...] = ()
-    """Every paused waiter and the dependency it waits for (``(waiter, dependency)``)."""
 
     def as_json(self) -> bytes:
-        """The JSON body of the health endpoints."""
+        """The JSON body of ``/livez`` and ``/readyz``."""
         since = self.paused_since
         return orjson.dumps({
             "state": self.state, "dependency": self.dependency,
@@ -68,23 +58,12 @@ class Health:
         self._stalled: dict[str, str] = {}
         self._last_progress = time.monotonic()
 
-    @property
-    def stall_seconds(self) -> float:
-        """How long without progress, not paused, before ``/livez`` says dead."""
-        return self._stall_seconds
-
     def beat(self) -> None:
         """Record progress (a poll, a batch, an idle loop): the process is alive."""
         self._last_progress = time.monotonic()
 
-    def paused(self, dependency: str, attempt: int, error: str, *, waiter: str,
-               progress: bool = True) -> None:
-        """Record that ``waiter`` waits for ``dependency`` (retry ``attempt``, error class).
-
-        The pause keeps the time it began across attempts, also when the waiter's dependency
-        changes (the outbox publisher may wait for PostgreSQL, then for Kafka). A retry loop's
-        attempt is progress (``progress``); a call seen hanging from outside is not.
-        """
+    def paused(self, dependency: str, attempt: int, error: str, *, waiter: str) -> None:
+        """Record that ``waiter`` waits for ``dependency``; the pause keeps the time it began."""
         with self._lock:
             began = self._paused.get(waiter)
             if began is None:
@@ -92,19 +71,14 @@ class Health:
             else:
                 since, since_monotonic = began[1], began[4]
             self._paused[waiter] = (dependency, since, attempt, error, since_monotonic)
-        if progress:
-            self.beat()
+        self.beat()
         self.refresh_gauge()
 
-    def resumed(self, *, waiter: str, progress: bool = True) -> None:
-        """Record that ``waiter``'s dependency answers again (harmless if it never paused).
-
-        ``progress`` False: the pause is only withdrawn (liveness judges from the last progress).
-        """
+    def resumed(self, *, waiter: str) -> None:
+        """Record that ``waiter``'s dependency answers again (harmless if it never paused)."""
         with self._lock:
             self._paused.pop(waiter, None)
-        if progress:
-            self.beat()
+        self.beat()
         self.refresh_gauge()
 
     def stalled(self, component: str, reason: str) -> None:
@@ -134,11 +108,7 @@ class Health:
         return HealthSnapshot(state, None, None, 0, None, idle, stalled)
 
     def refresh_gauge(self) -> None:
-        """Bring the paused-seconds gauge up to date (on each change and each scrape).
-
-        On the monotonic clock: a step of the wall clock would add its size to a pause (a false
-        ``UserActivityStreamPausedTooLong``) or make it negative.
-        """
+        """Bring the paused-seconds gauge up to date (monotonic: a wall-clock step is no pause)."""
         with self._lock:
             since = min((v[4] for v in self._paused.values()), default=None)
         PAUSED_SECONDS.set(0 if since is None else time.monotonic() - since)
@@ -172,22 +142,12 @@ class _Handler(BaseHTTPRequestHandler):
         """Silence the per-request access log."""
 
 
-_server_lock = threading.Lock()
-_server: ThreadingHTTPServer | None = None
-
-
 def serve_http(host: str, port: int, health: Health) -> int | None:
-    """Serve ``health`` and the metrics once per process (idempotent, a thread named ``http``).
-
-    Returns the port; ``port == 0`` disables the server and returns None.
-    """
-    global _server  # noqa: PLW0603
+    """Serve ``health`` and the metrics on a thread named ``http``; the port (None: port 0)."""
     if port == 0:
         return None
-    with _server_lock:
-        if _server is None:
-            handler = type("HealthHandler", (_Handler,), {"health": health})
-            _server = ThreadingHTTPServer((host, port), handler)
-            _server.daemon_threads = True
-            threading.Thread(target=_server.serve_forever, name="http", daemon=True).start()
-        return int(_server.server_address[1])
+    handler = type("HealthHandler", (_Handler,), {"health": health})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return int(server.server_address[1])

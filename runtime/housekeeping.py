@@ -1,10 +1,8 @@
 """The process's one housekeeping thread: periodic tasks, each at its own interval.
 
-The composition root registers every periodic task of a job (the cluster-wide stop, the wall
-clock's check, the outbox stall watch, retention, the allocator's trim, ...) and starts the
-thread once. A task is a short call with its own time-outs; an exception it raises is logged
-(``housekeeping-task-failed``, at most once a minute per task) and counted, and the task runs
-again at its next time.
+The composition root registers every periodic task and starts the thread once. A task is a
+short call with its own time-outs; an exception it raises is logged (``housekeeping-task-failed``,
+at most once a minute per task) and counted, and the task runs again at its next time.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ class Housekeeping:
     def every(self, seconds: float, name: str, call: Callable[[], object]) -> None:
         """Run ``call`` every ``seconds`` (the first run ``seconds`` after :meth:`start`)."""
         if seconds > 0:
+            BACKGROUND_ERRORS.labels(task=name)  # the series exists (at 0) before any failure
             self._tasks.append(_Task(name, seconds, call, time.monotonic() + seconds))
 
     def start(self) -> None:

@@ -1,15 +1,12 @@
 """JSON log lines, configured once at the entry point.
 
-Callers pass fields, not formatted strings: ``log_event(logger, "recorded", MessageId=...)``.
-Only the fields given are written; payload notes, IPs, user agents and secrets are never passed.
-A batch of lines of one event goes through ``log_events(logger, "recorded", rows)``: the same
-lines, rendered without a LogRecord each and written to the JSON handler with one ``write``.
+Callers pass fields, not formatted strings: ``log_event(logger, "recorded", MessageId=...)``;
+payload notes, IPs, user agents and secrets are never passed. ``log_events`` writes a batch of
+one event's lines with one ``write``.
 """
 
 from __future__ import annotations
 
-import codecs
-import io
 import logging
 import re
 import sys
@@ -47,15 +44,11 @@ class JsonFormatter(logging.Formatter):
         return _dumps_line(line).decode()
 
 
-_INT_RANGE = range(-(1 << 63), 1 << 64)
-"""The integers orjson writes (it never calls ``default`` for one outside this range)."""
+_INT_RANGE = range(-(1 << 63), 1 << 64)  # orjson raises on any other integer
 
 
 def _dumps_line(line: dict[str, Any], option: int = 0) -> bytes:
-    """``line`` as JSON, each integer orjson cannot write as its decimal string.
-
-    A message's ``Version`` of 2**64 (both decoders accept any integer) lost its whole line.
-    """
+    """``line`` as JSON, each integer orjson cannot write as its decimal string."""
     try:
         return orjson.dumps(line, default=str, option=option)
     except TypeError:
@@ -63,7 +56,6 @@ def _dumps_line(line: dict[str, Any], option: int = 0) -> bytes:
 
 
 def _writable(value: Any) -> Any:
-    """``value`` with every integer outside orjson's range (nested too) as its decimal string."""
     if isinstance(value, dict):
         return {key: _writable(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -76,8 +68,7 @@ def _writable(value: Any) -> Any:
 class RepeatThrottle(logging.Filter):
     """Let one line of each message shape through per ``window`` seconds; count the rest.
 
-    librdkafka repeats the same line for every client and every reconnect attempt while a broker
-    is down (hundreds a second for a dozen consumers); the next line of a shape that passes
+    For librdkafka's repeated lines while a broker is down; the next line of a shape that passes
     carries ``suppressed``: how many were dropped since the last one.
     """
 
@@ -136,13 +127,9 @@ def log_events(
 ) -> None:
     """``log_event(logger, event, level, **row)`` for each row, written in one go.
 
-    When the only handler a record of ``logger`` would reach is a plain JSON stream handler (the
-    one :func:`configure_logging` installs), the lines are rendered here, byte for byte what
-    :class:`JsonFormatter` writes for ``log_event`` (all lines share one timestamp), and handed
-    to the stream with a single ``write`` under the handler's lock (as bytes, when the stream
-    is a UTF-8 text layer that writes through to its buffer). Anything else - logger
-    filters, several handlers, another formatter, pytest's ``caplog`` - gets one ``log_event``
-    per row, so every handler and filter still sees its records.
+    When the only handler reached is a plain JSON stream handler, the lines are rendered here
+    (byte for byte what :class:`JsonFormatter` writes, one timestamp) and written at once;
+    anything else (filters, several handlers, ``caplog``) gets one ``log_event`` per row.
     """
     if not logger.isEnabledFor(level):
         return
@@ -156,8 +143,6 @@ def log_events(
     header = logger.makeRecord(logger.name, level, "(unknown file)", 0, event, (), None)
     # '{"ts":...,"event":...}' -> '{"ts":...,"event":...,': each row's own JSON object follows.
     head = formatter.format(header).encode()[:-1] + b","
-    dumps = orjson.dumps
-    newline = orjson.OPT_APPEND_NEWLINE
     shapes: dict[tuple[str, ...], bool] = {}
     lines: list[bytes] = []
     for row in rows:
@@ -165,28 +150,16 @@ def log_events(
         plain = shapes.get(keys)
         if plain is None:
             plain = shapes[keys] = _plain_keys(keys)
-        if plain:
-            for value in row.values():
-                if value is None:
-                    break
-            else:
-                try:
-                    encoded = dumps(row, default=str, option=newline)
-                except TypeError:  # an integer orjson cannot write
-                    encoded = _dumps_line(row, newline)
-                lines.append(head + encoded[1:])
-                continue
-        lines.append(_format_row(logger, formatter, header, row))
+        if plain and None not in row.values():
+            lines.append(head + _dumps_line(row, orjson.OPT_APPEND_NEWLINE)[1:])
+        else:
+            lines.append(_format_row(logger, formatter, header, row))
     if not lines:
         return
     data = b"".join(lines)
     handler.acquire()
     try:
-        stream = handler.stream
-        if _bytes_through(stream):
-            stream.buffer.write(data)
-        else:
-            stream.write(data.decode())
+        handler.stream.write(data.decode())
         handler.flush()
     except RecursionError:
         raise
@@ -198,7 +171,6 @@ def log_events(
 
 _HEADER_KEYS = frozenset({"ts", "level", "logger", "event"})
 _LOG_EVENT_PARAMS = frozenset({"logger", "event", "level"})
-_BATCH_HANDLER_TYPES = (logging.StreamHandler,)
 
 
 def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[Any] | None:
@@ -216,17 +188,17 @@ def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[
         current = current.parent if current.propagate else None
     if (
         found is None
-        or type(found) not in _BATCH_HANDLER_TYPES
+        or type(found) is not logging.StreamHandler
         or getattr(found, "terminator", None) != "\n"
         or type(found.formatter) is not JsonFormatter
         or found.filters
     ):
         return None
-    return found  # type: ignore[return-value]
+    return found
 
 
 def _plain_keys(keys: tuple[str, ...]) -> bool:
-    """True when a row with ``keys`` renders as its own JSON object after the header's keys."""
+    """True when a row with ``keys`` renders as its own JSON object after the header's."""
     return bool(keys) and all(
         isinstance(key, str)
         and not key.startswith("_")
@@ -240,7 +212,7 @@ def _format_row(
     logger: logging.Logger, formatter: JsonFormatter, header: logging.LogRecord,
     row: dict[str, Any],
 ) -> bytes:
-    """One line the slow way (a LogRecord through the formatter), at the batch's timestamp."""
+    # one line the slow way (a LogRecord through the formatter), at the batch's timestamp
     for name in _LOG_EVENT_PARAMS.intersection(row):
         raise TypeError(f"log_event() got multiple values for argument {name!r}")
     fields = {k: v for k, v in row.items() if v is not None}
@@ -251,11 +223,3 @@ def _format_row(
     record.created, record.msecs = header.created, header.msecs
     return formatter.format(record).encode() + b"\n"
 
-
-def _bytes_through(stream: Any) -> bool:
-    """True for a UTF-8 text layer that passes each write on to its byte buffer at once."""
-    return (
-        isinstance(stream, io.TextIOWrapper)
-        and stream.write_through
-        and codecs.lookup(stream.encoding).name == "utf-8"
-    )

@@ -1,10 +1,8 @@
 """The job's memory: when the cyclic garbage collector runs, and heap given back to the OS.
 
-:func:`tune_gc` (once the flow is built) freezes everything alive at start-up out of the
-collector's reach and raises the young threshold, so messages in flight no longer trigger
-collections that walk the whole heap (measured: 40 % of the job's CPU with the defaults; see
-docs/decisions.md). The composition root then runs :func:`collect_full` and :func:`trim_heap`
-periodically: cycles are still freed, and heap freed after a burst goes back to the OS.
+:func:`tune_gc` freezes the start-up heap and raises the young threshold, so messages in
+flight do not trigger collections that walk the whole heap; the composition root runs
+:func:`collect_full` and :func:`trim_heap` periodically.
 """
 
 from __future__ import annotations
@@ -19,10 +17,7 @@ OLDER_THRESHOLDS = (50, 1000)
 
 
 def tune_gc(young_threshold: int) -> None:
-    """Freeze the start-up heap; a young collection every ``young_threshold`` net allocations.
-
-    ``0``: Python's defaults are kept.
-    """
+    """Freeze the start-up heap; a young collection every ``young_threshold`` (0: defaults)."""
     if young_threshold > 0:
         gc.collect()
         gc.freeze()

@@ -1,8 +1,7 @@
 """What an adapter may ask of the process it runs in: its health, and whether to stop.
 
-The composition root (:mod:`dataflows.entry`) makes the one :class:`Process` of a job and hands
-it to every adapter; an adapter never reaches for a process-wide object, and never starts a
-thread. Tests make their own (``Process()``): nothing is started by making one.
+The composition root makes the one :class:`Process` of a job and hands it to every adapter;
+tests make their own (``Process()`` starts nothing).
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """A clean stop on SIGTERM and the first Ctrl-C; exit 75 when the stop cannot finish.
 
-:func:`install_signal_handlers` makes SIGTERM and SIGINT set the process's :class:`Shutdown`
-instead of raising inside Bytewax's run loop (a Rust panic that leaves the batch in flight). The
-inputs end at their next poll, Bytewax completes the epoch, the sinks commit and close, exit 0.
-A second Ctrl-C interrupts at once. During an outage the retry loops wake at the request and
-keep trying for ``grace`` seconds; then the process exits 75 (:func:`abandon`: a SIGKILL with a
-reason, nothing committed is lost). A stop still running ``grace`` + :data:`DEADLINE_MARGIN`
-seconds after the request (a call that never returns) is ended the same way. A stop the job asks
-for itself (:meth:`Shutdown.restart`), or one that left work undone, exits 75 at its end
-(:meth:`Shutdown.finish`, called by whoever ran the flow).
+SIGTERM and SIGINT set the :class:`Shutdown` instead of raising inside Bytewax's run loop: the
+inputs end, the epoch completes, the sinks commit, exit 0; a second Ctrl-C interrupts at once.
+Retry loops blocked by an outage keep trying for ``grace`` seconds, then exit 75; so does a stop
+still running ``grace`` + :data:`DEADLINE_MARGIN` later. A stop the job asks for itself
+(:meth:`Shutdown.restart`), or one that left work undone, exits 75 at its end.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """A clock input: every sink partition gets a tick every ``interval`` seconds while the job runs.
 
-Bytewax calls a sink only when items reach it; a tick gives each partition of a tailing job a
-periodic call (to finish a deferred commit, to sweep waiting rows) without a thread of its own.
-Ticks end with the job's inputs: at a stop request.
+Bytewax calls a sink only when items reach it; a tick gives each partition a periodic call
+(a deferred commit, waiting rows) without a thread. Ticks end at a stop request.
 """
 
 from __future__ import annotations

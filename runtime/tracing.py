@@ -1,46 +1,14 @@
-"""Traces of each sampled message through a flow (OpenTelemetry), set up by ``OTEL_*`` only.
+"""OpenTelemetry traces of sampled messages, set up by the standard ``OTEL_*`` variables only.
 
-Configuration: the standard variables and nothing else. Tracing is **on** when
-``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and
-``OTEL_SDK_DISABLED`` is not ``true``; spans then go to that collector over OTLP/HTTP
-(protobuf) through a ``BatchSpanProcessor`` (a background thread; a full queue drops spans,
-never blocks the flow). Off, every hook below is one ``None`` check: no span, no id, no clock.
-Resource attributes: ``service.name`` (``OTEL_SERVICE_NAME``, default
-``user-activity-stream``), ``service.version`` (the package's), ``k8s.pod.name`` (``POD_NAME``
-or ``BYTEWAX_POD_NAME``), ``bytewax.process.id`` and ``bytewax.worker.index`` (the process's
-first worker: process id x ``BYTEWAX_WORKERS_PER_PROCESS``; one worker per pod in k8s), plus
-``OTEL_RESOURCE_ATTRIBUTES``.
-
-Sampling is decided **once per message**, when it is decoded (:func:`sample`), from
-``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (default ``parentbased_always_on``):
-parent-based samplers follow the incoming ``traceparent``'s sampled flag (the producer
-decides); a message without a valid one, or any message under a non-parent-based sampler, is
-sampled by the ratio rule of ``TraceIdRatioBased`` on its trace id. An unsampled message gets
-``None`` and costs no span object, no id and no timestamp. A sampled one gets a
-:class:`~schemas.outbox.MessageTrace`: its trace id, its parent, and the span id its ``handle``
-span will have, so the outbox row can name that span before the span exists.
-
-Spans are made **after the outcome is known**, with their real start and end times (the
-consumer's hand-over time is ``SourceRecord.received_at``), by :func:`finish_messages`. They are
-made finished (``ReadableSpan``, handed to the processor's ``on_end``: no tracer, no live span)
-and exported by the SDK's OTLP/HTTP exporter.
-
-* ``consume <topic>`` (CONSUMER, messaging attributes), child of the incoming context, from the
-  hand-over to the outcome;
-* ``handle`` (INTERNAL), its child, from the start of the decision (the batch's write) to the
-  outcome; attribute ``user_activity.outcome`` and the span status (ERROR for the outcomes that
-  are the producer's or the data's fault);
-* one database span per batch (CLIENT, ``INSERT user_activity.action_events`` or
-  ``UPDATE user_activity.sessions``): a **child of the first sampled message's** ``handle``
-  span, and a **span link** from every other sampled message's ``handle`` span. A span has one
-  parent and one statement serves the whole batch (many traces): one span, linked, tells the
-  truth (one statement, its real duration, its batch size) at one span per batch, where a copy
-  per trace would multiply spans by the sampled messages and show statements that never ran.
-
-The outbox publisher then calls :func:`start_publish`: a row whose stored ``traceparent`` is
-sampled gets a ``publish <topic>`` span (PRODUCER, child of the stored ``handle`` context) from
-the produce call to the broker's acknowledgement, and goes out with that span's
-``traceparent``, so the consumer of the event joins the same trace.
+On when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set and ``OTEL_SDK_DISABLED`` is not
+``true``: the SDK's ``BatchSpanProcessor`` exports over OTLP/HTTP (a full queue drops spans,
+never blocks the flow). Off, every hook is one ``None`` check. Sampling is decided once per
+message at decode (:func:`sample`; ``OTEL_TRACES_SAMPLER``/``_ARG``, default
+``parentbased_always_on``): an unsampled message costs no span, id or clock read. Spans are made
+finished once the outcome is known: ``consume <topic>`` (CONSUMER) > ``handle`` (INTERNAL, its
+``user_activity.outcome``) > one database span (CLIENT) per batch, a child of the first sampled
+``handle`` and linked from the others. :func:`start_publish` adds a ``publish <topic>`` span
+(PRODUCER) whose ``traceparent`` the outgoing event carries.
 """
 
 from __future__ import annotations
@@ -78,17 +46,14 @@ _OK = Status(StatusCode.OK)
 _UNSET = Status(StatusCode.UNSET)
 _BATCH_LINK: Mapping[str, AttributeValue] = {"user_activity.link": "batch-database-work"}
 _DAY_NS = 86_400 * 10**9
-_ODD_HEX = frozenset(b"13579bdf"[i:i + 1] for i in range(8))
-"""The last hex digit of a trace-flags byte whose sampled bit (0x01) is set."""
 
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """The per-message sampling rule (``OTEL_TRACES_SAMPLER`` / ``_ARG``).
 
-    ``parent_based``: a valid incoming ``traceparent`` decides by its sampled flag. Otherwise a
-    trace id is sampled when its low 64 bits are below ``bound`` (``TraceIdRatioBased``'s rule:
-    ``bound = round(ratio * 2**64)``; 0 samples nothing, ``2**64`` everything).
+    ``parent_based``: a valid incoming ``traceparent``'s flag decides; otherwise a trace id is
+    sampled when its low 64 bits are below ``bound`` (``TraceIdRatioBased``'s rule).
     """
 
     parent_based: bool
@@ -166,11 +131,9 @@ class TracedRecord:
 
 
 class Tracing:
-    """The process's span processor, sampling rule and resource (one per process, module doc).
+    """The process's span processor, sampling rule and resource.
 
-    Spans are made finished (``ReadableSpan``, ids chosen here) and handed to the processor's
-    ``on_end``: no tracer, no live span, no per-attribute validation. Every attribute value
-    here is a str, int or bool made by this module or the flows' ``traces`` modules.
+    Spans are handed finished (``ReadableSpan``) to the processor's ``on_end``: no tracer.
     """
 
     def __init__(
@@ -195,39 +158,27 @@ class Tracing:
         ))
 
     def sample(self, record: SourceRecord) -> MessageTrace | None:
-        """The message's trace if it is sampled, else None (decided once, see module doc).
-
-        The unsampled cases return before any parsing where they can: no ratio and no parent
-        rule (a sampler at 0), or a parent-based rule with roots off and an unsampled flag.
-        """
-        sampling = self.sampling
-        bound = sampling.bound
-        parent_based = sampling.parent_based
-        if not bound and not parent_based:
+        """The message's trace if sampled, else None (no valid ``traceparent``: a root)."""
+        if not self.sampling.bound and not self.sampling.parent_based:
             return None
-        header = None
-        for key, value in record.headers:
-            if key == TRACEPARENT:
-                header = value
-        if header is not None:
-            if parent_based and header[54:55] not in _ODD_HEX:
-                # unsampled if valid (the parent decides), else a root (the ratio decides); a
-                # version-00-shaped header is taken as valid unread (the usual unsampled case)
-                if not bound or len(header) == 55 or valid_traceparent(header) is not None:
-                    return None
-            elif not parent_based and _ratio_says_no(header, bound):
-                return None
-            else:
-                parent = valid_traceparent(header)  # valid: a ratio rule said yes above
-                if parent is not None:
-                    return MessageTrace(int(parent[3:35], 16), int(parent[36:52], 16),
-                                        _new_span_id())
-        if not bound:
-            return None
+        parent = self._parent(record.header(TRACEPARENT))
+        if parent is not None:
+            trace_id, span_id, sampled = parent
+            return MessageTrace(trace_id, span_id, _new_span_id()) if sampled else None
         trace_id = random.getrandbits(128) or 1
-        if (trace_id & _LOW_64) >= bound:
+        if (trace_id & _LOW_64) >= self.sampling.bound:
             return None
         return MessageTrace(trace_id, 0, _new_span_id())
+
+    def _parent(self, header: bytes | None) -> tuple[int, int, bool] | None:
+        """A valid ``traceparent``'s trace id and span id, and whether this rule samples it."""
+        parent = None if header is None else valid_traceparent(header)
+        if parent is None:
+            return None
+        trace_id = int(parent[3:35], 16)
+        sampled = (int(parent[53:55], 16) & 1 == 1 if self.sampling.parent_based
+                   else (trace_id & _LOW_64) < self.sampling.bound)
+        return trace_id, int(parent[36:52], 16), sampled
 
     def finish_messages(
         self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
@@ -275,32 +226,21 @@ class Tracing:
                  _UNSET, consume_start, ended_ns)
 
     def start_publish(self, records: Sequence[Any]) -> tuple[list[Any], _Publishing | None]:
-        """``records`` with a ``publish`` span for each sampled one (see :func:`start_publish`).
+        """``records`` with a ``publish`` span for each sampled one (:func:`start_publish`).
 
-        Sampled: the stored ``traceparent`` is sampled, and under a non-parent-based rule its
-        trace id also passes the ratio (the very decision the message got at decode, which is a
-        function of the trace id: a row whose message was not sampled carries the incoming,
-        maybe sampled, context).
+        Under a non-parent-based rule the stored trace id must also pass the ratio: the
+        decision its message got at decode.
         """
-        sampling = self.sampling
-        if not sampling.parent_based and not sampling.bound:
-            return list(records), None
         out: list[Any] = []
         spans: list[_Pending | None] = []
-        any_span = False
         for record in records:
             headers = record.headers
-            stored = _stored_traceparent(headers)
-            # what we store is a version-00 traceparent (55 characters): its flags end it
-            parent = valid_traceparent(stored) if (
-                stored is not None and stored[54:55] in _ODD_HEX
-                and (sampling.parent_based or not _ratio_says_no(stored, sampling.bound))
-            ) else None
-            if parent is None:
+            parent = self._parent(_stored_traceparent(headers))
+            if parent is None or not parent[2]:
                 out.append(record)
                 spans.append(None)
                 continue
-            trace_id = int(parent[3:35], 16)
+            trace_id, parent_span_id, _ = parent
             attributes: dict[str, AttributeValue] = {
                 "messaging.system": "kafka", "messaging.operation.type": "send",
                 "messaging.operation.name": "publish", "messaging.destination.name": record.topic}
@@ -316,11 +256,10 @@ class Tracing:
                                     _with_traceparent(headers, traceparent)))
             spans.append(_Pending(
                 f"publish {record.topic}", SpanContext(trace_id, span_id, False, _SAMPLED),
-                SpanContext(trace_id, int(parent[36:52], 16), True, _SAMPLED), attributes,
+                SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes,
                 time.time_ns(),
             ))
-            any_span = True
-        return out, (_Publishing(self, spans) if any_span else None)
+        return out, (_Publishing(self, spans) if any(spans) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,18 +319,6 @@ def _with_traceparent(headers: Any, traceparent: str) -> Any:
     return [(name, encoded if name == TRACEPARENT else value) for name, value in headers]
 
 
-def _ratio_says_no(traceparent: bytes, bound: int) -> bool:
-    """True when the trace id's low 64 bits (characters 19-34) are at or above ``bound``.
-
-    Read before the header is validated, so a ratio that says no costs no parsing; a header
-    whose characters there are not hex is left to the validation (False).
-    """
-    try:
-        return int(traceparent[19:35], 16) >= bound
-    except ValueError:
-        return False
-
-
 def _new_span_id() -> int:
     return random.getrandbits(64) or 1
 
@@ -411,7 +338,7 @@ def _version() -> str:
 
 
 def resource_from_env(env: Mapping[str, str]) -> Resource:
-    """The resource attributes of this process (module doc)."""
+    """Service name and version, pod, Bytewax process and first worker; ``OTEL_RESOURCE_*``."""
     process_id = env.get("BYTEWAX_PROCESS_ID", "").strip()
     pod = env.get("POD_NAME") or env.get("BYTEWAX_POD_NAME") or ""
     statefulset = env.get("BYTEWAX_STATEFULSET_NAME", "")
@@ -429,10 +356,7 @@ def resource_from_env(env: Mapping[str, str]) -> Resource:
         "bytewax.process.id": process,
         "bytewax.worker.index": process * per_process,
     }
-    resource = Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES merged in
-    if env.get("OTEL_SERVICE_NAME"):
-        return resource
-    return resource.merge(Resource({"service.name": SERVICE_NAME}))
+    return Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES merged under these
 
 
 _state: Tracing | None = None
@@ -452,11 +376,7 @@ def install(
 
 
 def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None = None) -> bool:
-    """Turn tracing on if the ``OTEL_*`` variables ask for it (module doc); True if on.
-
-    Idempotent: a second call keeps the first set-up. The caller flushes at exit
-    (:func:`shutdown`).
-    """
+    """Turn tracing on if the ``OTEL_*`` variables ask for it; True if on (idempotent)."""
     env = os.environ if env is None else env
     if _state is not None or not tracing_wanted(env):
         return _state is not None
@@ -479,11 +399,9 @@ SHUTDOWN_FLUSH_SECONDS = 2.0
 
 
 def shutdown(timeout: float = SHUTDOWN_FLUSH_SECONDS) -> None:
-    """Flush and stop tracing; tracing is off after it. Never waits longer than ``timeout``.
+    """Flush and stop tracing, waiting at most ``timeout`` (then ``tracing-flush-abandoned``).
 
-    The SDK's own shutdown waits for an export to a collector that never answers: it runs on a
-    daemon thread, given up after ``timeout`` (the spans are lost, never the stop; logged
-    ``tracing-flush-abandoned``).
+    The SDK's shutdown waits on an unanswering collector, so it runs on a daemon thread.
     """
     global _state
     with _state_lock:
@@ -516,10 +434,9 @@ def finish_messages(
     handled: Sequence[Handled], started_ns: int | None = None, ended_ns: int | None = None,
     database: DatabaseWork | None = None,
 ) -> None:
-    """Make the spans of ``handled`` (sampled messages whose outcome is known); see module doc.
+    """The spans of ``handled``, decided from ``started_ns`` (None: instantly) to ``ended_ns``.
 
-    ``started_ns`` is when the decision began (None: at ``ended_ns``, an instant decision),
-    ``ended_ns`` when the outcome was known (None: now). ``database`` is the batch's statement.
+    ``ended_ns`` None: now. ``database`` is the batch's one statement.
     """
     state = _state
     if state is None or not handled:
@@ -545,9 +462,7 @@ def finish_alone(record: SourceRecord, outcome: str, *, message_id: str | None =
 def start_publish(records: Sequence[Any]) -> tuple[Sequence[Any], _Publishing | None]:
     """``records`` to produce, each sampled one with its ``publish`` span's ``traceparent``.
 
-    Off, or no record with a sampled stored ``traceparent``: ``records`` itself and None.
-    Otherwise the records to produce instead and the spans to end with the delivery results
-    (``_Publishing.end(errors)``, one result per record, None for acknowledged).
+    Also the spans to end with the delivery results (None: nothing sampled).
     """
     state = _state
     if state is None:

@@ -1,15 +1,8 @@
 """The action-tracked event's bytes (record key and value), rendered from the action it announces.
 
-One renderer for the two places that need the bytes: the favorites sink renders them in memory
-at record time (the outbox publisher's fast path sends that copy), and the publisher renders a
-thin outbox row (migration 0008: no stored value) from the ``action_events`` row it names. The
-bytes are a pure function of facts that never change once committed: the outbox row's id
-(MessageId), its ``created_at`` (CreatedAt), the source's CorrelationId and OccurredAt offset
-(kept on the outbox row) and the action_events row (immutable, INV-ACT-001). So a row sent
-twice (by the fast path, then again by a window after a crash) is the same bytes both times.
-
-orjson renders UUIDs (lower-case, hyphenated) and aware datetimes (RFC 3339, the offset kept,
-microseconds only when non-zero) itself; the field order is the contract's.
+One renderer for the favorites sink (in memory, for the publisher's fast path) and the publisher
+(from a thin outbox row and the ``action_events`` row it names). The bytes are a pure function
+of facts that never change once committed, so a row sent twice is the same bytes both times.
 """
 
 from __future__ import annotations
@@ -41,11 +34,7 @@ def action_tracked_value(  # noqa: PLR0917 (the hot path: positional, no kwargs 
     action_type: str, session_id: UUID, anonymous_id: UUID, user_id: UUID | None,
     occurred_at: datetime, property_object_id: UUID, favorite_id: UUID,
 ) -> bytes:
-    """The record value: the action-tracked envelope of one recorded action (UTF-8 JSON).
-
-    ``created_at`` is :func:`rendered_created_at`'s text; ``occurred_at`` carries the offset
-    the source wrote it with.
-    """
+    """The action-tracked envelope of one recorded action (``created_at``: rendered already)."""
     return _dumps({
         "MessageId": message_id,
         "CreatedAt": created_at,
@@ -74,16 +63,10 @@ def utc_offset_seconds(moment: datetime) -> int:
 
 
 def with_offset(local: datetime, offset_seconds: int) -> datetime:
-    """The aware datetime of a naive local time ``local`` at UTC offset ``offset_seconds``.
-
-    The publisher reads OccurredAt back as the local time at the stored offset (PostgreSQL's
-    ``AT TIME ZONE``), so a moment near the end of year 9999 with a negative offset, which has
-    no UTC ``datetime`` in Python, still renders.
-    """
+    """The aware datetime of a naive local time at ``offset_seconds`` (year 9999 too)."""
     return local.replace(tzinfo=_zone(offset_seconds))
 
 
 @functools.lru_cache(maxsize=256)
 def _zone(offset_seconds: int) -> timezone:
-    """The fixed-offset zone of ``offset_seconds`` (one object per offset: a row's is reused)."""
     return UTC if offset_seconds == 0 else timezone(timedelta(seconds=offset_seconds))

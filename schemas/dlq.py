@@ -1,13 +1,9 @@
 """Dead-letter record headers and the stable reason codes (SPEC §2, §5).
 
-A DLQ record carries the original key and value bytes unchanged and the original headers, plus
-the headers below. Reason codes are part of the contract with on-call engineers: never rename.
-
-A letter the DLQ topic cannot take whole (over its ``max.message.bytes``, or refused for what it
-is) is sent reduced: marked ``x-dlq-truncated: true`` with ``x-original-size`` (the original
-value's length in bytes), its value cut to what fits (or empty), and if that is still refused
-without the original headers, then without the key. The full original stays on the source topic,
-at the ``x-source-*`` coordinates.
+A DLQ record carries the original key, value and headers unchanged, plus the headers below.
+A letter the DLQ topic refuses whole is sent reduced (``x-dlq-truncated``, ``x-original-size``,
+the value cut to fit, then without the original headers, then without the key); the original
+stays on the source topic at the ``x-source-*`` coordinates. Reason codes: never renamed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""A dead letter: the original record plus why it failed, its Kafka headers, its reduced forms.
+"""A dead letter: the original record, why it failed, its Kafka headers and its reduced forms.
 
-Pure logic, no Kafka client: :meth:`DeadLetter.render` builds the record to send for one
-:class:`LetterForm`, and :func:`next_form` picks the next, smaller form after the DLQ topic
-refused one with a record error (see ``sinks/dead_letters.py``).
+Pure: :meth:`DeadLetter.render` builds the record of one :class:`LetterForm`; :func:`next_form`
+picks the next, smaller one after the DLQ topic refused a form with a record error.
 """
 
 from __future__ import annotations
@@ -55,13 +54,7 @@ class LetterRecord:
 
 
 def protocol_margin(limit: int) -> int:
-    """Bytes kept free under ``limit`` for the record batch's framing and compression.
-
-    A record batch header is 61 bytes and a record's own framing under 40; zstd adds a few
-    bytes per 128 KiB block to incompressible data. 1 KiB plus 1/256 of the limit covers all of
-    it with room to spare (measured: a 999,950-byte random value is refused by a 1,000,000
-    byte topic, 999,900 is taken).
-    """
+    """Bytes kept free under ``limit`` for the record batch's framing and zstd's overhead."""
     return 1024 + limit // 256
 
 
@@ -80,8 +73,7 @@ class DeadLetter:
     attempts: int
     failed_at: datetime
     ids: tuple[tuple[str, str], ...] = ()
-    """The envelope's ids where it was partly decodable (``MessageId``, ``FavoriteId``, …), for
-    the dead-letter log line only; never sent, never a payload text."""
+    """Ids of a partly decodable envelope, for the dead-letter log line only (never sent)."""
 
     @classmethod
     def now(
@@ -143,9 +135,8 @@ def estimated_size(record: LetterRecord) -> int:
 def next_form(letter: DeadLetter, refused: LetterForm, limit: int) -> LetterForm | None:
     """The form to send after ``refused`` was rejected with a record error; None after BARE.
 
-    Forms that cannot fit under ``limit`` even with an empty value (a key or headers larger
-    than the topic takes) are skipped, so a letter reaches a form that fits without a round
-    trip per form. BARE is always offered, fitting or not: the broker has the last word.
+    Forms that cannot fit under ``limit`` even with an empty value are skipped; BARE is always
+    offered (the broker has the last word).
     """
     for form in LetterForm:
         if form <= refused:

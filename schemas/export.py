@@ -1,13 +1,8 @@
 """Export the JSON Schema of every wire contract to ``schemas/json/``, or check it has not drifted.
 
-``python -m schemas.export`` (re)writes ``schemas/json/<kebab-name>.schema.json`` for every model
-in :data:`CONTRACT_MODELS` and removes stale ``*.schema.json`` files; ``python -m schemas.export
---check`` writes nothing and exits 1, listing the drifted files, when a committed file differs from
-its model, is missing, or belongs to no model. The rendering is deterministic (sorted keys, indent
-2, trailing newline), so a drift is always a real contract change.
-
-The schemas are pydantic's ``model_json_schema(by_alias=True, mode="validation")``: the PascalCase
-wire names, describing what this service accepts.
+``python -m schemas.export`` (re)writes one ``<kebab-name>.schema.json`` per model and removes
+stale ones; ``--check`` writes nothing and exits 1 listing the drifted files. The rendering is
+deterministic, so a drift is always a real contract change.
 """
 
 from __future__ import annotations
@@ -37,10 +32,8 @@ CONTRACT_MODELS: tuple[type[BaseModel], ...] = (
     SessionStartedEnvelope,
     SessionEndedEnvelope,
 )
-"""Every message value the service reads or writes, in the order they are exported."""
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "json"
-"""Where the committed schema files live."""
 
 SCHEMA_SUFFIX = ".schema.json"
 
@@ -58,69 +51,42 @@ def render_schema(model: type[BaseModel]) -> str:
     return json.dumps(schema, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
-def expected_schemas() -> dict[str, str]:
-    """The file name -> rendered schema of every contract model."""
-    return {schema_file_name(model): render_schema(model) for model in CONTRACT_MODELS}
+def _changes(directory: Path) -> dict[Path, str | None]:
+    """Each schema file to (re)write with its text, or to delete (None): stale ones."""
+    expected = {schema_file_name(model): render_schema(model) for model in CONTRACT_MODELS}
+    changes: dict[Path, str | None] = {
+        directory / name: text for name, text in expected.items()
+        if _read_text(directory / name) != text}
+    if directory.is_dir():
+        changes |= {path: None for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}"))
+                    if path.name not in expected}
+    return changes
 
 
 def drifted_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
-    """The schema files in ``directory`` that are missing, differ from their model, or are stale.
-
-    Reads only; an unreadable or non-UTF-8 file counts as drifted.
-    """
-    expected = expected_schemas()
-    drifted: list[Path] = []
-    for name, text in expected.items():
-        path = directory / name
-        if _read_text(path) != text:
-            drifted.append(path)
-    if directory.is_dir():
-        drifted.extend(
-            path
-            for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}"))
-            if path.name not in expected
-        )
-    return drifted
+    """The schema files in ``directory`` that are missing, differ from their model, or are stale."""
+    return list(_changes(directory))
 
 
 def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
-    """Write every contract's schema into ``directory`` and delete stale schema files.
-
-    Files whose content is already right are left untouched. Returns the paths written or deleted.
-    Raises ``OSError`` when the directory cannot be created or written.
-    """
+    """Write every contract's changed schema into ``directory``, delete stale ones; the paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    expected = expected_schemas()
-    changed: list[Path] = []
-    for name, text in expected.items():
-        path = directory / name
-        if _read_text(path) != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
-    for path in sorted(directory.glob(f"*{SCHEMA_SUFFIX}")):
-        if path.name not in expected:
+    changes = _changes(directory)
+    for path, text in changes.items():
+        if text is None:
             path.unlink()
-            changed.append(path)
-    return changed
+        else:
+            path.write_text(text, encoding="utf-8")
+    return list(changes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code (1 = drift found by ``--check``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m schemas.export",
-        description="Export (or check) the JSON Schema of every wire contract.",
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 1 and list the files that drifted from the models",
-    )
-    parser.add_argument(
-        "--directory",
-        type=Path,
-        default=SCHEMA_DIR,
-        help=f"where the schema files live (default: {SCHEMA_DIR})",
-    )
+    parser = argparse.ArgumentParser(prog="python -m schemas.export", description=__doc__)
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 and list the files that drifted")
+    parser.add_argument("--directory", type=Path, default=SCHEMA_DIR,
+                        help=f"where the schema files live (default: {SCHEMA_DIR})")
     args = parser.parse_args(argv)
     directory: Path = args.directory
     if args.check:
@@ -137,7 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _read_text(path: Path) -> str | None:
-    """The file's UTF-8 text, or None when it is missing or unreadable."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

@@ -22,9 +22,8 @@ class ActionType(StrEnum):
 class FavoritePayload(WireModel):
     """Payload of favorite-added and favorite-removed (the same shape).
 
-    Exactly one of ``user_id`` / ``anonymous_id`` is set (INV-FAV-001); that is checked by the
-    validation step, not here, so a violation is a controlled ``invalid-owner`` skip rather than
-    a poison message. Any other field (e.g. a Note) is dropped on parse and never stored or logged.
+    Exactly one owner id is set (INV-FAV-001), checked by the flow (``invalid-owner``), not
+    here. Any other field (e.g. a Note) is dropped on parse, never stored or logged.
     """
 
     favorite_id: UUID
@@ -32,7 +31,6 @@ class FavoritePayload(WireModel):
     user_id: UUID | None = None
     anonymous_id: UUID | None = None
     occurred_at: Moment
-    """Copied into the history row and the action-tracked event (see :data:`Moment`)."""
 
 
 class FavoriteEnvelope(Envelope[FavoritePayload]):

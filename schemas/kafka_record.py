@@ -7,11 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class SourceRecord:
-    """One consumed Kafka record, bytes untouched (the DLQ re-sends them as they came).
-
-    Never changed once made, but not ``frozen``: one is made per consumed record, and a frozen
-    dataclass's ``__init__`` (``object.__setattr__`` per field) costs 1.06 µs against 0.20.
-    """
+    """One consumed Kafka record, bytes untouched (never changed; not frozen: 5x cheaper)."""
 
     topic: str
     partition: int
@@ -23,7 +19,7 @@ class SourceRecord:
     """``time.monotonic()`` when the consumer handed it over (for consume-duration)."""
 
     def __reduce__(self) -> tuple[type[SourceRecord], tuple[object, ...]]:
-        """Pickled as its fields (a slotted dataclass's default pickling is 3x slower)."""
+        """Pickled as its fields (3x faster than a slotted dataclass's default)."""
         return (SourceRecord, (self.topic, self.partition, self.offset, self.key, self.value,
                                self.headers, self.received_at))
 

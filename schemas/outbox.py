@@ -1,21 +1,10 @@
 """The outbox row every flow writes, and the headers it carries over from the source record.
 
-Trace context (W3C Trace Context, https://www.w3.org/TR/trace-context/):
-
-* ``traceparent`` is passed through only when it is valid. Version ``00``: exactly
-  ``00-<32 hex>-<16 hex>-<2 hex>`` (55 characters, lower-case hex), trace-id and parent-id not
-  all zeros. A future version (``01``-``fe``; ``ff`` is invalid) is read by the spec's
-  forward-compatibility rule: 55 characters or more, the first 55 laid out as in version 00,
-  followed by the end or a ``-``; we pass on what we understand, as version ``00`` with the same
-  trace-id, parent-id and flags (55 characters; the rest is dropped). Anything else (malformed,
-  upper-case hex, not ASCII, longer than :data:`MAX_TRACEPARENT_INPUT_LENGTH`, empty) is
-  DROPPED: the event is emitted without it. A bad header is never a reason to dead-letter a
-  valid message.
-* ``tracestate`` is NOT passed through: we add no vendor entry of ours, and not copying it
-  keeps every emitted header bounded (55 bytes in all).
-* With tracing on (:mod:`runtime.tracing`) a **sampled** message carries a :class:`MessageTrace`
-  and its event's ``traceparent`` names the message's ``handle`` span instead (same trace id,
-  sampled); an unsampled message's event carries the incoming one as above.
+Only a valid W3C ``traceparent`` is passed on: version 00 (lower-case hex, ids not all zeros),
+or a later version's first 55 characters by the spec's forward-compatibility rule, passed on as
+00. Anything else is dropped (the event goes without it, never dead-lettered); ``tracestate``
+is never copied. A message sampled for tracing carries a :class:`MessageTrace`, and its event's
+``traceparent`` names the message's ``handle`` span instead.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ MAX_TRACEPARENT_INPUT_LENGTH = 512
 """A (future-version) traceparent longer than this is dropped unread."""
 
 _VERSION_00 = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
-"""Version 00, matched in full."""
 _FUTURE_VERSION = re.compile(
     rb"(?!ff)[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(?:-|\Z)"
 )
@@ -47,10 +35,10 @@ _ZERO_PARENT_ID = b"0" * 16
 
 @dataclass(frozen=True, slots=True)
 class MessageTrace:
-    """The trace of a sampled message (:mod:`runtime.tracing`): ids chosen before its spans exist.
+    """The trace of a sampled message: ids chosen before its spans exist.
 
-    ``parent_span_id`` is the incoming ``traceparent``'s span (0: the message started a new
-    trace); ``handle_span_id`` is the id its ``handle`` span will get, named by the outbox row.
+    ``parent_span_id``: the incoming span (0: a new trace); ``handle_span_id``: the id its
+    ``handle`` span will get, named by the outbox row.
     """
 
     trace_id: int
@@ -65,14 +53,7 @@ class MessageTrace:
 
 @dataclass(slots=True)
 class OutboxRow:
-    """One ``user_activity.outbox`` row: the event's MessageId, topic, key, value, headers.
-
-    Never changed once made; not ``frozen``, as :class:`~schemas.kafka_record.SourceRecord`
-    (one per recorded event, and a frozen ``__init__`` costs about five times as much).
-
-    The publisher produces a row as it is (``sinks.kafka_producer.Producible``: ``topic``,
-    ``key``, ``value``, ``headers``; the headers dict is sent with its str values UTF-8 encoded).
-    """
+    """One ``user_activity.outbox`` row, produced as it is (never changed; not frozen: cheaper)."""
 
     id: UUID
     topic: str
@@ -96,12 +77,7 @@ def valid_traceparent(value: bytes) -> str | None:
 
 
 def propagated_headers(record: SourceRecord, trace: MessageTrace | None = None) -> dict[str, str]:
-    """The headers an event inherits from the record that caused it: a valid ``traceparent``.
-
-    With ``trace`` (a sampled message), the ``traceparent`` of its ``handle`` span. Otherwise an
-    invalid or oversized traceparent is dropped (see the module doc); ``tracestate`` and every
-    other header are never copied.
-    """
+    """The headers an event inherits: a valid ``traceparent`` (``trace``: its ``handle`` span's)."""
     if trace is not None:
         return {TRACEPARENT: trace.traceparent}
     traceparent = record.header(TRACEPARENT)

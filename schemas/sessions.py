@@ -1,9 +1,7 @@
 """Session contracts: user-signed-in (inbound, ASSUMED), session-linked, -started, -ended.
 
-ASSUMPTION: the user-signed-in contract is not among our documents. Its payload is assumed to be
-``UserId``, ``AnonymousId`` (the device that signed in) and ``SignedInAt``; this module is the
-only place that assumption lives. The session-started / session-ended payloads are likewise not
-specified: they are kept minimal (SessionId, AnonymousId, UserId, a timestamp).
+ASSUMPTION (this module is its only place): user-signed-in carries ``UserId``, ``AnonymousId``
+(the device) and ``SignedInAt``; session-started/-ended are kept minimal.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ class UserSignedInPayload(WireModel):
     user_id: UUID
     anonymous_id: UUID
     signed_in_at: Moment
-    """Stored as the device's last sign-in, which the job reads back: refused when it is no
-    moment Python can hold (a valid local time pushed past year 1 or 9999 by its offset)."""
+    """Stored and read back, so a :data:`~schemas.envelope.Moment`."""
 
 
 class UserSignedInEnvelope(Envelope[UserSignedInPayload]):

@@ -1,14 +1,10 @@
-"""PostgreSQL's binary array format, encoded column by column: array parameters for a batch.
+"""PostgreSQL's binary array format, built column by column: the array parameters of a batch.
 
-A batch statement (``unnest`` of array parameters) sends each column as one binary array. Built
-here from pre-framed elements, the bytes are exactly what psycopg's list dumper would send, with
-no Python call per element: ``UuidArray(parts, count)`` etc. take the elements already framed
-(4-byte length, then the bytes; :data:`NULL` for a NULL), e.g. ``uuid_element(value)``,
-``frame(data)``, :data:`LENGTH_8` + ``timestamptz(moment)``. A cursor sends them once
-:func:`register_binary_arrays` has registered their dumpers on it.
-
-The format (``array_recv``): ndim, has-null flag, element type oid, then per dimension its
-length and lower bound, then per element its byte length (-1: NULL) and bytes.
+A batch statement (``unnest`` of arrays) sends each column as one binary array, made here from
+elements already framed (4-byte length, then the bytes; :data:`NULL`), with no Python call per
+element; the bytes are what psycopg's list dumper would send. A cursor sends them once
+:func:`register_binary_arrays` registered their dumpers. The format (``array_recv``): ndim,
+has-null, element oid, per dimension its length and lower bound, per element length and bytes.
 """
 
 from __future__ import annotations
@@ -39,39 +35,16 @@ class BinaryArray:
         self.data = b"".join(chain((head,), parts))
 
 
-class UuidArray(BinaryArray):
-    """``uuid[]``."""
-
-    __slots__ = ()
-    element_oid, array_oid = 2950, 2951
+def _array(name: str, element_oid: int, array_oid: int) -> type[BinaryArray]:
+    return type(name, (BinaryArray,), {"__slots__": (), "__doc__": f"An array of oid {array_oid}.",
+                                       "element_oid": element_oid, "array_oid": array_oid})
 
 
-class TextArray(BinaryArray):
-    """``text[]``."""
-
-    __slots__ = ()
-    element_oid, array_oid = 25, 1009
-
-
-class ByteaArray(BinaryArray):
-    """``bytea[]``."""
-
-    __slots__ = ()
-    element_oid, array_oid = 17, 1001
-
-
-class Int4Array(BinaryArray):
-    """``integer[]``."""
-
-    __slots__ = ()
-    element_oid, array_oid = 23, 1007
-
-
-class TimestamptzArray(BinaryArray):
-    """``timestamptz[]``."""
-
-    __slots__ = ()
-    element_oid, array_oid = 1184, 1185
+UuidArray = _array("UuidArray", 2950, 2951)
+TextArray = _array("TextArray", 25, 1009)
+ByteaArray = _array("ByteaArray", 17, 1001)
+Int4Array = _array("Int4Array", 23, 1007)
+TimestamptzArray = _array("TimestamptzArray", 1184, 1185)
 
 
 class _ArrayDumper(Dumper):
@@ -108,11 +81,10 @@ def uuid_element(value: UUID | None) -> bytes:
     return NULL if value is None else (UUID_FRAME | value.int).to_bytes(20, "big")
 
 
-timestamptz = cast(  # psycopg's own (C) dumper of an aware datetime as timestamptz
+timestamptz = cast(  # psycopg's own (C) binary dumper of an aware datetime (8 bytes)
     "Callable[[datetime], Buffer]",
     Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump,
 )
-"""psycopg's own (C) binary dumper of an aware datetime as ``timestamptz`` (8 bytes)."""
 
 
 def register_binary_arrays(adapters: AdaptersMap) -> None:

@@ -1,10 +1,8 @@
 """A PostgreSQL connection owned by one step, reopened after a failure.
 
-Each sink partition and the outbox publisher own one autocommit connection (a single-threaded
-step gains nothing from a pool); after an infrastructure failure the retry loop calls
-:meth:`Database.reset` and the next attempt connects again. A call to a server that accepts and
-never answers is bounded by the liveness probe (``/livez`` fails after
-``USER_ACTIVITY_STALL_SECONDS`` without progress: a restart).
+One autocommit connection per sink partition and publisher (a single-threaded step gains nothing
+from a pool); after an infrastructure failure the retry loop calls :meth:`Database.reset`. A
+server that never answers is bounded by the liveness probe (a restart).
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ from runtime.settings import Settings
 Connection = psycopg.Connection[tuple[Any, ...]]
 """A psycopg connection returning tuple rows."""
 
-SESSION_OPTIONS = "-c jit=off"
-"""Every job connection's session settings besides its statement timeout (jit: the batch
-statements' estimates pass jit_above_cost, and compiling cost a third of a statement)."""
+SESSION_OPTIONS = "-c jit=off"  # the batch statements pass jit_above_cost; compiling costs more
 
 
 class Database:

@@ -1,33 +1,14 @@
 """The dead-letter publisher: original key, value and headers plus the ``x-dlq-*`` headers.
 
-``publish`` returns only when the broker acknowledged every letter; while Kafka is down it
-retries forever with back-off (the stream stays paused), so a poison record is never lost.
-
-A dead letter can always be written:
-
-- the DLQ producer compresses with zstd and its ``message.max.bytes`` is the DLQ topic's
-  ``max.message.bytes``, read at first use (``DescribeConfigs``; retried while Kafka is
-  unreachable, 1,000,000 with a warning if it cannot be read, e.g. no DescribeConfigs ACL);
-- a letter refused with a record error (``sinks.errors.is_record_error``: too large, invalid)
-  is first sent again alone (the broker refuses a whole batch for one bad record, so it may
-  have been an innocent batch-mate); refused alone, it is sent again at once in a reduced
-  form (:class:`~schemas.dlq_letter.LetterForm`): the value cut to what fits,
-  ``x-dlq-truncated: true`` and ``x-original-size``; then without the original headers; then
-  without the key. Each reduction is logged with the source coordinates; the
-  letter is counted once, when delivered. The full original stays on the source topic;
-- letters of a batch that were delivered are never sent again when the rest is retried (the
-  producer keeps exact per-record reports);
-- a letter handed over whose report has not come is never sent again either: the next attempt
-  waits for it (``_deliver``), and the DLQ producer has no message timeout, so librdkafka
-  retries it with its sequence number and the broker writes it once. A broker that took the
-  request and did not answer (frozen: SIGSTOP, a paused VM) writes it when it resumes; a second
-  copy sent meanwhile was a second letter. Not covered: a letter in flight when the process
-  ends (a crash, a stop past its grace) is sent again by the next start, which reads its record
-  again.
-
-librdkafka checks ``message.max.bytes`` against the *uncompressed* record: a compressible value
-larger than the topic limit is refused locally (``MSG_SIZE_TOO_LARGE``) and sent truncated even
-though its compressed batch would fit.
+``publish`` returns once the broker acknowledged every letter; Kafka down is retried forever with
+back-off (the stream paused). A letter can always be written: the producer uses zstd and the DLQ
+topic's ``max.message.bytes`` (read at first use; 1,000,000 with a warning if unreadable); a letter
+refused with a record error is sent again alone, then in ever smaller forms
+(:class:`~schemas.dlq_letter.LetterForm`: value cut, ``x-dlq-truncated``; no original headers; no
+key), each reduction logged. A delivered letter is never sent again, nor one handed over whose
+report has not come (no message timeout: librdkafka retries it with its sequence number). A letter
+in flight when the process ends is sent again by the next start. librdkafka checks
+``message.max.bytes`` against the uncompressed record.
 """
 
 from __future__ import annotations
@@ -49,7 +30,12 @@ from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.process import Process
 from runtime.settings import Settings
 from schemas.dlq_letter import DeadLetter, LetterForm, next_form
-from sinks.errors import DeliveryFailedError, is_infrastructure_error, is_record_error
+from sinks.errors import (
+    DeliveryFailedError,
+    is_infrastructure_error,
+    is_record_error,
+    kafka_error_of,
+)
 from sinks.kafka_producer import KafkaProducer, OutgoingRecord, Sending
 
 logger = logging.getLogger(__name__)
@@ -79,11 +65,8 @@ _UNREACHABLE_CODES = frozenset({
 
 def is_kafka_unreachable(exc: BaseException) -> bool:
     """True when ``exc`` says Kafka could not be reached (not: it answered with a refusal)."""
-    if isinstance(exc, TimeoutError):
-        return True
-    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-        return exc.args[0].code() in _UNREACHABLE_CODES
-    return False
+    err = kafka_error_of(exc) if isinstance(exc, KafkaException) else None
+    return isinstance(exc, TimeoutError) or (err is not None and err.code() in _UNREACHABLE_CODES)
 
 
 @dataclass(slots=True)
@@ -98,10 +81,8 @@ class _Pending:
 class DeadLetterPublisher:
     """Sends dead letters to one DLQ topic and counts them."""
 
-    def __init__(
-        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
-        *, name: str, process: Process,
-    ) -> None:
+    def __init__(self, settings: Settings, topic: str, dlq_counter: Counter,
+                 retries_counter: Counter, *, name: str, process: Process) -> None:
         self._topic = topic
         self._process = process
         self._name = name  # the waiter a Kafka outage pauses (health)
@@ -118,11 +99,7 @@ class DeadLetterPublisher:
         return self._limit
 
     def publish(self, letters: Sequence[DeadLetter]) -> None:
-        """Send ``letters``; return once all are acknowledged (retrying forever).
-
-        A letter refused with a record error is reduced and sent again at once; a service
-        error pauses with back-off and retries only the letters not delivered yet.
-        """
+        """Send ``letters``; return once all are acknowledged or unwritable (module doc)."""
         if not letters:
             return
         producer = self._ensure_producer()
@@ -145,9 +122,7 @@ class DeadLetterPublisher:
                         elif not is_record_error(err):
                             service = service or err
                             still.append(p)
-                        elif with_others:
-                            # The broker refuses a whole batch for one bad record: this letter
-                            # may be an innocent batch-mate. Sent again alone before reducing.
+                        elif with_others:  # maybe an innocent batch-mate: alone first
                             p.alone = True
                             still.append(p)
                         elif self._reduce(p, err, limit):
@@ -170,15 +145,7 @@ class DeadLetterPublisher:
 
     def _deliver(self, producer: KafkaProducer, group: Sequence[_Pending], limit: int,
                  ) -> list[tuple[KafkaError | None, bool]]:
-        """Each letter's result and whether it was sent with others: sent now, or waited for.
-
-        A letter handed over before whose report has not come (a broker that took the request
-        and does not answer: frozen, or cut off) is still in flight: it is waited for again,
-        never produced a second time. librdkafka retries it with its sequence number (the DLQ
-        producer has no message timeout), so the broker writes it once, also when it processes
-        the first request late. Before, a time-out sent a second copy, and a frozen broker
-        wrote both (measured: 9 of 300 letters twice after a 60 s freeze).
-        """
+        """Each letter's result and whether it went with others (one in flight: waited for)."""
         fresh = [p for p in group if p.sent is None]
         if fresh:
             sending = producer.send([self._record(p, limit) for p in fresh])
@@ -206,9 +173,7 @@ class DeadLetterPublisher:
         """Move ``p`` to its next form after ``err``; False when there is none left."""
         refused = p.form
         form = next_form(p.letter, refused, limit)
-        if form is None:
-            # Even the bare letter (x-dlq-*/x-source-* headers only) was refused: the DLQ topic
-            # itself refuses such records (e.g. compacted). Loud, never silent, never a stall.
+        if form is None:  # even the bare letter: the topic refuses such records (compacted?)
             log_event(logger, "dead-letter-unwritable", logging.ERROR, outcome="failed",
                       reason=p.letter.reason.value, source=p.letter.record.where(),
                       code=err.name(), dlq_topic=self._topic)
@@ -223,9 +188,7 @@ class DeadLetterPublisher:
         if self._producer is None:
             if self._limit is None:
                 self._limit = self._read_topic_limit()
-            # No message timeout: a letter librdkafka gave up on in flight may still be written
-            # (a broker that took the request and answers late), so it is never given up on:
-            # retried with its sequence number until the broker answers (_deliver).
+            # no message timeout: a letter in flight is never given up (see _deliver)
             overrides: dict[str, Any] = {"compression.type": "zstd", "message.timeout.ms": 0,
                                          "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit)}
             self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True,
@@ -249,7 +212,7 @@ class DeadLetterPublisher:
         try:
             limit = self._retry(read, is_kafka_unreachable)
         except Exception as exc:  # noqa: BLE001 - any answer but "unreachable": use the default
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = kafka_error_of(exc)
             log_event(logger, "dlq-limit-unknown", logging.WARNING, dlq_topic=self._topic,
                       error=type(exc).__name__, code=None if err is None else err.name(),
                       limit=DEFAULT_TOPIC_LIMIT)
@@ -284,10 +247,8 @@ class DeadLetterPublisher:
 class DeadLetterSink(DynamicSink[DeadLetter]):
     """Publishes a flow's dead letters to its DLQ topic (``write_batch`` blocks until acked)."""
 
-    def __init__(
-        self, settings: Settings, topic: str, dlq_counter: Counter, retries_counter: Counter,
-        process: Process,
-    ) -> None:
+    def __init__(self, settings: Settings, topic: str, dlq_counter: Counter,
+                 retries_counter: Counter, process: Process) -> None:
         self._publisher_args = (settings, topic, dlq_counter, retries_counter)
         self._process = process
 

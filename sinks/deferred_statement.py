@@ -1,15 +1,10 @@
 """One statement sent to PostgreSQL without waiting for it (libpq's asynchronous API).
 
-On an autocommit connection a single statement is its own transaction: the server commits it
-when it completes, before it answers. :func:`send` writes the statement and its binary
-parameters to the socket and returns; the server executes and commits it while the caller goes
-on with other work; :func:`finish` waits for the answer. Until :func:`finish` has returned, the
-connection must not be used for anything else, and nothing is known to be committed: if
-:func:`finish` raises, the statement either never committed or committed and its answer was
-lost (a dropped connection), so the caller must redo the work idempotently.
-
-This is what psycopg itself does for ``cursor.execute`` (``send_query_params``, then the
-``send`` and ``fetch_many`` generators run by ``Connection.wait``), split in two halves.
+On an autocommit connection one statement is its own transaction. :func:`send` writes it and its
+binary parameters and returns; the server executes and commits it while the caller works;
+:func:`finish` waits for the answer. Until then the connection must not be used and nothing is
+known committed: if :func:`finish` raises, the statement may or may not have committed, so the
+caller redoes the work idempotently. psycopg's ``cursor.execute``, split in two halves.
 """
 
 from __future__ import annotations
@@ -55,14 +50,10 @@ class BinaryParameter(Protocol):
     """What :func:`send` needs of a parameter: its binary ``data`` and its type's ``array_oid``."""
 
     @property
-    def data(self) -> bytes | bytearray:
-        """The value in PostgreSQL's binary format."""
-        ...
+    def data(self) -> bytes | bytearray: ...  # noqa: D102
 
     @property
-    def array_oid(self) -> int:
-        """The parameter's type."""
-        ...
+    def array_oid(self) -> int: ...  # noqa: D102
 
 
 def send(conn: Connection, statement: Positional, params: dict[str, BinaryParameter]) -> None:
@@ -74,21 +65,16 @@ def send(conn: Connection, statement: Positional, params: dict[str, BinaryParame
         raise RuntimeError("a deferred statement needs an idle autocommit connection")
     values = [params[name] for name in statement.names]
     pgconn = conn.pgconn
-    pgconn.send_query_params(
-        statement.text,
-        [bytes(value.data) for value in values],
-        [value.array_oid for value in values],
-        [Format.BINARY] * len(values),
-        Format.BINARY,
-    )
+    pgconn.send_query_params(statement.text, [bytes(value.data) for value in values],
+                             [value.array_oid for value in values],
+                             [Format.BINARY] * len(values), Format.BINARY)
     conn.wait(generators.send(pgconn))
 
 
 def finish(conn: Connection) -> PGresult:
     """Wait for the answer of the statement :func:`send` sent: committed when this returns.
 
-    Raises the statement's error (a :class:`psycopg.Error` subclass with its SQLSTATE) when it
-    failed, or the connection's error when it broke.
+    Raises the statement's error (with its SQLSTATE), or the connection's when it broke.
     """
     results: Sequence[PGresult] = conn.wait(generators.fetch_many(conn.pgconn))
     failed = next((r for r in results if r.status != ExecStatus.TUPLES_OK), None)

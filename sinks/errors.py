@@ -1,40 +1,13 @@
 """Classify failures as infrastructure (retry forever) or poison (isolate, then dead-letter).
 
 By exception class, SQLSTATE and librdkafka error code only, never by message text (SPEC §5).
-
-PostgreSQL (SQLSTATE)
-    Infrastructure: the classes in :data:`INFRASTRUCTURE_SQLSTATE_CLASSES` and the states in
-    :data:`INFRASTRUCTURE_SQLSTATES` (and client-side connection errors without a SQLSTATE):
-    the stream pauses and retries forever with back-off. Data: classes 22 and 23
-    (:data:`DATA_SQLSTATE_CLASSES`), the message's data is at fault. Anything else is neither
-    (a bug: isolated after the immediate attempts, then dead-lettered).
-
-Kafka (librdkafka error code, ``KafkaError.code()``)
-    Two classes, decided by :func:`is_record_error` on the code alone:
-
-    Record errors (:data:`RECORD_ERROR_CODES`): the broker or the client refused *this one
-    record* - too large for the topic or the producer (``MSG_SIZE_TOO_LARGE``,
-    ``RECORD_LIST_TOO_LARGE``, ``INVALID_MSG_SIZE``), rejected by the topic's validation
-    (``INVALID_RECORD``: e.g. a null key on a compacted topic; ``INVALID_TIMESTAMP``: outside
-    ``message.timestamp.before/after.max.ms``), corrupt (``INVALID_MSG`` a.k.a.
-    CORRUPT_MESSAGE, ``_BAD_MSG``), or refused by the client before it was queued
-    (``_INVALID_ARG``, ``_KEY_SERIALIZATION``, ``_VALUE_SERIALIZATION``). Sending the same
-    record again gets the same answer, so it is never retried forever: the record is reported
-    to the caller (:class:`RecordRejectedError`), which dead-letters it or sends a reduced form
-    of it. The other records of its batch are not affected.
-
-    Service errors: every other code - transport and broker-down (``_TRANSPORT``,
-    ``_ALL_BROKERS_DOWN``), time-outs (``_MSG_TIMED_OUT``, ``_TIMED_OUT``), leadership and
-    replication (``NOT_LEADER_FOR_PARTITION``, ``NOT_ENOUGH_REPLICAS*``,
-    ``COORDINATOR_LOAD_IN_PROGRESS``), ACLs (``*_AUTHORIZATION_FAILED``: grants missing, the
-    same for every record), ``UNKNOWN_TOPIC_OR_PART`` (topic not created yet), ``_FATAL`` (the
-    idempotent producer's fatal state: the producer is rebuilt) and any code this module does
-    not know. Every record would fail alike, and a retry succeeds once the service (or an
-    operator) fixes it: the stream pauses with back-off and nothing is dead-lettered.
-
-    Of those, the topic errors (:data:`TOPIC_ERROR_CODES`: ``TOPIC_AUTHORIZATION_FAILED``, and
-    ``UNKNOWN_TOPIC_OR_PART`` / ``_UNKNOWN_TOPIC`` once librdkafka knows the topic is missing)
-    refuse every record of one topic only: the outbox holds back that topic's rows alone.
+PostgreSQL: the SQLSTATE classes and states below (and client-side connection errors) are
+infrastructure: the stream pauses and retries forever. Classes 22 and 23 are data errors; anything
+else is a bug (isolated, then dead-lettered). Kafka: a record error (:data:`RECORD_ERROR_CODES`)
+refuses this one record, so it is never retried forever: the caller dead-letters, reduces or parks
+it. Every other code is a service error (broker down, time-outs, ACLs, a missing topic,
+``_FATAL``, unknown codes): retried with back-off, nothing dead-lettered. Of those, the topic
+errors (:data:`TOPIC_ERROR_CODES`) refuse one topic only: the outbox holds back its rows alone.
 """
 
 from __future__ import annotations
@@ -43,22 +16,14 @@ import psycopg
 from confluent_kafka import KafkaError, KafkaException
 
 INFRASTRUCTURE_SQLSTATE_CLASSES = frozenset({"08", "42", "53", "57", "58"})
-"""Connection exception, insufficient resources, operator intervention (admin shutdown,
-statement timeout, cannot connect now), system error (I/O); and class 42 (syntax error or
-access rule violation: undefined table, column or function, grants): our statements are fixed
-SQL files with bound parameters, so a class 42 error is found before any value is read. It
-says the schema and the code do not match (migrations not applied yet, a rollout or rollback
-half done), and every message would fail alike."""
+"""Connection, resources, operator intervention, system error; and 42: our SQL is fixed with
+bound parameters, so a class 42 error means the schema and the code do not match (a rollout)."""
 
 INFRASTRUCTURE_SQLSTATES = frozenset({
     "40001", "40P01", "55P03",  # serialization failure, deadlock detected, lock not available
-    # The environment, not the message: every message would fail alike, and a retry succeeds once
-    # an operator fixes it, so these pause the stream instead of dead-lettering good messages.
+    # the environment, not the message: every message would fail alike
     "25006",  # read_only_sql_transaction: connected to a standby after a failover
-    # The server ended the session on a timeout an operator set (like statement_timeout, 57014):
-    # idle_in_transaction_session_timeout, and transaction_timeout (PostgreSQL 17), which also
-    # counts a single autocommit statement, e.g. a batch slowed by a storage stall.
-    "25P03", "25P04",
+    "25P03", "25P04",  # idle_in_transaction_session_timeout, transaction_timeout (an operator's)
     "28000", "28P01",  # invalid authorization / password: credentials rotated
     "3D000",  # invalid_catalog_name: the database does not exist (yet)
 })
@@ -84,8 +49,7 @@ _RECORD_ERROR_NAMES = (
 RECORD_ERROR_CODES = frozenset(
     getattr(KafkaError, name) for name in _RECORD_ERROR_NAMES if hasattr(KafkaError, name)
 )
-"""librdkafka codes that reject one record (see the module docstring); all others are service
-errors."""
+"""librdkafka codes that reject one record; all others are service errors."""
 
 
 TOPIC_ERROR_CODES = frozenset({
@@ -96,11 +60,7 @@ TOPIC_ERROR_CODES = frozenset({
 
 
 class DeliveryFailedError(Exception):
-    """The broker did not acknowledge a produced record (a delivery report carried an error).
-
-    Built from a message (``DeliveryFailedError("NOT_ENOUGH_REPLICAS")``) or from the
-    ``KafkaError`` itself, which is then kept in :attr:`error` and drives the classification.
-    """
+    """The broker did not acknowledge a produced record; :attr:`error` drives the classification."""
 
     def __init__(self, reason: str | KafkaError = "", error: KafkaError | None = None) -> None:
         if isinstance(reason, KafkaError):
@@ -110,10 +70,7 @@ class DeliveryFailedError(Exception):
 
 
 class RecordRejectedError(Exception):
-    """Kafka refused one record for what it is (a record error): retrying it cannot help.
-
-    Not infrastructure: the caller dead-letters the record (or reduces it) and goes on.
-    """
+    """Kafka refused one record for what it is (a record error): the caller dead-letters it."""
 
     def __init__(self, error: KafkaError, where: str | None = None) -> None:
         super().__init__(error.name() if where is None else f"{error.name()} for {where}")
@@ -158,9 +115,7 @@ def is_infrastructure_error(exc: BaseException) -> bool:
         return True
     if isinstance(exc, psycopg.Error):
         state = exc.sqlstate
-        if state is None:
-            # No SQLSTATE: the client lost or never had a connection (OperationalError,
-            # InterfaceError on a closed connection).
+        if state is None:  # the client lost or never had a connection
             return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
         return state in INFRASTRUCTURE_SQLSTATES or state[:2] in INFRASTRUCTURE_SQLSTATE_CLASSES
     return False

@@ -24,26 +24,18 @@ class Poisoned(Generic[T]):
     attempts: int
 
 
-def write_isolating_poison(
-    items: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int
-) -> tuple[list[R], list[Poisoned[T]]]:
+def write_isolating_poison(items: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int,
+                           ) -> tuple[list[R], list[Poisoned[T]]]:
     """Write ``items``; return the results of the successful writes and the poisoned items."""
     results: list[R] = []
     poisoned: list[Poisoned[T]] = []
-    if items:
-        # A plain recursive function, not a self-referencing closure: a closure cycle would keep
-        # every written batch alive until the next full garbage collection.
+    if items:  # not a recursive closure: its cycle would keep every batch until a full GC
         _write_halving(items, write, attempts, results, poisoned)
     return results, poisoned
 
 
-def _write_halving(
-    batch: Sequence[T],
-    write: Callable[[Sequence[T]], R],
-    attempts: int,
-    results: list[R],
-    poisoned: list[Poisoned[T]],
-) -> None:
+def _write_halving(batch: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int,
+                   results: list[R], poisoned: list[Poisoned[T]]) -> None:
     try:
         results.append(write(batch))
         return

@@ -1,15 +1,11 @@
 """The Bytewax sink partition shared by the flows: each batch in one transaction, or the DLQ.
 
-- ``write_batch`` returns only after the batch's transaction committed (and its poison was
-  acknowledged by the DLQ topic); Bytewax snapshots the input offsets only after the sinks
-  returned at the end of an epoch, so a crash loses nothing.
-- Items go by key (one owner or device shard) to one of ``sink_partitions`` fixed partitions,
-  one connection each: one key's messages are written in order by one partition.
-- Infrastructure failures (:mod:`sinks.errors`) are retried forever with back-off; the worker
-  blocks (back-pressure), the partition is paused in health, nothing goes to the DLQ.
-- A data error or an unexpected exception: the batch is bisected; a message failing alone
-  ``poison_attempts`` times is dead-lettered and its batch-mates are written.
-- The outbox rows of a committed batch are offered to the process's publisher at once.
+``write_batch`` returns only after the batch committed (and its poison was acknowledged by the
+DLQ topic): Bytewax snapshots input offsets after the sinks returned, so a crash loses nothing.
+Items go by key to one of ``sink_partitions`` partitions (one connection each, one key's messages
+in order). Infrastructure failures are retried forever with back-off (the worker blocks, health
+paused); a data error or an unexpected exception bisects the batch, and a message failing alone
+``poison_attempts`` times is dead-lettered. A committed batch's outbox rows are offered at once.
 """
 
 from __future__ import annotations
@@ -47,17 +43,13 @@ class _Created(Protocol):
 
 
 class FromRecord(Protocol):
-    """A message that knows the Kafka record it came from (what a dead letter re-sends)."""
+    """A message that knows its Kafka record (what a dead letter re-sends) and its envelope."""
 
     @property
-    def record(self) -> SourceRecord:
-        """The consumed record."""
-        ...
+    def record(self) -> SourceRecord: ...  # noqa: D102
 
     @property
-    def envelope(self) -> _Created:
-        """Its envelope (CreatedAt: the flow's lag)."""
-        ...
+    def envelope(self) -> _Created: ...  # noqa: D102
 
 
 class FlowLag(Protocol):
@@ -84,10 +76,7 @@ T = TypeVar("T")
 
 
 class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
-    """``sink_partitions`` fixed partitions; the snapshot state is ``None`` (only a barrier).
-
-    ``publisher``: the process's outbox publisher (None: rows wait for another process's).
-    """
+    """``sink_partitions`` fixed partitions; ``publisher`` None: another process's publishes."""
 
     def __init__(self, settings: Settings, process: Process,
                  publisher: Publishing | None = None) -> None:
@@ -100,9 +89,8 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
         return [str(i) for i in range(self._settings.sink_partitions)]
 
     @override
-    def build_part(
-        self, step_id: str, for_part: str, resume_state: None
-    ) -> TransactionalPartition[M, Any]:
+    def build_part(self, step_id: str, for_part: str, resume_state: None
+                   ) -> TransactionalPartition[M, Any]:
         return self.build_partition(for_part)
 
     @abstractmethod
@@ -111,27 +99,11 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
 
 
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
-    """One partition's connection, DLQ producer and share of the outbox publisher.
+    """One partition's connection, DLQ producer and share of the outbox publisher."""
 
-    Subclasses say how a batch is written in one transaction (``write``), how a committed
-    result is reported (``report``) and which log fields name a message (``fields``).
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        process: Process,
-        publisher: Publishing | None,
-        *,
-        name: str,
-        dlq_topic: str,
-        dlq_counter: Counter,
-        retries_counter: Counter,
-        logger: logging.Logger,
-        flow: str,
-        lag: FlowLag | None = None,
-    ) -> None:
-        """``lag`` is told what the partition holds, for ``flow``'s lag gauge."""
+    def __init__(self, settings: Settings, process: Process, publisher: Publishing | None, *,
+                 name: str, dlq_topic: str, dlq_counter: Counter, retries_counter: Counter,
+                 logger: logging.Logger, flow: str, lag: FlowLag | None = None) -> None:
         self._settings = settings
         self._process = process
         self._health = process.health
@@ -164,7 +136,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     @override
     def write_batch(self, values: list[M]) -> None:
-        """Commit ``values`` (retrying outages, isolating poison); return after the commit."""
+        """Commit ``values`` (module doc); return after the commit."""
         self._write_now(values)
         self._health.beat()
 
@@ -193,11 +165,9 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def _write_all(self, messages: list[M]) -> None:
         size = self._settings.sink_batch_max
         for start in range(0, len(messages), size):
-            results, poisoned = write_isolating_poison(
-                messages[start : start + size],
-                self._write_retrying,
-                self._settings.poison_attempts,
-            )
+            batch = messages[start : start + size]
+            results, poisoned = write_isolating_poison(batch, self._write_retrying,
+                                                       self._settings.poison_attempts)
             for result in results:
                 if self._publisher is not None:
                     self._publisher.offer(self.outbox_rows(result))
@@ -225,27 +195,16 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                     self._db.reset()
                 raise
 
-        return retry_forever(
-            once,
-            is_transient=is_infrastructure_error,
-            backoff=self._backoff,
-            on_retry=self._on_retry,
-            on_recovered=self._on_recovered,
-            sleep=self._process.stopping.retry_sleep,
-        )
+        return retry_forever(once, is_transient=is_infrastructure_error, backoff=self._backoff,
+                             on_retry=self._on_retry, on_recovered=self._on_recovered,
+                             sleep=self._process.stopping.retry_sleep)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         self._retries.inc()
         self._health.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
-        log_event(
-            self._logger,
-            "postgres-retry",
-            logging.WARNING,
-            error=type(exc).__name__,
-            sqlstate=getattr(exc, "sqlstate", None),
-            attempt=attempt,
-            delay_s=round(delay, 2),
-        )
+        log_event(self._logger, "postgres-retry", logging.WARNING, error=type(exc).__name__,
+                  sqlstate=getattr(exc, "sqlstate", None), attempt=attempt,
+                  delay_s=round(delay, 2))
 
     def _on_recovered(self, attempts: int) -> None:
         self._health.resumed(waiter=self._name)
@@ -255,19 +214,11 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         letters = []
         for p in poisoned:
             reason = DlqReason.DATA_ERROR if is_data_error(p.error) else DlqReason.PROCESSING_ERROR
-            letters.append(
-                DeadLetter.now(p.item.record, reason, type(p.error).__name__, p.attempts)
-            )
-            log_event(
-                self._logger,
-                "record-failed",
-                logging.ERROR,
-                outcome="failed",
-                reason=reason.value,
-                error=type(p.error).__name__,
-                sqlstate=getattr(p.error, "sqlstate", None),
-                **self.fields(p.item),
-            )
+            error = type(p.error).__name__
+            letters.append(DeadLetter.now(p.item.record, reason, error, p.attempts))
+            log_event(self._logger, "record-failed", logging.ERROR, outcome="failed",
+                      reason=reason.value, error=error,
+                      sqlstate=getattr(p.error, "sqlstate", None), **self.fields(p.item))
         self._dlq.publish(letters)
         tracing.finish_messages([
             tracing.Handled(trace, p.item.record, "dead-lettered", error=letter.reason.value)

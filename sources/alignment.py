@@ -1,12 +1,10 @@
 """Event-time alignment of one input's partitions in this process (Flink's watermark alignment).
 
-A partition may pass on a record only while the record's event time is at most ``max_ahead``
-seconds past the *frontier* of every other active partition: its next record's event time
-when one waits (buffered), else the last one it passed on. So a backlog spread over several
-partitions is read in event-time order to within ``max_ahead`` (plus each partition's own
-disorder), whichever partition the consumer fetches first. A partition that is caught up, or
-that passed nothing for ``idle_after`` seconds while others waited, holds nobody back. A record
-without an event time (undecodable) passes at once. Thread-safe (a process's workers share it).
+A partition passes on a record only while its event time is at most ``max_ahead`` seconds past
+the frontier of every other active partition (its waiting record's event time, else the last it
+passed on): a backlog over several partitions is read in event-time order to within
+``max_ahead``. A caught-up partition, or one that passed nothing for ``idle_after`` seconds while
+others waited, holds nobody back; a record without an event time passes at once. Thread-safe.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """A record batch that kills the process at every start is skipped at the fourth start.
 
-librdkafka inflates a gzip, lz4 or snappy batch whole before any record of it reaches Python:
-a decompression bomb kills the job at every start, each resuming before it. Each start of a
-tailed partition counts itself in the flow's consumer group, as the committed offset's metadata
-(:func:`count_start`: ``ua-starts=N``); a snapshot that moves the offset, and a clean stop,
-commit without it. From the 2nd start in a row, the partitions with a backlog are read by
-:class:`CarefulReader`, one partition of the process at a time, one batch per fetch, up to the
-high watermark of their start; before each fetch its offset is committed, marked
-(``;fetching=K``: the K-th start fetching there), so a death leaves the batch that killed it.
-After two careful starts died fetching one offset, the next skips the record there (a batch of
-several records: two more starts per record). A bomb's inflation outlasts a commit's round trip.
+librdkafka inflates a gzip, lz4 or snappy batch whole before Python sees it: a decompression bomb
+kills the job at every start. Each start of a tailed partition counts itself in the committed
+offset's metadata of the flow's group (``ua-starts=N``); a snapshot that moves the offset, and a
+clean stop, commit without it. From the 2nd start in a row, partitions with a backlog are read by
+:class:`CarefulReader`: one partition of the process at a time, one batch per fetch, up to the
+start's high watermark, each fetch's offset committed first (``;fetching=K``), so a death leaves
+the batch that killed it. After two careful starts died fetching one offset, the next skips it.
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ def count_start(consumer: Consumer, topic: str, partition: int, offset: int
                 ) -> tuple[int, int, int]:
     """Count a start of ``topic[partition]`` resuming at ``offset``: (starts, at, fetching).
 
-    ``at``: the committed offset when the last start left a count at or after ``offset``, else
-    ``offset``; ``fetching``: careful starts that died fetching ``at``. Raises
-    ``KafkaException`` when the group cannot be read within 2 s. Committed asynchronously.
+    ``at``: the offset the last count was left at (if at or after ``offset``); ``fetching``:
+    careful starts that died fetching it. Raises ``KafkaException`` (group unread in 2 s).
     """
     committed = consumer.committed([TopicPartition(topic, partition)], timeout=2)[0]
     before, fetching = parse(committed.metadata)
@@ -90,8 +86,8 @@ class CarefulReader:
     def take(self, next_offset: int, limit: int, seconds: float = 0.1) -> list[Message]:
         """Up to ``limit`` records, batch after batch for up to ``seconds``, each fetch on record.
 
-        Nothing when it is not this partition's turn or Kafka is unreachable. Stops at an
-        error (an undecodable batch's: the caller skips it) and before :attr:`death`.
+        Nothing when not this partition's turn or Kafka is unreachable; stops at an error and
+        before :attr:`death`.
         """
         with _turn_lock:
             if not _turn:

@@ -1,15 +1,11 @@
 """One Kafka consumer per worker thread, shared by every input partition that worker reads.
 
-- A partition's records reach only its own buffer, in offset order. The consumer is told a
-  partition's offset when it joins or moves, never otherwise: buffered records lie after the
-  partition's next offset, so dropping them (a partition leaving or moving) loses nothing.
-- Bounded memory: librdkafka's prefetch is bounded per consumer, and a poll fills the buffers
-  only when its own is empty and fewer than four polls' worth wait in all of them.
-- Every broker down (librdkafka's error, or a member's unanswered query): every member is paused
-  on ``kafka`` (health); one metadata call per back-off step checks the way back, one
-  ``kafka-consumer-retry`` line per step, one ``kafka-consumer-recovered`` at the end.
-- No group membership: the group only receives informational commits (a failure is logged at
-  most once a minute). Close and a synchronous commit wait at most ``session.timeout.ms``.
+A partition's records reach only its own buffer, in offset order; the consumer is told an offset
+only when a partition joins or moves, so dropping buffered records loses nothing. Memory is
+bounded: librdkafka's prefetch per consumer, and a poll fills the buffers only when its own is
+empty and fewer than four polls' worth wait. Every broker down: every member paused on ``kafka``
+(health), one metadata call per back-off step checks the way back, one line per step. No group
+membership: the group only receives informational commits (a failure logged once a minute).
 """
 
 from __future__ import annotations

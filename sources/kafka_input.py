@@ -1,15 +1,13 @@
 """Kafka input: one Bytewax partition per Kafka partition, offsets kept in Bytewax snapshots.
 
-A snapshot is a partition's next offset and its topic's id (a topic made again is read from
-its start, said once); after it the offset is also committed, asynchronously and for lag tools
-only, to the flow's consumer group. Without a snapshot a partition starts at a
-:class:`StartPosition`. A worker's partitions share one consumer (:mod:`sources.consumer`).
-Consumer errors are items, never raised, never an offset. Offsets that move on their own are
-said: records deleted unread (``input-records-expired``), offsets gone back
-(``input-offset-reset``). Offsets never delivered (transaction markers, aborted records) are
-passed once nothing waits. A stop request ends every partition at its next poll. A consumer
-that stopped fetching (librdkafka#5153: records wait at one offset at two checks) is one line
-and exit 75. Undecodable batches: :mod:`sources.undecodable`, :mod:`sources.careful`.
+A snapshot is a partition's next offset and its topic's id (a topic made again is read from its
+start, said once); the offset is also committed asynchronously, for lag tools only, to the flow's
+consumer group. Without a snapshot a partition starts at a :class:`StartPosition`. A worker's
+partitions share one consumer (:mod:`sources.consumer`). Consumer errors are items, never raised.
+Records deleted unread (``input-records-expired``) and offsets gone back (``input-offset-reset``)
+are said. A stop request ends every partition at its next poll. A consumer that stopped fetching
+(librdkafka#5153) is one line and exit 75. Undecodable batches: :mod:`sources.undecodable`,
+:mod:`sources.careful`.
 """
 
 from __future__ import annotations
@@ -50,12 +48,11 @@ PartitionState = tuple[int | None, str] | int | None
 
 @dataclass(frozen=True)
 class StartPosition:
-    """Where a partition starts when Bytewax has no snapshot for it.
+    """Where a partition starts without a snapshot: the first of these that applies.
 
-    ``offsets[(topic, partition)]``, else the offset consumer group ``group`` committed (a
-    cutover from another consumer), else ``timestamp_ms`` (the first record at or after it),
-    else the end if ``latest``, else the start. In a bounded run, each partition stops before
-    its first record at or after ``until_ms`` (else at the end offset seen when it was built).
+    ``offsets[(topic, partition)]``, the offset ``group`` committed, the first record at or after
+    ``timestamp_ms``, the end if ``latest``, else the start. A bounded run stops each partition
+    before its first record at or after ``until_ms`` (else at its end offset when built).
     """
 
     latest: bool = False
@@ -77,13 +74,7 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
         flow: str = "", alignment: EventTimeAlignment | None = None,
     ) -> None:
-        """Read ``topic``.
-
-        ``stuck_after``, ``partition_check``: seconds between checks (0: none);
-        ``fetch_wait_ms``: how long the broker may hold a fetch to gather 64 KiB;
-        ``consumer_group``: where offsets are also committed (empty: nowhere); ``flow``: the
-        flow lag gauge fed; ``alignment``: event-time order across the partitions.
-        """
+        """``stuck_after``, ``partition_check``: seconds between checks (0: none)."""
         self.client_config: dict[str, Any] = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
         self.topic, self.process, self.tail = topic, process, tail
@@ -364,10 +355,9 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         return position
 
     def _undecodable(self, base: int | None, reason: str) -> int | None:
-        """Skip the batch at ``base`` librdkafka refuses: the offset after it, or None.
+        """Skip the batch at ``base`` librdkafka refuses: the offset after it.
 
-        None when the broker could not be probed: the error goes on as a consumer error and
-        the next one, after a back-off, tries again.
+        None when the broker could not be probed (a consumer error; retried after a back-off).
         """
         now = time.monotonic()
         base = self._next_offset if base is None or base < 0 else base
@@ -413,8 +403,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
     def _check_stuck(self, now: float) -> None:
         """Restart if records wait at one offset at two checks; unanswered in 1 s: Kafka down.
 
-        The high watermark asked is the last stable offset (``read_committed``): records behind
-        a transaction open upstream are no stall, said once instead.
+        Records behind a transaction open upstream (the last stable offset) are said, no stall.
         """
         self._stuck_check_at = now + self._src.stuck_after
         try:

@@ -1,13 +1,10 @@
 """Input progress and lag, recorded by the input partitions, computed at scrape time.
 
-Each input partition records where it stands after every poll (:class:`PartitionProgress`);
-the collector turns that into gauges when ``/metrics`` is scraped, so a stopped input cannot
-freeze them: ``user_activity_input_records_behind`` (high watermark - next offset),
-``user_activity_input_seconds_since_progress`` (monotonic seconds since a record was read,
-while records wait), ``user_activity_input_lag_seconds`` (now - CreateTime of the last record
-read, while records wait). The flow lag gauges (SPEC §6, issue 41): now - CreatedAt of the
-oldest message a sink of the flow holds (:meth:`InputProgress.holding`); holding none while
-records wait, of the newest it finished (:meth:`InputProgress.finished`); else 0.
+Each input partition records where it stands after every poll; the collector computes gauges at
+scrape time, so a stopped input cannot freeze them: records behind, seconds since progress and
+lag (now - CreateTime of the last record read) while records wait. The flow lag gauges (SPEC §6):
+now - CreatedAt of the oldest message a sink of the flow holds; holding none while records wait,
+of the newest it finished; else 0.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """What the broker says of an input topic: its partitions, its id, its cleanup policy.
 
-A compacted input topic loses unread events silently: said at start and by each check
-(``input-topic-compacted`` at ERROR, the compacted gauge). While a tailed job runs,
-:meth:`TopicWatch.check`, called by the poll of the topic's partition 0, asks again every
-interval without waiting (the answers are futures, read at later polls): partitions added, or
-the topic deleted and created again (its id changed), is one line and a clean stop with exit
-75 (the restart reads them); the topic missing or refused is the unavailable gauge and one
-ERROR line until it is back. No answer is no news: the partitions say an outage themselves.
+A compacted input topic loses unread events silently: said at start and by each check (ERROR,
+the compacted gauge). While a tailed job runs, :meth:`TopicWatch.check` (called by partition 0's
+poll) asks again every interval without waiting: partitions added, or the topic made again (its id
+changed), is one line and exit 75 (the restart reads them); the topic missing or refused is the
+unavailable gauge and one ERROR line until it is back. No answer is no news.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ from runtime.shutdown import Shutdown
 
 logger = logging.getLogger(__name__)
 
-NO_AUTO_CREATE = {"allow.auto.create.topics": False}
-"""An admin client's metadata request must not create the topic it asks about."""
+NO_AUTO_CREATE = {"allow.auto.create.topics": False}  # a metadata request must not create it
 
 
 def topic_id(admin: AdminClient, topic: str, timeout: float = 10.0) -> str | None:
@@ -57,10 +54,7 @@ def cleanup_policy(admin: AdminClient, topic: str, timeout: float = 10.0) -> str
 
 def group_offsets(admin: AdminClient, group: str, topic: str, partitions: list[int]
                   ) -> dict[int, int]:
-    """The offsets ``group`` committed on ``topic`` (partitions it has none for are left out).
-
-    Raises ``KafkaException`` when the broker does not answer.
-    """
+    """The offsets ``group`` committed on ``topic``; raises ``KafkaException`` unanswered."""
     asked = ConsumerGroupTopicPartitions(group, [Tp(topic, p) for p in partitions])
     answer = admin.list_consumer_group_offsets([asked])[group].result(15)
     return {tp.partition: tp.offset for tp in answer.topic_partitions if tp.offset >= 0}

@@ -1,10 +1,9 @@
 """A record batch librdkafka refuses at every fetch: where it ends, so the partition moves on.
 
-librdkafka reports a zstd batch that decompresses past ``receive.message.max.bytes`` (or
-corrupt bytes) as ``_BAD_COMPRESSION`` with the batch's base offset only, and fetches it again
-forever. A fetch from an offset inside the batch gets the same batch (the same error), a fetch
-from past it what follows: :func:`find_batch_end` (pure) finds the first offset past it with
-:meth:`BatchProbe.inside`, asked of the broker by a consumer of its own.
+librdkafka reports a zstd batch that decompresses past ``receive.message.max.bytes`` (or corrupt
+bytes) as ``_BAD_COMPRESSION`` at the batch's base offset, and fetches it again forever. A fetch
+from inside the batch gets the same error, from past it what follows: :func:`find_batch_end`
+finds that offset with :meth:`BatchProbe.inside`, asked of the broker by a consumer of its own.
 """
 
 from __future__ import annotations
@@ -59,9 +58,7 @@ class BatchProbe:
     def inside(self, offset: int) -> bool:
         """True when a fetch from ``offset`` gets the batch at ``base`` (its error again).
 
-        False when a record arrives, another batch's error (its own base), or the position
-        passes ``offset`` (control records). Raises :class:`ProbeFailedError` after the
-        time-out, or at once when a stop is requested.
+        Raises :class:`ProbeFailedError` after the time-out, or at once on a stop request.
         """
         self._consumer.assign([TopicPartition(self._tp.topic, self._tp.partition, offset)])
         deadline = time.monotonic() + self._timeout

@@ -1,8 +1,7 @@
 """The favorites flow: favorite-added/removed -> action history + action-tracked (SPEC §4).
 
-Run it with ``python -m bytewax.run dataflows.favorite_actions:flow``. ``flow`` is built on
-first access from the ``USER_ACTIVITY_*`` environment, so importing this package (or its pure
-step modules) has no side effects; tests call ``build_flow(settings)``.
+``python -m bytewax.run dataflows.favorite_actions:flow`` runs it (:mod:`dataflows.entry`);
+importing this package has no side effects, tests call ``build_flow(settings)``.
 """
 
 from __future__ import annotations

@@ -45,25 +45,15 @@ SKIP_OUTCOMES: Mapping[SkipReason, str] = {
 
 
 def uuid_text(value: UUID) -> str:
-    """``str(value)`` (canonical: lower case, hyphenated), about three times cheaper.
-
-    orjson writes a UUID exactly as ``UUID.__str__`` does (RFC 4122 text, lower case).
-    """
+    """``str(value)``, about three times cheaper (orjson writes a UUID as ``UUID.__str__``)."""
     return orjson.dumps(value)[1:-1].decode()
 
 
 class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
-    """A decoded, valid favorites event, with the record it came from.
+    """A decoded, valid favorites event, with the record it came from; built by :meth:`of`.
 
-    ``idempotency_key`` (``user-activity-favorites:{ActionType}:{MessageId}``), ``dedup_id``
-    (its compact 17-byte form for the in-memory window) and ``owner_key`` (``anonymous:{id}``,
-    else ``user:{id}``) are computed once, by :meth:`of` (the one way to build a message); ids
-    in them are canonical UUID text.
-
-    A frozen msgspec struct, not a dataclass: built in C (1.5 instead of 2.5 µs per message,
-    the keys included) and not tracked by the cyclic garbage collector (``gc=False``). That is
-    safe because a message cannot be part of a reference cycle: it is immutable and made last,
-    and nothing it holds (a frozen record, envelope and trace) refers to it.
+    ``idempotency_key`` is ``user-activity-favorites:{ActionType}:{MessageId}``, ``dedup_id``
+    its compact 17-byte form. Not tracked by the GC: immutable, it can be in no cycle.
     """
 
     record: SourceRecord
@@ -71,11 +61,8 @@ class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
     envelope: FavoriteWire
     idempotency_key: str
     dedup_id: bytes
-    owner_key: str
-    """The owner the session is resolved for (and the stream is keyed by): ``anonymous:{id}``
-    when the payload has an AnonymousId, else ``user:{id}``."""
-    trace: MessageTrace | None = None
-    """Set when the message is sampled for tracing (:func:`runtime.tracing.sample`)."""
+    owner_key: str  # anonymous:{AnonymousId}, else user:{UserId}
+    trace: MessageTrace | None = None  # set when sampled for tracing
 
     @classmethod
     def of(
@@ -100,17 +87,12 @@ class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its record, action type and trace; decoded again when unpickled.
-
-        Bytewax pickles the items it sends to a worker in another process (the dedup and sink
-        exchanges of a multi-process job): the record is a few plain fields, 6 µs there and
-        back, where the decoded envelope's objects took 38 µs; decoding it again takes 5 µs.
-        """
+        """Pickled as its record, action type and trace; decoded again when unpickled."""
         return (_decoded_again, (self.record, self.action_type, self.trace))
 
     @property
     def message_id(self) -> UUID:
-        """The source MessageId (the dedup key, the row's ``source_message_id``)."""
+        """The source MessageId."""
         return self.envelope.message_id
 
     @property
@@ -159,7 +141,6 @@ def _is_utf8(value: bytes) -> bool:
 
 def _decoded_again(record: SourceRecord, action_type: ActionType, trace: MessageTrace | None,
                    ) -> FavoriteMessage:
-    """The :class:`FavoriteMessage` of a record that decoded to one before (unpickling)."""
     envelope = _decode(record)
     if isinstance(envelope, DeadLetter):  # deterministic: it decoded before
         raise ValueError(f"{record.where()} no longer decodes: {envelope.reason.value}")
@@ -169,14 +150,9 @@ def _decoded_again(record: SourceRecord, action_type: ActionType, trace: Message
 def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]) -> Decoded:
     """Decode ``record`` from a favorites topic; ``action_types`` maps topic -> ActionType.
 
-    Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
-    that does not fit the contract -> ``schema-mismatch`` (all dead letters), including a field
-    over its bound (a ``CorrelationId`` over
-    :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the input-bounds table in
-    :mod:`schemas`). Empty GUIDs or not exactly one of UserId / AnonymousId -> ``invalid-owner``
-    skip. Headers never make a record poison: an invalid ``traceparent`` is dropped when the
-    event is built (:func:`schemas.outbox.propagated_headers`). Tracing's sampling decision is
-    taken here, once per message (:func:`runtime.tracing.sample`: None when off or unsampled).
+    Poison is a dead letter (:func:`dataflows.envelopes.parse_envelope`); empty GUIDs or not
+    exactly one of UserId / AnonymousId -> ``invalid-owner`` skip. Headers never make a record
+    poison. Tracing's sampling decision is taken here, once per message.
     """
     try:
         action_type = action_types[record.topic]

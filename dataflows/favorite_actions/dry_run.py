@@ -1,9 +1,4 @@
-"""The favorites dry-run sink for replay: count what a run would do, write nothing.
-
-Each batch runs the real write (:meth:`FavoritesStore.record_batch`) in a transaction that is
-always rolled back, and tallies its outcomes (:class:`sinks.dry_run.Tally`): the verdicts are
-the real statement's, and nothing is kept or published.
-"""
+"""The favorites dry-run sink for replay: the real write, rolled back, its outcomes tallied."""
 
 from __future__ import annotations
 

@@ -7,18 +7,8 @@
     favorite_removed_input┘                                   └─ dedup_by_message_id
                                                       ─ record_action_history (Postgres + outbox)
 
-One input step per topic, so either can be replayed on its own. ``decode_favorites`` is one
-batch step doing all per-record work before the dedup: it logs consumer errors, invalid-owner
-skips and version mismatches and emits dead letters and ``(owner_shard, message)`` pairs. One step
-instead of six: Bytewax's cost per step and item, not the work itself, dominated there.
-
-The stream is keyed by the owner's *shard* (:func:`owner_shards`), not by the owner: Bytewax's
-stateful step costs a Python call or two per key and batch (``on_batch``, ``notify_at``) and a
-snapshot per key and epoch, which per owner came to about 12 µs per event, a quarter of the
-job's CPU. A shard holds many owners; one owner is always in one shard, so one owner's messages
-stay in order, deduplicated by one window and written by one sink partition.
-Exactly-once effect = at-least-once input (offsets in Bytewax snapshots) + idempotent
-transactional writes.
+One input step per topic (either can be replayed alone); keyed by owner shard, so one owner's
+messages stay in order. Exactly-once effect = offsets in snapshots + idempotent writes.
 """
 
 from __future__ import annotations
@@ -43,13 +33,14 @@ from dataflows.favorite_actions.decode import (
 )
 from dataflows.favorite_actions.dry_run import DryRunActionSink
 from dataflows.favorite_actions.sink import ActionHistorySink, message_fields
-from dataflows.favorite_actions.traces import trace_duplicate, trace_poison, trace_skipped
+from dataflows.favorite_actions.traces import trace_duplicate, trace_skipped
 from dataflows.operators import (
     DedupBound,
     configured_start,
     deduplicated,
     kafka_inputs,
     log_consumer_error,
+    trace_poison,
     warn_version_mismatch,
 )
 from runtime.bytewax_0_21.steps import sink_step_id
@@ -75,8 +66,7 @@ logger = logging.getLogger(__name__)
 
 def _log_skip(reason: SkipReason, fields: dict[str, Any]) -> None:
     FAVORITES_SKIPPED.labels(reason=reason.value).inc()
-    # invalid-owner is the producer breaking its contract (INV-FAV-001): an error log, as the
-    # seed asks, though the message is acknowledged (a retry cannot repair the data).
+    # invalid-owner breaks the producer's contract (INV-FAV-001): an error, though acknowledged
     level = logging.ERROR if reason is SkipReason.INVALID_OWNER else logging.INFO
     log_event(logger, SKIP_OUTCOMES[reason], level, outcome=SKIP_OUTCOMES[reason], **fields)
 
@@ -102,25 +92,16 @@ Routed = DeadLetter | tuple[str, FavoriteMessage]
 """What ``decode_favorites`` emits: poison for the DLQ, or a message keyed by its owner's shard."""
 
 
-OWNER_SHARDS_PER_SINK_PARTITION = 8
-"""Shards per sink partition: enough keys to spread the dedup over the workers, few enough
-that Bytewax's per-key cost per batch is negligible."""
+OWNER_SHARDS_PER_SINK_PARTITION = 8  # spreads the dedup over workers; few keys stay cheap
 
 
 def owner_shards(sink_partitions: int) -> list[str]:
-    """The shard keys of the favorites stream: ``"0"`` .. ``str(8 * sink_partitions - 1)``.
-
-    Shard ``i`` is written by sink partition ``i mod sink_partitions``
-    (:meth:`ActionHistorySink.part_fn`), so each partition gets the same number of shards.
-    """
+    """The shard keys of the favorites stream; each sink partition gets the same number."""
     return [str(i) for i in range(OWNER_SHARDS_PER_SINK_PARTITION * sink_partitions)]
 
 
 def owner_shard(message: FavoriteMessage, shards: Sequence[str]) -> str:
-    """The shard of ``message``'s owner: its AnonymousId (else UserId) modulo the shard count.
-
-    Stable across processes and restarts (no salted ``hash``), so every worker agrees.
-    """
+    """The shard of ``message``'s owner (AnonymousId, else UserId), the same in every process."""
     payload = message.envelope.payload
     owner = payload.anonymous_id if payload.anonymous_id is not None else payload.user_id
     return shards[owner.int % len(shards)] if owner is not None else shards[0]
@@ -129,12 +110,9 @@ def owner_shard(message: FavoriteMessage, shards: Sequence[str]) -> str:
 def decoder(
     action_types: Mapping[str, ActionType], shards: Sequence[str],
 ) -> Callable[[list[InputItem]], list[Routed]]:
-    """The ``decode_favorites`` batch step (a batch of consumed items -> routed items).
+    """The ``decode_favorites`` batch step: dead letters and ``(owner_shard, message)`` pairs.
 
-    Consumer errors are logged and counted, invalid-owner skips logged (acknowledged without a
-    row), version mismatches logged and processed; nothing else is dropped. Order is kept.
-    Messages are keyed by :func:`owner_shard` over ``shards``. One ``consumed`` line per batch
-    counts its records.
+    Consumer errors, invalid-owner skips and version mismatches are logged; order is kept.
     """
     count = len(shards)
 
@@ -161,9 +139,7 @@ def decoder(
             else:
                 trace_poison(decoded)
                 append(decoded)
-        if consumed:
-            # The seed's `consumed` outcome, once per batch at INFO: a line per message would
-            # double the log volume (and its CPU) to say what the recorded/skipped lines say.
+        if consumed:  # the seed's `consumed` outcome, once per batch
             log_event(logger, "consumed", outcome="consumed", records=consumed)
         return routed
 
@@ -199,23 +175,15 @@ class FavoritesSinks:
 
 
 def build_flow(
-    settings: Settings,
-    *,
-    source: Source[InputItem] | None = None,
-    sinks: FavoritesSinks | None = None,
-    start: StartPosition | None = None,
-    topics: Sequence[str] | None = None,
-    process: Process | None = None,
+    settings: Settings, *, source: Source[InputItem] | None = None,
+    sinks: FavoritesSinks | None = None, start: StartPosition | None = None,
+    topics: Sequence[str] | None = None, process: Process | None = None,
     publisher: Publishing | None = None,
 ) -> Dataflow:
     """The favorites dataflow for ``settings``; building it has no side effects.
 
-    ``source`` replaces the two Kafka inputs (tests: a ``TestingSource`` of
-    :class:`~schemas.kafka_record.SourceRecord` items whose ``topic`` names the favorites topic
-    they came from); ``sinks`` replaces the PostgreSQL and DLQ sinks, else made for ``process``
-    (the composition root's; a new one if None) and ``publisher``. With the Kafka inputs,
-    ``start`` overrides the starting position and ``topics`` limits them to some of the two
-    favorites topics (a replay of one topic).
+    ``source`` replaces the Kafka inputs, ``sinks`` the PostgreSQL and DLQ sinks. ``start``
+    overrides the starting position, ``topics`` limits the inputs (a replay of one topic).
     """
     process = process or Process()
     flow = Dataflow("favorite_actions")
@@ -249,7 +217,7 @@ def build_flow(
         "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
         DedupBound("favorites", settings.dedup_max_ids, len(shards)),
     )
-    if source is None and settings.tail:  # a tailing job: each sink partition ticks (runtime.ticks)
+    if source is None and settings.tail:  # each sink partition ticks (runtime.ticks)
         ticks = op.input("sink_ticks", flow, TickSource(
             [str(i) for i in range(settings.sink_partitions)], timedelta(seconds=0.1),
             process.stopping))

@@ -1,11 +1,8 @@
 """Map a favorites message and its resolved session to the rows of one transaction (pure).
 
 SessionId and AnonymousId come from the owner's session (INV-ACT-003), UserId as
-``record_actions.sql`` decided it (the payload's for a user's own action; for a guest action the
-session's user when it was linked by the action, else null); OccurredAt from the payload, never
-the server clock (INV-ACT-005). The action-tracked outbox row gets a new UUIDv7 MessageId,
-stable across re-publication; its bytes are rendered by :mod:`schemas.action_tracked`, as the
-publisher renders a thin outbox row. :class:`ActionRowBuilder` does the per-batch work once.
+``record_actions.sql`` decided it; OccurredAt from the payload, never the server clock
+(INV-ACT-005). The action-tracked outbox row's MessageId is stable across re-publication.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ class RecordedAction(NamedTuple):
 
     @property
     def idempotency_key(self) -> str:
-        """The message's idempotency mark (``user-activity-favorites:{ActionType}:{MessageId}``)."""
+        """The message's idempotency mark."""
         return self.message.idempotency_key
 
 
@@ -63,24 +60,18 @@ class ActionRowBuilder:
 
     def __init__(self, topic: str, now: datetime) -> None:
         self._topic = topic
-        # CreatedAt rendered once per batch (the thin outbox row keeps ``now`` as created_at).
         self._created_at = rendered_created_at(now)
 
     def build_resolved(
         self, message: FavoriteMessage, resolved: tuple[UUID, UUID, UUID | None],
         action_event_id: UUID, outbox_message_id: UUID, headers: dict[str, str],
     ) -> RecordedAction:
-        """The rows for ``message`` in a session already resolved, with the outbox ``headers``.
-
-        ``resolved``: the session's id and AnonymousId, and the row's UserId.
-        """
+        """The rows for ``message``; ``resolved``: SessionId, AnonymousId and the row's UserId."""
         session_id, anonymous_id, user_id = resolved
         envelope = message.envelope
         payload = envelope.payload
         action_type = _ACTION_NAMES[message.action_type]
-        # The value is kept as a right-sized copy: holding orjson's own output objects by the
-        # thousand makes every later dumps take fresh memory (about twice the cost per value,
-        # see docs/performance.md).
+        # a right-sized copy: holding orjson's outputs makes every later dumps cost about twice
         value = _copy(action_tracked_value(
             outbox_message_id, self._created_at, action_event_id, envelope.correlation_id,
             action_type, session_id, anonymous_id, user_id, payload.occurred_at,

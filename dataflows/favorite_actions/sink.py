@@ -1,8 +1,6 @@
 """The Bytewax sink of the favorites flow: batches -> one transaction each -> outbox -> Kafka.
 
-Offsets advance only after the commit, outages pause and poison is isolated as described in
-:mod:`sinks.transactional`; writes are idempotent (:mod:`dataflows.favorite_actions.store`):
-redelivered messages change nothing.
+Commits, outages and poison as :mod:`sinks.transactional` says; writes are idempotent.
 """
 
 from __future__ import annotations
@@ -66,11 +64,7 @@ def message_fields(message: FavoriteMessage) -> dict[str, Any]:
 
 
 class ActionHistorySink(PartitionedSink[FavoriteMessage]):
-    """Records ``(owner_shard, FavoriteMessage)`` items: one owner's messages go to one partition.
-
-    The key is an owner shard number (``flow.owner_shards``); shard ``i`` goes to partition
-    ``i`` modulo the partition count, so the partitions share the shards evenly.
-    """
+    """Records ``(owner_shard, FavoriteMessage)`` items; shard ``i`` goes to partition ``i % n``."""
 
     @override
     def part_fn(self, item_key: str) -> int:
@@ -84,27 +78,18 @@ class ActionHistorySink(PartitionedSink[FavoriteMessage]):
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
     """The favorites sink partition; a large batch commits while the worker goes on.
 
-    A batch of at least ``sink_defer_min_batch`` messages (a backlog) is deferred: its one
-    statement is sent and ``write_batch`` returns, so PostgreSQL commits it while Bytewax reads
-    the next batch. The next ``write_batch`` (a tick of :mod:`runtime.ticks` at the latest),
-    the epoch's ``snapshot()`` (the barrier before Bytewax snapshots the offsets) and
-    ``close()`` wait for it first; only then are its outbox rows offered and its outcome
-    logged. At most one batch is in flight, so an epoch never closes with rows uncommitted. If
-    the deferred statement fails, the batch is written again synchronously (idempotent).
+    A batch of at least ``sink_defer_min_batch`` messages is sent without waiting; the next
+    ``write_batch`` (or tick), ``snapshot()`` and ``close()`` wait for it first, then offer its
+    outbox rows. At most one batch is in flight, so an epoch never closes with rows uncommitted.
+    A failed deferred statement is written again synchronously (idempotent).
     """
 
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
         super().__init__(
-            settings,
-            process,
-            publisher,
-            name=f"user-activity-favorites-{part}",
-            dlq_topic=settings.topic_favorites_dlq,
-            dlq_counter=FAVORITES_DLQ,
-            retries_counter=FAVORITES_RETRIES,
-            logger=logger,
-            flow="favorites",
+            settings, process, publisher, name=f"user-activity-favorites-{part}",
+            dlq_topic=settings.topic_favorites_dlq, dlq_counter=FAVORITES_DLQ,
+            retries_counter=FAVORITES_RETRIES, logger=logger, flow="favorites",
             lag=INPUT_PROGRESS,
         )
         waits = settings.favorites_session_wait_seconds if settings.tail else 0
@@ -118,8 +103,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def write_batch(self, values: Sequence[FavoriteMessage | Tick]) -> None:
         """Commit the batch in flight, then send ``values`` (deferred) or write them now.
 
-        A tick (:mod:`runtime.ticks`) among them only commits the batch in flight and, once a
-        second, sweeps the actions waiting for a session (:meth:`sweep_waiting`).
+        A tick also sweeps the actions waiting for a session, once a second at most.
         """
         self._finish_in_flight()
         if TICK in values:
@@ -162,9 +146,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def sweep_waiting(self) -> None:
         """Record the waiting actions whose owner now has a session; skip the expired ones.
 
-        Sweeps until a sweep finds fewer than a page due; outages are retried like a write.
-        Logged and counted like the batches' outcomes (``recorded``, ``skipped-no-session``,
-        ``skipped-duplicate``; ``user_activity_favorites_session_waits_total``).
+        Sweeps until a page is not full; outages are retried like a write.
         """
         while True:
             self._swept_at = time.monotonic()
@@ -191,10 +173,6 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         self.track_finished(values)
 
     def _deferred_failed(self, exc: Exception, values: list[FavoriteMessage]) -> None:
-        """Write ``values`` synchronously after a failed deferred insert.
-
-        Nothing of it or all of it is committed; the write is idempotent either way.
-        """
         if not isinstance(exc, psycopg.Error) or is_infrastructure_error(exc):
             self._db.reset()  # a statement may still be in flight on it
         log_event(logger, "deferred-write-failed", logging.WARNING, error=type(exc).__name__,
@@ -217,14 +195,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         return [action.outbox for action in result.recorded]
 
     def report(self, outcome: BatchOutcome) -> None:
-        """Metrics and one log line per message of a committed batch.
-
-        Counters move once per batch (``inc(n)``), the write-duration histogram once (the
-        batch's statement sent -> its commit known), the consume-duration histogram once per
-        distinct poll time (:func:`runtime.metrics.observe_durations_ms`), and each outcome's
-        lines are written together (:func:`runtime.logs.log_events`). The spans of its sampled
-        messages are made (:func:`~dataflows.favorite_actions.traces.trace_batch`).
-        """
+        """Metrics, spans and one log line per message of a committed batch."""
         trace_batch(outcome)
         if outcome.written_ns is not None and outcome.written_ns[0] and outcome.written_ns[1]:
             started_ns, ended_ns = outcome.written_ns
@@ -264,7 +235,6 @@ _WAITS_SKIPPED = FAVORITES_SESSION_WAITS.labels(outcome="skipped")
 
 
 def _report_swept(swept: list[WaitingSwept]) -> None:
-    """Count and log what a sweep of the waiting actions did (the waiting ones say nothing)."""
     for action in swept:
         fields: dict[str, Any] = {
             "MessageId": action.message_id, "FavoriteId": action.favorite_id,
@@ -286,7 +256,6 @@ def _report_swept(swept: list[WaitingSwept]) -> None:
 
 
 def _recorded_fields(action: RecordedAction) -> dict[str, Any]:
-    """``{"outcome": "recorded", "SessionId": ..., **message_fields(message)}``, built at once."""
     message = action.message
     payload = message.envelope.payload
     return {

@@ -1,18 +1,11 @@
-"""The favorites write path: one transaction per batch (SPEC §4 steps 4-5).
+"""The favorites write path: one statement, so one transaction, per batch (SPEC §4 steps 4-5).
 
-``record_batch`` resolves every owner's session, inserts the idempotency marks, the
-action_events rows and the action-tracked outbox rows with one statement (``record_actions``),
-and commits; its answer names each message's session, from which the recorded rows are built
-(:meth:`FavoritesStore.settle`); the caller then offers the committed outbox rows to the
-publisher. The sink sends that statement without waiting (``send_batch``) and collects its
-answer later (``finish_batch``), so no query is waited for before a batch is sent.
-Idempotent: a message already recorded (mark or source_message_id present) changes nothing, so
-redelivery, replay and two racing processes are harmless. Most batches hold only new messages, so
-the statement is first sent without its ``ON CONFLICT`` clauses (cheaper for PostgreSQL); if it
-conflicts it wrote nothing, and the batch is sent again with them (:class:`ConflictGuess`).
-Parameters are sent as binary arrays, encoded here column by column (the bytes psycopg's list
-dumper would send, without its per-element Python calls).
-On any exception the transaction is rolled back and nothing of the batch is written.
+``record_actions`` resolves every owner's session and inserts the idempotency marks, the
+action_events rows and the action-tracked outbox rows; its answer names each message's session.
+Idempotent: a message already recorded (mark or source_message_id present) changes nothing.
+A batch is first sent without the ``ON CONFLICT`` clauses; a conflict wrote nothing, and the
+batch goes again with them (:class:`ConflictGuess`). Parameters are binary arrays encoded here.
+On any exception nothing of the batch is written.
 """
 
 from __future__ import annotations
@@ -65,18 +58,8 @@ class BatchOutcome:
     recorded: list[RecordedAction] = field(default_factory=list)
     duplicates: list[FavoriteMessage] = field(default_factory=list)
     no_session: list[FavoriteMessage] = field(default_factory=list)
-    waiting: list[FavoriteMessage] = field(default_factory=list)
-    """No session yet: written to ``waiting_actions`` (recorded or skipped later)."""
-    written_ns: tuple[int, int] | None = None
-    """Wall-clock start and commit (ns) of the write that committed it, for its trace spans
-    (set by the sink; None when not timed)."""
-
-    def extend(self, other: BatchOutcome) -> None:
-        """Add ``other``'s messages to this outcome."""
-        self.recorded.extend(other.recorded)
-        self.duplicates.extend(other.duplicates)
-        self.no_session.extend(other.no_session)
-        self.waiting.extend(other.waiting)
+    waiting: list[FavoriteMessage] = field(default_factory=list)  # in waiting_actions
+    written_ns: tuple[int, int] | None = None  # wall-clock start and commit (ns), for spans
 
 
 def owner_of(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
@@ -95,18 +78,10 @@ class FavoritesStore:
     """Writes batches of favorites messages to PostgreSQL, one transaction each."""
 
     def __init__(
-        self,
-        action_tracked_topic: str,
-        new_id: Callable[[], UUID] = uuid_compat.uuid7,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        *,
-        wait_seconds: int = 0,
+        self, action_tracked_topic: str, new_id: Callable[[], UUID] = uuid_compat.uuid7,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC), *, wait_seconds: int = 0,
     ) -> None:
-        """A store announcing on ``action_tracked_topic``.
-
-        ``wait_seconds``: how long a message whose owner has no session waits for one (0: it is
-        skipped at once).
-        """
+        """``wait_seconds``: how long a message without a session waits for one (0: skipped)."""
         self._topic = action_tracked_topic
         self._wait = Int4Array([int4_element(wait_seconds)], 1)
         self._topic_element = frame(action_tracked_topic.encode())
@@ -137,12 +112,9 @@ class FavoritesStore:
         return self.settle(pending, rows)
 
     def send_batch(self, conn: Connection, messages: Sequence[FavoriteMessage]) -> SentBatch:
-        """``record_batch`` in two halves: this one sends the statement, without waiting.
+        """Send the batch's statement on the autocommit ``conn`` without waiting for it.
 
-        The statement (sessions, marks, rows, outbox) is one statement on the autocommit
-        ``conn``, so its own transaction; it is sent without waiting
-        (:mod:`sinks.deferred_statement`). Nothing is known to be committed until
-        :meth:`finish_batch` returned; ``conn`` is busy until then.
+        Nothing is known to be committed until :meth:`finish_batch` returned; ``conn`` is busy.
         """
         outcome, batch = _unique(messages)
         if not batch:
@@ -153,10 +125,9 @@ class FavoritesStore:
         return SentBatch(outcome, pending, params if fresh else None)
 
     def finish_batch(self, conn: Connection, sent: SentBatch) -> BatchOutcome:
-        """Wait for the statement :meth:`send_batch` sent; the batch is committed when this returns.
+        """Wait for :meth:`send_batch`'s statement; the batch is committed when this returns.
 
-        Raises when the statement failed (nothing of the batch was written) or the connection
-        broke (the batch may or may not be committed: redo it; the write is idempotent).
+        Raises when it failed (nothing written) or the connection broke (redo it: idempotent).
         """
         if sent.pending is None:
             return sent.outcome
@@ -174,7 +145,6 @@ class FavoritesStore:
         return self.settle(sent.pending, transformer.load_rows(0, result.ntuples, tuple))
 
     def _conflicted(self, exc: psycopg.errors.UniqueViolation, messages: int) -> None:
-        """A batch sent as new held a recorded message: say so; it goes again with ON CONFLICT."""
         self._guess.conflicted()
         log_event(logger, "write-conflict-retried", logging.INFO, messages=messages,
                   constraint=exc.diag.constraint_name,
@@ -183,11 +153,7 @@ class FavoritesStore:
     def statement(
         self, messages: Sequence[FavoriteMessage], outcome: BatchOutcome,
     ) -> tuple[PendingBatch, dict[str, Any]]:
-        """What :meth:`settle` needs (the ids given to each message), and the parameters.
-
-        The ``record_actions`` parameters for ``messages`` (distinct idempotency keys). Pure
-        (no database): the parameters are encoded here, column by column.
-        """
+        """The ``record_actions`` parameters for ``messages`` (distinct keys); pure."""
         now = self._clock()
         new_id = self._new_id
         topic = self._topic_element
@@ -239,7 +205,6 @@ class FavoritesStore:
             favorite_ids.append((UUID_FRAME | payload.favorite_id.int).to_bytes(20, "big"))
             source_message_ids.append((UUID_FRAME | envelope.message_id.int).to_bytes(20, "big"))
             outbox_id_elements.append((UUID_FRAME | outbox_id.int).to_bytes(20, "big"))
-            # the thin outbox row (0008): what the event needs beyond the action_events row
             correlation_id = envelope.correlation_id
             if correlation_id is None:
                 correlation_ids.append(NULL)
@@ -287,13 +252,7 @@ class FavoritesStore:
         return pending, params
 
     def settle(self, pending: PendingBatch, rows: Sequence[tuple[Any, ...]]) -> BatchOutcome:
-        """The outcome of a committed ``record_actions`` statement from its answer ``rows``.
-
-        A message without an answer row had no session; one answered without a session waits
-        (or, not inserted, was waiting already: a duplicate); one whose row was not inserted was
-        recorded before (a duplicate); the others are recorded, with their rows built
-        (:class:`ActionRowBuilder`) from the session the statement resolved.
-        """
+        """The outcome of a committed ``record_actions`` from its answer ``rows``."""
         outcome = pending.outcome
         by_position = {row[0]: row for row in rows}
         build = ActionRowBuilder(self._topic, pending.now).build_resolved
@@ -315,10 +274,8 @@ class FavoritesStore:
     def sweep_waiting(self, conn: Connection, limit: int = 500) -> list[WaitingSwept]:
         """One sweep of ``waiting_actions`` in one transaction (``record_waiting_actions.sql``).
 
-        Records the waiting actions whose owner now has a session, gives up those past their
-        ``wait_until`` (skipped as no-session) and schedules the others' next retry. Safe in
-        several processes at once (rows another sweep holds are skipped). Raises psycopg
-        errors (nothing of the sweep is written then).
+        Records those whose owner now has a session, gives up those past ``wait_until``;
+        several processes may sweep at once. On a psycopg error nothing is written.
         """
         with conn.transaction():
             rows = conn.execute(_SWEEP, {"limit": limit}).fetchall()
@@ -339,12 +296,9 @@ _CONFLICT_CLAUSES = (
 
 
 def without_conflict_clauses(statement: str) -> str:
-    """``record_actions`` without its two ``ON CONFLICT DO NOTHING`` clauses (each exactly once).
+    """``record_actions`` without its two ``ON CONFLICT DO NOTHING`` clauses (else ``ValueError``).
 
-    The statement for batches of new messages: the same writes and answer, without the
-    speculative insertion (a pre-check probe of each unique index and a confirmation record per
-    row); it fails with a unique violation, writing nothing, when any message was recorded
-    before. Raises ``ValueError`` when the text no longer holds each clause once.
+    It fails with a unique violation, writing nothing, when any message was recorded before.
     """
     for clause in _CONFLICT_CLAUSES:
         if statement.count(clause) != 1:
@@ -353,21 +307,17 @@ def without_conflict_clauses(statement: str) -> str:
     return statement
 
 
+# record_actions with its ON CONFLICT clauses [0] and without them [1], indexed by ``fresh``
 _STATEMENTS = (query("record_actions"), without_conflict_clauses(query("record_actions")))
 _SWEEP = query("record_waiting_actions")
-"""``record_actions`` with its ON CONFLICT clauses [0] and without them [1], by ``fresh``."""
 _POSITIONAL = tuple(deferred_statement.Positional.of(text) for text in _STATEMENTS)
 
 
 class ConflictGuess:
-    """Whether the next batch is sent as new messages only (no ``ON CONFLICT``; pure).
+    """Whether the next batch is sent without ``ON CONFLICT`` (pure).
 
-    Fresh by default: a batch that then conflicts (a redelivery, a replay, a racing process)
-    is written again whole with ``ON CONFLICT`` (nothing of the first attempt was written),
-    and the next ``wait`` batches go with ``ON CONFLICT`` at once; ``wait`` doubles with each
-    conflict in a row (1, 2, 4 ... :data:`MAX_WAIT`) and is back to 1 after a fresh batch
-    passed. So a replay of recorded messages costs one failed statement per ``MAX_WAIT``
-    batches, and a backlog of new messages saves the speculative insertion on every batch.
+    After a conflict the next ``wait`` batches go with ``ON CONFLICT``; ``wait`` doubles with
+    each conflict in a row (up to :data:`MAX_WAIT`) and is back to 1 after a fresh batch passed.
     """
 
     MAX_WAIT = 1024
@@ -405,16 +355,12 @@ class ConflictGuess:
 class PendingBatch:
     """A batch whose statement was made (:meth:`FavoritesStore.statement`), not yet answered."""
 
-    outcome: BatchOutcome
-    """Duplicates within the batch (final); filled in by :meth:`FavoritesStore.settle`."""
-    messages: list[FavoriteMessage]
-    """The messages sent, the statement's positions 1..n."""
+    outcome: BatchOutcome  # duplicates within the batch; the rest filled in by settle
+    messages: list[FavoriteMessage]  # the statement's positions 1..n
     event_ids: list[UUID]
     outbox_ids: list[UUID]
     headers: list[dict[str, str]]
-    """Each outbox row's headers (:func:`schemas.outbox.propagated_headers`)."""
-    now: datetime
-    """The batch's clock: the outbox rows' created_at (CreatedAt)."""
+    now: datetime  # the outbox rows' created_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,11 +368,8 @@ class SentBatch:
     """A batch whose statement was sent (:meth:`FavoritesStore.send_batch`), not yet confirmed."""
 
     outcome: BatchOutcome
-    """Duplicates within the batch; the rest once :meth:`FavoritesStore.finish_batch` returned."""
-    pending: PendingBatch | None
-    """What was sent (None: nothing to send)."""
-    fresh_params: dict[str, Any] | None = None
-    """The parameters, when sent without ``ON CONFLICT`` (to send again with it on a conflict)."""
+    pending: PendingBatch | None  # None: nothing to send
+    fresh_params: dict[str, Any] | None = None  # sent without ON CONFLICT: kept to resend
 
 
 class WaitingSwept(NamedTuple):
@@ -437,12 +380,9 @@ class WaitingSwept(NamedTuple):
     favorite_id: UUID
     property_object_id: UUID
     action_type: str
-    session_id: UUID | None
-    """The session it was recorded in; None: still no session."""
-    inserted: bool
-    """Recorded now (False with a session: it had been recorded before)."""
-    given_up: bool
-    """No session by its ``wait_until``: skipped as no-session."""
+    session_id: UUID | None  # None: still no session
+    inserted: bool  # False with a session: recorded before
+    given_up: bool  # no session by its wait_until: skipped as no-session
 
 
 def _unique(messages: Sequence[FavoriteMessage]) -> tuple[BatchOutcome, list[FavoriteMessage]]:

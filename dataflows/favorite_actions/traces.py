@@ -1,9 +1,6 @@
-"""The favorites flow's spans: what each sampled message's outcome was (:mod:`runtime.tracing`).
+"""The favorites flow's spans: each sampled message's outcome (:mod:`runtime.tracing`).
 
-Called where an outcome becomes known: a committed batch (recorded, duplicate, no-session, with
-the batch's ``INSERT`` span), the dedup window (duplicate), the decode step (invalid-owner,
-dead-lettered poison). Unsampled messages (``trace`` None) cost one attribute check each; with
-tracing off every function returns at its first line.
+Called where an outcome becomes known; unsampled messages cost one attribute check each.
 """
 
 from __future__ import annotations
@@ -12,13 +9,10 @@ from dataflows.favorite_actions.decode import FavoriteMessage, Skipped
 from dataflows.favorite_actions.store import BatchOutcome
 from runtime import tracing
 from runtime.tracing import DatabaseWork, Handled
-from schemas.dlq_letter import DeadLetter
 
 RECORDED = "recorded"
 DUPLICATE = "duplicate"
-INVALID_OWNER = "invalid-owner"
 NO_SESSION = "no-session"
-DEAD_LETTERED = "dead-lettered"
 
 
 def _handled(message: FavoriteMessage, outcome: str, **attributes: str) -> Handled | None:
@@ -31,11 +25,7 @@ def _handled(message: FavoriteMessage, outcome: str, **attributes: str) -> Handl
 
 
 def trace_batch(outcome: BatchOutcome) -> None:
-    """The spans of a committed batch's sampled messages and its ``INSERT`` span.
-
-    The ``INSERT`` span (and the ``handle`` spans' start) come from ``outcome.written_ns``:
-    when the batch's write began and committed (wall clock); without it, all end now.
-    """
+    """The spans of a committed batch's sampled messages and its ``INSERT`` span."""
     if not tracing.enabled():
         return
     started_ns, ended_ns = outcome.written_ns or (None, None)
@@ -72,14 +62,10 @@ def trace_duplicate(message: FavoriteMessage) -> None:
 
 
 def trace_skipped(skipped: Skipped) -> None:
-    """A message skipped at decode (invalid-owner): sampled and traced at once."""
+    """A message skipped at decode (invalid-owner)."""
     tracing.finish_alone(
         skipped.record, skipped.reason.value,
         message_id=None if skipped.message is None else str(skipped.message.message_id),
         error="not exactly one of UserId / AnonymousId, or an empty GUID",
     )
 
-
-def trace_poison(letter: DeadLetter) -> None:
-    """A record dead-lettered at decode (tombstone, not JSON, schema mismatch, ...)."""
-    tracing.finish_alone(letter.record, DEAD_LETTERED, error=letter.reason.value)

@@ -1,8 +1,7 @@
 """The session-linking flow: user-signed-in -> LinkOnce -> session events (SPEC §7, issue 6).
 
-Run it with ``python -m bytewax.run dataflows.session_linking:flow``. ``flow`` is built on first
-access from the ``USER_ACTIVITY_*`` environment, so importing this package (or its pure step
-modules) has no side effects; tests call ``build_flow(settings)``.
+``python -m bytewax.run dataflows.session_linking:flow`` runs it (:mod:`dataflows.entry`);
+importing this package has no side effects, tests call ``build_flow(settings)``.
 """
 
 from __future__ import annotations

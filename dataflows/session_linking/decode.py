@@ -2,13 +2,9 @@
 
 Every record yields exactly one of: a :class:`SignInMessage` to link, an :class:`InvalidSignIn`
 (an empty GUID: acknowledged, logged, no change, no DLQ — SPEC §5) or a
-:class:`~schemas.dlq_letter.DeadLetter` (poison). Never raises.
-
-A SignedInAt further ahead of the job's clock than the allowed skew (a producer's clock or time
-zone wrong: +03:00 written as Z) is taken as the moment the job read the sign-in
-(:attr:`SignInMessage.adjusted_at`). Left as it is, one such sign-in would become the device's
-newest for hours: every real sign-in until then would look late, be applied out of order, and a
-new user's would be refused as a ``late-conflict``.
+:class:`~schemas.dlq_letter.DeadLetter` (poison). Never raises. A SignedInAt further ahead of
+the job's clock than the allowed skew is taken as the moment the job read the sign-in, so one
+wrong clock cannot make every later sign-in of the device look late.
 """
 
 from __future__ import annotations
@@ -38,15 +34,12 @@ class SignInMessage:
 
     record: SourceRecord
     envelope: UserSignedInEnvelope
-    trace: MessageTrace | None = None
-    """Set when the sign-in is sampled for tracing (:func:`runtime.tracing.sample`)."""
-    adjusted_at: datetime | None = None
-    """When the job read a sign-in whose SignedInAt lay beyond the allowed clock skew: the
-    event time used in its place (module doc); None for every other sign-in."""
+    trace: MessageTrace | None = None  # set when sampled for tracing
+    adjusted_at: datetime | None = None  # the event time used for a SignedInAt from the future
 
     @property
     def message_id(self) -> UUID:
-        """The source MessageId (the dedup key)."""
+        """The source MessageId."""
         return self.envelope.message_id
 
     @property
@@ -61,21 +54,18 @@ class SignInMessage:
 
     @property
     def signed_in_at(self) -> datetime:
-        """When the user signed in (event time: sign-ins are decided, and stored, in this order).
-
-        The claimed SignedInAt, or :attr:`adjusted_at` when it lay too far in the future.
-        """
+        """The event time: SignedInAt, or :attr:`adjusted_at` when it lay too far ahead."""
         adjusted = getattr(self, "adjusted_at", None)  # (absent from an older snapshot's state)
         return self.envelope.payload.signed_in_at if adjusted is None else adjusted
 
     @property
     def device_key(self) -> str:
-        """The stream key: the AnonymousId, so one device's sign-ins go to one worker in order."""
+        """The AnonymousId as text."""
         return str(self.envelope.payload.anonymous_id)
 
     @property
     def idempotency_key(self) -> str:
-        """``user-activity-signed-in:{MessageId}`` (the consumer idempotency mark)."""
+        """``user-activity-signed-in:{MessageId}``."""
         return f"{IDEMPOTENCY_PREFIX}:{self.envelope.message_id}"
 
     @property
@@ -110,15 +100,11 @@ def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict
 def decode_sign_in(
     record: SourceRecord, now: datetime | None = None, max_skew: timedelta = timedelta(0),
 ) -> DecodedSignIn:
-    """Decode ``record`` from the user-signed-in topic (read at ``now``, None: never adjusted).
+    """Decode ``record`` from the user-signed-in topic, read at ``now`` (None: never adjusted).
 
-    Null value -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; JSON
-    that does not fit the (assumed) contract -> ``schema-mismatch`` (also a ``CorrelationId``
-    over :data:`~schemas.envelope.MAX_CORRELATION_ID_LENGTH` characters: the envelope is shared,
-    see the input-bounds table in :mod:`schemas`); anything unexpected ->
-    ``processing-error`` (all dead letters). An empty GUID -> :class:`InvalidSignIn`. Tracing's
-    sampling decision is taken here, once per sign-in (:func:`runtime.tracing.sample`). A
-    SignedInAt later than ``now + max_skew`` is adjusted to ``now`` (module doc).
+    Poison is a dead letter (:func:`dataflows.envelopes.parse_envelope`, else
+    ``processing-error``). A SignedInAt later than ``now + max_skew`` is adjusted to ``now``.
+    Tracing's sampling decision is taken here.
     """
     try:
         envelope = parse_envelope(record, UserSignedInEnvelope, ("UserId", "AnonymousId"))
@@ -135,11 +121,7 @@ def decode_sign_in(
 
 def signed_in_time(value: bytes | None, now: float | None = None,
                    max_skew: float = float("inf")) -> float | None:
-    """A sign-in record value's SignedInAt (epoch seconds), for the input's alignment.
-
-    None when the value has none that can be read (it is decoded, and dead-lettered, later).
-    A moment later than ``now + max_skew`` counts as ``now``, as :func:`decode_sign_in` takes it.
-    """
+    """A sign-in value's SignedInAt (epoch seconds; None: unreadable), adjusted as decoded."""
     if value is None:
         return None
     try:

@@ -1,12 +1,8 @@
 """The session-linking dry-run sink for replay: what each sign-in would do, nothing written.
 
-Per batch, one READ ONLY transaction reads the sign-ins' idempotency marks and their devices'
-Active sessions; each sign-in is then decided in order by the same rule the real sink applies
-(:func:`~dataflows.session_linking.linking.decide`), on a copy of those sessions updated as the
-real transaction would update them (kept across batches), and tallied (``linked``,
-``already-linked``, ``relinked``, ``started``, ``duplicate``). Not modelled: the rule for a
-sign-in at or before the device's last applied one (``superseded``, ``late-conflict``), which
-the real run decides in the database. Nothing is inserted, updated or published.
+Marks and Active sessions are read in READ ONLY transactions; each sign-in is decided by
+:func:`~dataflows.session_linking.linking.decide` on a copy kept as the run would change it,
+and tallied. Not modelled: ``superseded`` and ``late-conflict``.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ _ACTIVE = """
 SELECT anonymous_id, id, user_id FROM user_activity.sessions
  WHERE anonymous_id = ANY(%s) AND status = 'Active'
 """
-_NEW_SESSION = UUID(int=0)
-"""Stands for the session a sign-in would start (its id is made only when it is written)."""
+_NEW_SESSION = UUID(int=0)  # the session a sign-in would start
 
 
 class DryRunLinkSink(DynamicSink[tuple[str, SignInMessage]]):
@@ -46,11 +41,7 @@ class DryRunLinkSink(DynamicSink[tuple[str, SignInMessage]]):
 
 
 class _DryRunLinks(StatelessSinkPartition[tuple[str, SignInMessage]]):
-    """Keeps what the run would have changed so far (marks, Active sessions) across batches.
-
-    The database is read once per sign-in key and device; later sign-ins of a device are
-    decided on the sessions as the run would have left them.
-    """
+    """Keeps what the run would have changed so far (marks, Active sessions) across batches."""
 
     def __init__(self, db: Database, tally: Tally) -> None:
         self._db = db

@@ -7,17 +7,8 @@
                                            └─ key_by_device_shard ─ dedup_by_message_id
                   ─ reorder_by_signed_in_at ─ link_sessions (Postgres + outbox)
 
-The dedup and reorder steps are keyed by the device's shard (:data:`DEVICE_SHARDS`), so their
-state is 16 bounded windows and 16 buffers of the devices with sign-ins pending, not one per
-device seen (which grew without bound with the devices signing in). Keying by the device's
-shard sends every sign-in of one device to one worker, so one device's sessions are changed by one
-transaction at a time in this job (the row locks of the sink make it safe against any other
-writer too), in SignedInAt order: the reorder buffer holds a device's sign-ins until the
-allowed lateness has passed them (:mod:`dataflows.session_linking.reorder`), and a sign-in
-later than that is checked against the device's last applied one in the database
-(``late-conflict``); a device's state there is dropped once nothing is pending. Exactly one
-effect per sign-in = at-least-once input (offsets in Bytewax snapshots) + the idempotency mark
-in the linking transaction.
+Keyed by device shard: one device's sign-ins go to one worker, in SignedInAt order. Exactly
+one effect per sign-in = offsets in snapshots + the idempotency mark in the transaction.
 """
 
 from __future__ import annotations
@@ -37,8 +28,10 @@ from dataflows.operators import (
     DedupBound,
     configured_start,
     deduplicated,
-    kafka_records,
+    kafka_inputs,
+    trace_poison,
     warn_version_mismatch,
+    without_consumer_errors,
 )
 from dataflows.session_linking.decode import (
     DecodedSignIn,
@@ -52,7 +45,7 @@ from dataflows.session_linking.dry_run import DryRunLinkSink
 from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome
 from dataflows.session_linking.reorder import ReorderLogic
 from dataflows.session_linking.sink import SessionLinkSink
-from dataflows.session_linking.traces import trace_duplicate, trace_invalid, trace_poison
+from dataflows.session_linking.traces import trace_duplicate, trace_invalid
 from runtime.bytewax_0_21.steps import sink_step_id
 from runtime.logs import log_event
 from runtime.metrics import SESSION_LINKING_DLQ, SESSION_LINKING_OUTCOMES, SESSION_LINKING_RETRIES
@@ -98,13 +91,11 @@ def _decoder(max_skew: timedelta) -> Callable[[SourceRecord], DecodedSignIn]:
 
 
 DEVICE_SHARDS = tuple(str(i) for i in range(16))
-"""The dedup step's keys: a device's shard, not the device, so the step keeps 16 windows
-(each holding a share of ``USER_ACTIVITY_DEDUP_MAX_IDS``) instead of one state per device seen
-within the TTL, which grew without bound with the devices signing in."""
+"""The keys of the dedup and reorder steps (bounded state, whatever the devices seen)."""
 
 
 def device_shard(message: SignInMessage) -> str:
-    """The dedup key of ``message``: its AnonymousId modulo the shard count (stable everywhere)."""
+    """The shard of ``message``'s device, the same in every process."""
     return DEVICE_SHARDS[message.anonymous_id.int % len(DEVICE_SHARDS)]
 
 
@@ -121,9 +112,7 @@ def _log_duplicate(message: SignInMessage) -> None:
 def sign_in_alignment(settings: Settings) -> EventTimeAlignment:
     """The input's partitions read in SignedInAt order to within half the lateness.
 
-    Then the reorder step, which holds a device's sign-ins for the lateness, sees a backlog
-    spread over partitions (keyed by UserId upstream) in order; a partition that passed nothing
-    for the lateness while others waited (its broker down) holds nobody back.
+    A partition that passed nothing for the lateness (its broker down) holds nobody back.
     """
     lateness = settings.session_linking_lateness_seconds
     skew = settings.session_linking_max_clock_skew_seconds
@@ -158,9 +147,8 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
                ) -> Dataflow:
     """The session-linking dataflow for ``settings``; building it has no side effects.
 
-    ``source`` replaces the Kafka input (tests: a ``TestingSource`` of records), ``sinks`` the
-    PostgreSQL and DLQ sinks (else made for ``process``, a new one if None, and ``publisher``);
-    ``start`` overrides the Kafka input's starting position.
+    ``source`` replaces the Kafka input, ``sinks`` the PostgreSQL and DLQ sinks; ``start``
+    overrides the starting position.
     """
     process = process or Process()
     flow = Dataflow("session_linking")
@@ -169,11 +157,11 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
     if source is not None:
         records: Stream[SourceRecord] = op.input("user_signed_in_input", flow, source)
     else:
-        records = kafka_records(
+        records = without_consumer_errors(kafka_inputs(
             flow, settings, [("user_signed_in_input", settings.topic_user_signed_in)],
             start or configured_start(settings), SESSION_LINKING_RETRIES,
             flow_name="session-linking", consumer_group=settings.consumer_group_session_linking,
-            process=process, alignment=alignment)
+            process=process, alignment=alignment))
 
     max_skew = timedelta(seconds=settings.session_linking_max_clock_skew_seconds)
     decoded = op.map("decode_sign_in", records, _decoder(max_skew))

@@ -1,13 +1,9 @@
 """Session linking rules (INV-SES-002 LinkOnce) and the events they announce. Pure.
 
-:func:`decide` says what a sign-in does to the device's Active session as it is *now* (the sink
-calls it with the row it has locked, so the decision never rests on stale data).
-:func:`build_session_event` turns a committed change into the outbox row that announces it.
-
-session-linked is the seed's contract (``000_e9003787fb11a7ec.txt``): payload exactly SessionId,
-AnonymousId, UserId, LinkedAt. ASSUMPTION: session-started / session-ended are not in our
-documents; their payloads are kept minimal (SessionId, AnonymousId, UserId, StartedAt / EndedAt),
-matching :mod:`schemas.sessions`.
+:func:`decide` says what a sign-in does to the device's Active session (as locked by the sink);
+:func:`build_session_event` turns a committed change into its outbox row. session-linked's
+payload is the seed's contract (SessionId, AnonymousId, UserId, LinkedAt); session-started /
+-ended are ASSUMED, as minimal (:mod:`schemas.sessions`).
 """
 
 from __future__ import annotations
@@ -43,12 +39,10 @@ class LinkOutcome(StrEnum):
     INVALID = "invalid"
     """An empty GUID in MessageId, UserId or AnonymousId: skipped, no change, no DLQ."""
     LATE_CONFLICT = "late-conflict"
-    """Later than the allowed lateness, and applying it would change who owns the device's
-    session (LinkOnce forbids re-linking): not applied, recorded in ``sign_in_conflicts``."""
+    """Late, and applying it would re-link the device's session: recorded in
+    ``sign_in_conflicts`` instead."""
     SUPERSEDED = "superseded"
-    """An old sign-in whose user has a sign-in at or after it applied on the device: that one
-    stands for it (a replay after this sign-in's mark expired, or an old sign-in a later one of
-    the same user covers). No change, no event."""
+    """Stale, and a sign-in of its user at or after it was applied on the device: no change."""
 
 
 LOG_EVENTS: Mapping[LinkOutcome, str] = {
@@ -61,7 +55,7 @@ LOG_EVENTS: Mapping[LinkOutcome, str] = {
     LinkOutcome.LATE_CONFLICT: "late-conflict",
     LinkOutcome.SUPERSEDED: "skipped-superseded",
 }
-"""The log line (event and ``outcome`` field) of each outcome."""
+"""The log event (and ``outcome`` field) of each outcome."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +68,7 @@ class ActiveSession:
 
 
 def decide(active: ActiveSession | None, user_id: UUID) -> LinkOutcome:
-    """What a sign-in of ``user_id`` does to the device's Active session ``active``.
-
-    No session -> STARTED; a guest session -> LINKED; the same user -> ALREADY_LINKED; another
-    user -> RELINKED (end it, start a new linked one; never a second session-linked).
-    """
+    """What a sign-in of ``user_id`` does to the device's Active session ``active``."""
     if active is None:
         return LinkOutcome.STARTED
     if active.user_id is None:
@@ -92,15 +82,11 @@ class ConflictReason(StrEnum):
     """Why a late sign-in was not applied (``sign_in_conflicts.reason``)."""
 
     WOULD_RELINK = "would-relink"
-    """The device's Active session belongs to another user: applying it would end that session
-    and start one for the late user, though a later sign-in was already applied."""
+    """It would end the Active session of another user."""
     PREDATES_SESSION = "predates-session"
-    """The device's Active session is a guest session that started after the sign-in: linking
-    it would give the late user activity that happened after a later sign-in."""
+    """It would link a guest session that started after it."""
     WOULD_START = "would-start"
-    """The device has no Active session, and its last applied sign-in, later than this one, was
-    another user's: starting a session would make the late user the device's current one after
-    someone else signed in on it."""
+    """It would start a session after another user's later sign-in on the device."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,34 +96,20 @@ class LastSignIn:
     signed_in_at: datetime
     user_id: UUID | None
     covers: bool = False
-    """A session of the device holds a sign-in of the deciding sign-in's user at or after it:
-    that sign-in (a replay of it) or a later one of the same user was already applied."""
+    """A sign-in of the deciding sign-in's user at or after it was applied on the device."""
 
 
 def late_verdict(
     outcome: LinkOutcome, user_id: UUID, signed_in_at: datetime, last: LastSignIn | None,
     active_started_at: datetime | None, *, stale: bool = True,
 ) -> LinkOutcome | ConflictReason | None:
-    """What a sign-in of ``user_id`` does instead of ``outcome`` (:func:`decide`), or None.
+    """What a sign-in of ``user_id`` does instead of ``outcome`` (:func:`decide`); None: apply it.
 
-    None: apply ``outcome``. ``last`` is the device's last applied sign-in; ``stale``: the
-    sign-in is older than any clock skew and lateness explain (``USER_ACTIVITY_SESSION_LINKING_*``),
-    so it is not a live one.
-
-    - The same user again on the Active session (``ALREADY_LINKED``): applied, it changes
-      nothing.
-    - :attr:`LinkOutcome.SUPERSEDED` (no change): a stale sign-in whose user has a sign-in at or
-      after it applied on the device (``last.covers``). That is a replay of an applied one
-      whose idempotency mark has expired (marks go with their daily partition), or an old one a
-      later sign-in of the same user stands for; either would otherwise start a session again
-      on a device whose session ended meanwhile. A live one (a producer clock a few seconds
-      off, a sign-in again after a sign-out) is decided by the rules below.
-    - A sign-in before the device's last applied one (late: it arrived after the reorder
-      buffer let a later one through) is a conflict when applying it would end another user's
-      session (``WOULD_RELINK``), link a guest session that started after it
-      (``PREDATES_SESSION``), or start a session on a device whose last applied sign-in was
-      another user's (``WOULD_START``); otherwise it is applied. A sign-in at the instant of
-      the last applied one is not late: the two are in no defined order.
+    ``last`` is the device's last applied sign-in; ``stale``: older than clock skew plus
+    lateness explain. A stale sign-in that ``last.covers`` is SUPERSEDED (a replay after its
+    mark expired). A sign-in before ``last`` (not at its instant) is a :class:`ConflictReason`
+    when applying it would re-link, link a later guest session, or start a session after
+    another user's sign-in; otherwise it is applied. ALREADY_LINKED is always applied.
     """
     if last is None or outcome is LinkOutcome.ALREADY_LINKED:
         return None
@@ -190,8 +162,7 @@ class SessionChange:
     kind: SessionEventKind
     session_id: UUID
     anonymous_id: UUID
-    user_id: UUID | None
-    """The session's user (for ENDED, the user the ended session belonged to)."""
+    user_id: UUID | None  # for ENDED, the ended session's user
     at: datetime
 
 
@@ -201,13 +172,10 @@ class LinkResult:
 
     message: SignInMessage
     outcome: LinkOutcome
-    session_id: UUID | None = None
-    """The device's Active session after the sign-in (None for a duplicate)."""
-    ended_session_id: UUID | None = None
-    """The session ended by a RELINKED sign-in."""
+    session_id: UUID | None = None  # the device's Active session after it (None: duplicate)
+    ended_session_id: UUID | None = None  # ended by a RELINKED sign-in
     outbox: tuple[OutboxRow, ...] = field(default_factory=tuple)
-    conflict: ConflictReason | None = None
-    """Why a LATE_CONFLICT sign-in was not applied."""
+    conflict: ConflictReason | None = None  # why a LATE_CONFLICT sign-in was not applied
 
 
 def session_payload(change: SessionChange) -> dict[str, Any]:
@@ -224,11 +192,10 @@ def build_session_event(
     change: SessionChange, message: SignInMessage, *, message_id: UUID, topics: SessionTopics,
     now: datetime,
 ) -> OutboxRow:
-    """The outbox row announcing ``change``, caused by the sign-in ``message``.
+    """The outbox row announcing ``change`` (caused by ``message``), keyed by SessionId.
 
-    Envelope: the new ``message_id`` (UUIDv7, stable across re-publication since it is the outbox
-    row's id), CreatedAt ``now``, Version 1, AggregateId = SessionId, AggregateType ``Session``,
-    the sign-in's CorrelationId. Kafka key = SessionId; ``traceparent`` passed through.
+    ``message_id`` is the outbox row's id, so stable across re-publication; the sign-in's
+    CorrelationId and ``traceparent`` are passed on.
     """
     value = orjson.dumps({
         "MessageId": str(message_id), "CreatedAt": utc_iso(now), "Version": CONTRACT_VERSION,

@@ -1,35 +1,13 @@
 """One device's sign-ins applied in SignedInAt order: an event-time reorder buffer (issue 14).
 
-The user-signed-in topic is keyed by UserId upstream, so two users' sign-ins on one device can
-arrive in either order. The flow keys sign-ins by device (AnonymousId) and holds each device's
-pending ones here, released in ``SignedInAt`` order once the device's event-time watermark,
-minus the allowed lateness ``L`` (``USER_ACTIVITY_SESSION_LINKING_LATENESS_SECONDS``, default
-10 s), has passed them. The watermark is the latest SignedInAt seen for the device, advanced by
-the wall clock since it was seen (so it moves on while the input is idle, and never goes back).
-
-What that guarantees: a device's sign-in waits at least ``L`` (wall clock) after it became the
-device's newest, so sign-ins of one device that arrive within ``L`` of each other are applied in
-the order they happened; an older one arriving at once is released at once, before the newer.
-What it costs: linking waits up to ``L`` (the newest sign-in of a device is applied ``L`` after it
-arrived). A sign-in that comes later than that is decided by the database instead
-(:func:`~dataflows.session_linking.linking.late_conflict`, the device's last applied SignedInAt).
-
-The step is keyed by the device's shard (16 keys), each holding the buffers of its devices that
-have sign-ins pending (:class:`ShardReorder`). Keyed by device, Bytewax kept a row in the
-recovery store for every device ever seen (its state dropped once empty still leaves the key's
-last, discarded row): about 250 B a device for ever, a restart slower with the square of their
-count (measured: 31 s at 200k devices), and its memory past the pod's limit near a million.
-
-Held sign-ins are bounded: at most ``max_pending`` a shard (``USER_ACTIVITY_SESSION_LINKING_
-MAX_PENDING`` over the 16; about 2.7 KB each). A backlog read faster than the lateness releases
-it (after an outage, a replay) filled the pod's memory: measured 606 MB at 150k sign-ins held.
-Over the bound, the devices due first are released early, in order per device (counted in
-``user_activity_session_linking_released_early_total``); a sign-in of such a device that then
-arrives out of order is decided by the database, as any later one.
-
-The pending sign-ins are the key's state: snapshotted with the epoch, so a crash or a clean stop
-loses none (a tailing job resumes them; a bounded run, which has no later epoch, applies what is
-pending in order when its input ends).
+A device's pending sign-ins are released in SignedInAt order once the device's watermark (its
+latest SignedInAt seen, advanced by the wall clock since) minus the lateness ``L``
+(``USER_ACTIVITY_SESSION_LINKING_LATENESS_SECONDS``) has passed them: sign-ins of one device
+arriving within ``L`` of each other are applied in the order they happened; a later one is
+decided by the database (``late-conflict``). The step is keyed by the device's shard; at most
+``max_pending`` sign-ins a shard are held, over it the devices due first are released early
+(``user_activity_session_linking_released_early_total``). Pending sign-ins are the key's
+snapshotted state: a crash or a stop loses none; a bounded run applies them at its end.
 """
 
 from __future__ import annotations
@@ -48,13 +26,11 @@ from runtime.metrics import SESSION_LINKING_RELEASED_EARLY
 
 @dataclass(frozen=True)
 class ReorderState:
-    """A device's pending sign-ins (in SignedInAt order) and its watermark."""
+    """A device's sign-ins (in SignedInAt order) and its watermark as of wall time ``at``."""
 
     pending: tuple[SignInMessage, ...]
     watermark: float
-    """Event time (epoch seconds) of the watermark as of ``at``."""
     at: float
-    """Wall time (epoch seconds) the watermark was last set."""
 
 
 class ReorderBuffer:
@@ -63,12 +39,7 @@ class ReorderBuffer:
     def __init__(
         self, lateness: float, state: ReorderState | None = None, now: float | None = None
     ) -> None:
-        """A buffer restored from ``state`` at wall time ``now`` (default: the state's own).
-
-        Restored after a restart, the watermark stands still while the job was down: it goes
-        on from ``now``, so a pending sign-in still waits its lateness after the restart (the
-        other user's sign-in may be on a partition read only after it).
-        """
+        """Restored from ``state``; the watermark stood still while the job was down (``now``)."""
         self._lateness = lateness
         self._pending: list[SignInMessage] = list(state.pending) if state else []
         self._watermark = state.watermark if state else float("-inf")
@@ -82,11 +53,7 @@ class ReorderBuffer:
 
     def add(self, messages: list[SignInMessage], now: float,
             reading: bool = False) -> list[SignInMessage]:
-        """Take ``messages``; return the sign-ins now due, in SignedInAt order.
-
-        ``reading``: the input reads a backlog, so only event time moves the watermark (the
-        wall clock passes while the worker writes, not while the device is idle).
-        """
+        """Take ``messages``; return those now due, in order (``reading``: event time only)."""
         for message in messages:
             moment = message.signed_in_at.timestamp()
             if moment > self.watermark(now):
@@ -130,17 +97,16 @@ def _order(message: SignInMessage) -> tuple[datetime, str]:
 
 @dataclass(frozen=True)
 class ShardReorderState:
-    """A shard's devices with sign-ins pending, each with its buffer's state."""
+    """A shard's devices with sign-ins pending."""
 
     devices: dict[str, ReorderState]
 
 
 class ShardReorder:
-    """The buffers of one shard's devices with sign-ins pending (pure; times are epoch seconds).
+    """The buffers of one shard's devices with sign-ins pending (pure; epoch seconds).
 
-    A device's buffer exists while it holds sign-ins: one left empty is dropped (with its
-    watermark, as a device's key state was). At most ``max_pending`` sign-ins are held: over
-    it, the devices due first are released whole, early (module doc).
+    An emptied buffer is dropped with its watermark. Over ``max_pending`` sign-ins, the devices
+    due first are released whole, early.
     """
 
     def __init__(self, lateness: float, max_pending: int,
@@ -148,11 +114,9 @@ class ShardReorder:
         self._lateness = lateness
         self._max_pending = max_pending
         self._buffers: dict[str, ReorderBuffer] = {}
-        self._due: list[tuple[float, str]] = []
-        """(next release time, device), one entry per change; stale ones are skipped."""
+        self._due: list[tuple[float, str]] = []  # (due, device) per change; stale ones skipped
         self._pending = 0
         self.released_early = 0
-        """Sign-ins released before their time because the shard was full (since made)."""
         for device, device_state in (state.devices if state else {}).items():
             buffer = ReorderBuffer(lateness, device_state, now=now)
             self._buffers[device] = buffer
@@ -161,11 +125,7 @@ class ShardReorder:
 
     def add(self, messages: list[SignInMessage], now: float,
             reading: bool = False) -> list[SignInMessage]:
-        """Take ``messages`` (of any of the shard's devices); return those now due.
-
-        In order per device; also those released early if the shard is over its bound.
-        ``reading``: see :meth:`ReorderBuffer.add`.
-        """
+        """Take ``messages``; return those now due (and released early), in order per device."""
         by_device: dict[str, list[SignInMessage]] = {}
         for message in messages:
             by_device.setdefault(message.device_key, []).append(message)
@@ -218,7 +178,6 @@ class ShardReorder:
         return ShardReorderState({d: b.snapshot() for d, b in self._buffers.items()})
 
     def _settle(self, device: str, buffer: ReorderBuffer, before: int) -> None:
-        """Account for ``buffer`` having gone from ``before`` sign-ins to ``len(buffer)``."""
         self._pending += len(buffer) - before
         if len(buffer) == 0:
             del self._buffers[device]
@@ -226,10 +185,7 @@ class ShardReorder:
             self._schedule(device, buffer)
 
     def _current(self, due: float, device: str) -> ReorderBuffer | None:
-        """``device``'s buffer if the heap entry ``(due, device)`` is still its time, else None.
-
-        Each change of a buffer pushed its then current time: the older entries are stale.
-        """
+        """``device``'s buffer if the heap entry ``(due, device)`` is not stale, else None."""
         buffer = self._buffers.get(device)
         return buffer if buffer is not None and buffer.next_release_at() == due else None
 
@@ -255,18 +211,15 @@ class ShardReorder:
 class ReorderLogic(
     StatefulBatchLogic[SignInMessage, SignInMessage, ShardReorderState | ReorderState]
 ):
-    """The ``reorder_by_signed_in_at`` step of one device shard (a Bytewax stateful logic).
+    """The ``reorder_by_signed_in_at`` step of one device shard.
 
-    ``flush_on_eof``: apply what is pending when the input ends (a bounded run); a tailing job
-    keeps it in its snapshot instead, for the next start. A state of one device (the step was
-    keyed by device before) is restored as a shard of that device: no new sign-in reaches its
-    key, so it releases what it holds when due and is then discarded.
+    ``flush_on_eof``: apply what is pending when the input ends (a bounded run). A state of one
+    device (from a store keyed by device) is restored as a shard holding only that device.
     """
 
     def __init__(self, lateness: float, state: ShardReorderState | ReorderState | None, *,
                  flush_on_eof: bool, max_pending: int,
                  reading: Callable[[], bool] = lambda: False) -> None:
-        """``reading``: whether the input reads a backlog (:meth:`ReorderBuffer.add`)."""
         self._reading = reading
         if isinstance(state, ReorderState):
             state = ShardReorderState(
@@ -294,10 +247,7 @@ class ReorderLogic(
         return [], len(self._shard) == 0
 
     def notify_at(self) -> datetime | None:
-        """When the first pending sign-in of the shard becomes due.
-
-        While the input reads a backlog, a second from now at the earliest (checked again).
-        """
+        """When the first pending sign-in becomes due (reading a backlog: a second from now)."""
         due = self._shard.next_release_at()
         if due is None:
             return None

@@ -1,8 +1,6 @@
 """The Bytewax sink of the session-linking flow: a batch of sign-ins -> one transaction.
 
-:class:`~dataflows.session_linking.store.SessionLinksStore` writes it; offsets advance only
-after the commit, outages pause and poison is isolated as :mod:`sinks.transactional` says; the
-committed outbox rows are offered to the publisher. Outcomes are logged and counted per sign-in.
+Commits, outages and poison as :mod:`sinks.transactional` says; outcomes logged per sign-in.
 """
 
 from __future__ import annotations
@@ -43,11 +41,9 @@ logger = logging.getLogger(__name__)
 
 
 class SessionLinkSink(PartitionedSink[SignInMessage]):
-    """Links ``(device shard, SignInMessage)`` items: one device's sign-ins go to one partition.
+    """Links ``(device shard, SignInMessage)`` items; shard ``i`` goes to partition ``i % n``.
 
-    Shard ``i`` goes to partition ``i`` modulo the count. A key that is no shard (a device's
-    AnonymousId: pending sign-ins restored from a recovery store of the step keyed by device)
-    is hashed, as before.
+    A key that is no shard (from a recovery store keyed by device) is hashed.
     """
 
     @override
@@ -73,8 +69,7 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                 seconds=settings.session_linking_max_clock_skew_seconds
                 + settings.session_linking_lateness_seconds),
             lifecycle=settings.publish_session_lifecycle)
-        self._written: dict[int, tuple[int, int]] = {}
-        """Start and commit time (wall ns) of each result not yet reported, for its spans."""
+        self._written: dict[int, tuple[int, int]] = {}  # id(results) -> write start, commit (ns)
 
     def write(self, conn: Connection, batch: Sequence[SignInMessage]) -> list[LinkResult]:
         """One transaction: marks, session changes, outbox rows (:class:`SessionLinksStore`)."""

@@ -1,12 +1,9 @@
 """The session-linking write path: a batch of sign-ins in one transaction (SPEC §7).
 
-For each sign-in: its idempotency mark first (already there: ``duplicate``, no change); the
-device's Active session read under a row lock; :mod:`~dataflows.session_linking.linking`
-decides (``late_verdict`` first); every UPDATE is conditional on the state it was decided on and
-a new session is inserted with ``ON CONFLICT DO NOTHING`` on the one-Active-session-per-device
-index, so a lost race re-reads and decides again (LinkOnce holds whatever runs concurrently).
-The marks, the session changes and the outbox rows announcing them commit together or not at
-all. Sessions a sign-in starts or ends take its SignedInAt (event time).
+Per sign-in: its idempotency mark (already there: ``duplicate``), the device's Active session
+read under a row lock, the decision (:mod:`.linking`); every write is conditional on the state
+it was decided on, so a lost race re-reads and decides again (LinkOnce holds whatever runs
+concurrently). Marks, session changes and outbox rows commit together or not at all.
 """
 
 from __future__ import annotations
@@ -38,9 +35,7 @@ from dataflows.session_linking.sql import query
 from schemas.outbox import OutboxRow
 from sinks.db import Connection
 
-DECISION_ROUNDS = 5
-"""How often one sign-in re-reads the device's session after losing a race to another writer,
-before the batch's transaction is abandoned as a serialization failure (and retried)."""
+DECISION_ROUNDS = 5  # races lost by one sign-in before its batch fails as a serialization failure
 
 
 class SessionLinksStore:
@@ -49,12 +44,7 @@ class SessionLinksStore:
     def __init__(self, topics: SessionTopics, new_id: Callable[[], UUID] = uuid_compat.uuid7,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  live_within: timedelta = timedelta(seconds=70), *, lifecycle: bool = True) -> None:
-        """A store announcing changes on ``topics``.
-
-        ``live_within``: how old a sign-in can be and still be live (clock skew + lateness);
-        an older one is *stale* (:func:`~dataflows.session_linking.linking.late_verdict`).
-        ``lifecycle`` False: sessions started and ended are not announced (no outbox row).
-        """
+        """``live_within``: skew + lateness; ``lifecycle`` False: no session-started/-ended."""
         self._topics = topics
         self._lifecycle = lifecycle
         self._new_id = new_id
@@ -62,10 +52,7 @@ class SessionLinksStore:
         self._live_within = live_within
 
     def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
-        """Apply ``messages`` in order in one transaction; return what each one did.
-
-        On any exception the transaction is rolled back and nothing of the batch is written.
-        """
+        """Apply ``messages`` in order in one transaction (nothing written on an exception)."""
         results: list[LinkResult] = []
         with conn.transaction():
             now = self._clock()
@@ -166,7 +153,7 @@ class SessionLinksStore:
 
 
 def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime | None:
-    """Run the named statement; the timestamp it returned, or None if it changed no row."""
+    """The timestamp the named statement returned, or None if it changed no row."""
     row = conn.execute(query(name), params).fetchone()
     return None if row is None else cast(datetime, row[0])
 

@@ -1,9 +1,6 @@
 """The session-linking flow's spans: what each sampled sign-in did (:mod:`runtime.tracing`).
 
-Called where an outcome becomes known: a committed batch (linked, already-linked, relinked,
-started, duplicate, late-conflict, with the batch's database span), the dedup window
-(duplicate), the decode step (invalid, dead-lettered poison). Unsampled sign-ins (``trace``
-None) cost one attribute check each; with tracing off every function returns at once.
+Called where an outcome becomes known; unsampled sign-ins cost one attribute check each.
 """
 
 from __future__ import annotations
@@ -14,9 +11,6 @@ from dataflows.session_linking.decode import InvalidSignIn, SignInMessage
 from dataflows.session_linking.linking import LinkOutcome, LinkResult
 from runtime import tracing
 from runtime.tracing import DatabaseWork, Handled
-from schemas.dlq_letter import DeadLetter
-
-DEAD_LETTERED = "dead-lettered"
 
 
 def _handled(result: LinkResult) -> Handled | None:
@@ -60,11 +54,7 @@ def trace_duplicate(message: SignInMessage) -> None:
 
 
 def trace_invalid(invalid: InvalidSignIn) -> None:
-    """A sign-in with an empty GUID: sampled and traced at once."""
+    """A sign-in with an empty GUID."""
     tracing.finish_alone(invalid.record, LinkOutcome.INVALID.value,
                          message_id=str(invalid.envelope.message_id), error="an empty GUID")
 
-
-def trace_poison(letter: DeadLetter) -> None:
-    """A record dead-lettered at decode."""
-    tracing.finish_alone(letter.record, DEAD_LETTERED, error=letter.reason.value)

@@ -52,11 +52,7 @@ def http_probe(probe: Probe) -> tuple[bool, str]:
 
 
 def probe_until(probe: Probe, budget: float | None = None) -> float:
-    """Probe every ``periodSeconds`` until success; the seconds it took.
-
-    Raises ``TimeoutError`` after ``failureThreshold`` failures, or with ``budget`` (readiness,
-    which never restarts a container) after that many seconds.
-    """
+    """Probe every ``periodSeconds`` until success; the seconds it took."""
     started, failures = time.monotonic(), 0
     time.sleep(probe.initial_delay_seconds)
     while True:
@@ -91,7 +87,8 @@ class Kubelet:
         took = {}
         for init in pod.init_containers:
             started = time.monotonic()
-            self.run_to_completion(init, init_timeout)
+            self.run(init)
+            self.completed(init.name, init_timeout)
             took[init.name.split(".")[-1]] = round(time.monotonic() - started, 1)
         for container in pod.containers.values():
             self.run(container)
@@ -110,16 +107,8 @@ class Kubelet:
         self.docker("rm", "--force", container.name, check=False)
         self.docker(*container.args)
 
-    def run_to_completion(self, container: Container, timeout: float) -> str:
-        """Run ``container``; :meth:`completed`."""
-        self.run(container)
-        return self.completed(container.name, timeout)
-
     def completed(self, name: str, timeout: float) -> str:
-        """The log once ``name`` stopped for good with exit 0, else :class:`ContainerFailed`.
-
-        A container with a restart policy has stopped once it neither runs nor restarts.
-        """
+        """The log once ``name`` stopped for good with exit 0, else :class:`ContainerFailed`."""
         deadline = time.monotonic() + timeout
         while (state := self.state(name)) and (state["Running"] or state["Restarting"]):
             if time.monotonic() > deadline:

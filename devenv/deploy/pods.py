@@ -1,15 +1,10 @@
 """Pods of ``k8s/*.yaml`` as ``docker run`` arguments on one host (pure: no process, no file).
 
-Translated as the kubelet runs them: init containers first, in order; image, ``command``
-(``--entrypoint``) and ``args``, ``workingDir``; ``envFrom`` then ``env`` (literals, ConfigMap and
-Secret keys, the downward-API fields name, namespace, labels and pod IP); the security context
-(``--user``, fsGroup as ``--group-add``, ``--read-only``, capabilities, no-new-privileges;
-``runAsNonRoot`` with uid 0 refused); ``emptyDir`` (mode 0777, per pod; ``medium: Memory`` under
-``memory_dir``), configMap/secret volumes (read-only files) and one host directory per pod for
-each ``volumeClaimTemplate``, kept across replacements; limits, grace period, restart policy and
-httpGet probes. Host networking: each pod gets its own loopback address, its StatefulSet's pod
-DNS names resolve to it (``--add-host``), ``USER_ACTIVITY_HTTP_HOST=0.0.0.0`` becomes it, and
-``BYTEWAX_DATAFLOW_API_PORT`` (bound on 0.0.0.0 by Bytewax 0.21.1) a distinct host port.
+Translated as the kubelet runs them: init containers in order, command and args, ``envFrom``
+then ``env`` (downward API included), the security context, emptyDir / configMap / secret
+volumes and one host directory per ``volumeClaimTemplate`` (kept across replacements), limits,
+grace period, restart policy, httpGet probes. Each pod gets its own loopback address, its pod
+DNS names resolve to it, and ``BYTEWAX_DATAFLOW_API_PORT`` a distinct host port.
 """
 
 from __future__ import annotations
@@ -144,11 +139,7 @@ def translate_pod(manifests: Manifests, workload: Object, *, pod_name: str, pod_
                   image: str, pod_dir: Path, claims_dir: Path,
                   hosts: Mapping[str, str] | None = None, ports: Mapping[int, int] | None = None,
                   memory_dir: Path | None = None) -> Pod:
-    """The pod template of a StatefulSet or Job as one :class:`Pod`.
-
-    ``pod_dir`` holds the pod's volumes, ``claims_dir`` the claims; ``ports`` maps each port
-    bound on 0.0.0.0 to this pod's host port (a missing one raises :class:`TranslationError`).
-    """
+    """The pod template of a StatefulSet or Job as one :class:`Pod`."""
     if workload["kind"] not in ("StatefulSet", "Job"):
         raise TranslationError(f"cannot run a {workload['kind']}")
     spec, ports = workload["spec"]["template"]["spec"], dict(ports or {})

@@ -140,10 +140,7 @@ class Deployment:
         return pod
 
     def favorites(self, replace: int | None = None) -> list[Pod]:
-        """The favorites StatefulSet's pods (127.0.10.<ordinal + 1>), translated on first use.
-
-        ``replace``: that ordinal's pod is translated anew (its replacement).
-        """
+        """The favorites StatefulSet's pods (127.0.10.<ordinal + 1>), translated on first use."""
         workload = self.manifests.get_copy("StatefulSet", FAVORITES)
         ips = [f"127.0.10.{i + 1}" for i in range(int(workload["spec"]["replicas"]))]
         for i, ip in enumerate(ips):
@@ -219,11 +216,7 @@ class Deployment:
                 "unpublished": unpublished(self.dsn, topic)}
 
     def wait_exact(self, timeout: float = 240.0) -> dict[str, int]:
-        """Wait until every produced favorite has one row and its one published action-tracked.
-
-        A doubled row or record fails at once; more records than rows does not (the rows are
-        read before the topic: rows committed and published in between count on the topic).
-        """
+        """Wait until every produced favorite has one row and its one published action-tracked."""
         deadline = time.monotonic() + timeout
         while True:
             found = self.exactness()
@@ -296,10 +289,7 @@ def unpublished(dsn: str, topic: str) -> int:
 
 
 def holds_lease(log: str) -> bool:
-    """Whether a container's log ends holding the outbox lease (its last take not released).
-
-    The pods reach PostgreSQL on 127.0.0.1, so ``pg_locks`` cannot tell them apart.
-    """
+    """Whether a container's log ends holding the outbox lease (its last take not released)."""
     events = re.findall(r'"outbox-lease-(taken|released)"', log)
     return bool(events) and events[-1] == "taken"
 
@@ -387,11 +377,7 @@ def backlog_exactly_once(d: Deployment) -> str:
 
 
 def kill_and_replace(d: Deployment) -> str:
-    """SIGKILL the outbox lease holder while events arrive, replace it: nothing lost or doubled.
-
-    The hard case: rows it sent from memory before the watermark passed them, and the other
-    pod's publisher taking over.
-    """
+    """SIGKILL the outbox lease holder while events arrive, replace it: nothing lost or doubled."""
     pods = d.favorites()
     time.sleep(SNAPSHOT_WAIT_SECONDS)
     holders = [i for i, pod in enumerate(pods)

@@ -1,16 +1,8 @@
-"""A dataflow job as a subprocess, the way Kubernetes runs it.
+"""A dataflow job as a subprocess (``python -m bytewax.run``), the way Kubernetes runs it.
 
-:class:`JobProcess` starts ``python -m bytewax.run FLOW [-w N] [-r DIR -s S -b B]`` with the
-``USER_ACTIVITY_*`` environment of a :class:`~runtime.settings.Settings` object (the
-health/metrics server on a free port of 127.0.0.1 unless told otherwise), against a recovery
-directory made once as ``python -m cli init-recovery DIR --partitions 1`` makes it. It can
-SIGKILL the job and start it again on the same recovery directory, stop it as Kubernetes does,
-scrape ``/metrics``, ``/livez`` and ``/readyz``, and read the job's log (one file per start, or
-one file for all). Once the job is reaped, ``rusage`` holds its exact CPU time.
-
-Nothing outlives its owner: each job runs in its own process group and under
-``setpriv --pdeathsig KILL`` (it dies with the thread that started it), and
-:class:`JobSupervisor` kills, by process group id, every job still running when it closes.
+Start, SIGKILL, terminate and restart on one recovery directory; HTTP, metrics and log events.
+Nothing outlives its owner: each job has its own process group and ``setpriv --pdeathsig
+KILL``, and :class:`JobSupervisor` kills every job still running when it closes.
 """
 
 from __future__ import annotations
@@ -66,15 +58,7 @@ class HttpAnswer:
 
 
 class JobProcess:
-    """A job in a subprocess; start / kill -9 / terminate / restart on one recovery directory.
-
-    ``settings`` are used as given except ``tail`` (when not None) and ``http_host`` /
-    ``http_port`` (a free port of 127.0.0.1 unless ``port`` is given; kept across restarts).
-    ``recovery`` False runs without one; ``recovery_dir`` defaults to ``<workdir>/recovery``.
-    Each start writes its own log ``<workdir>/job-<n>.log``, or appends to ``log_path``.
-    ``env`` is the environment the settings go on top of (:func:`base_env` by default).
-    ``cluster`` ``(process id, addresses)`` runs one process of a Bytewax cluster (``-i``/``-a``).
-    """
+    """A job in a subprocess; start / kill -9 / terminate / restart on one recovery directory."""
 
     def __init__(
         self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW,
@@ -112,11 +96,7 @@ class JobProcess:
                      **(extra_env or {})}
 
     def init_recovery(self) -> None:
-        """Create the recovery store (one SQLite partition) unless it already exists.
-
-        Bytewax's ``init_db_dir``, as ``init-recovery`` calls it, in this process: the
-        command's own start (0.4 s of CPU) is paid once per job otherwise.
-        """
+        """Create the recovery store (one SQLite partition) unless it already exists."""
         if self.recovery_dir is None or (
                 self.recovery_dir.exists() and any(self.recovery_dir.iterdir())):
             return
@@ -219,11 +199,7 @@ class JobProcess:
         return self.reap(30.0)
 
     def terminate(self, timeout: float = 20.0, sig: signal.Signals = signal.SIGTERM) -> int | None:
-        """Stop the job as Kubernetes does: ``sig`` (SIGTERM), SIGKILL after ``timeout``.
-
-        Returns the exit code (negative: the signal that ended it). SIGINT makes Bytewax stop
-        at the next epoch boundary instead (exit code 1, "signal received").
-        """
+        """Stop the job as Kubernetes does: ``sig``, SIGKILL after ``timeout``; the exit code."""
         if self._proc is None:
             return None
         self.send_signal(sig)
@@ -241,9 +217,6 @@ class JobProcess:
 
     def reap(self, timeout: float) -> int:
         """Wait for the current process to exit and record its exit code (``exit_codes``)."""
-        # Signals go to the process group only while its leader is alive or not yet reaped, so
-        # a group id is never reused by then; the job forks no children (checked by
-        # ``leftover_pids``).
         if self._proc is None:
             raise RuntimeError("the job is not started")
         code = self._wait_exit(timeout)
@@ -328,12 +301,7 @@ class JobProcess:
                           context=self.diagnosis)
 
     def diagnosis(self) -> str:
-        """What a failed wait shows: the log tail, the job's threads, its busy SQL sessions.
-
-        The threads come from ``py-spy dump`` (where it is installed and may attach) and the
-        sessions from ``pg_stat_activity`` (every one of the job's database that is not idle),
-        so a silent stall says where it waits.
-        """
+        """What a failed wait shows: the log tail, ``py-spy dump``, busy SQL sessions."""
         parts = [self.log_tail()]
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         if self.running and self._proc is not None and Path(spy).exists():
@@ -361,11 +329,7 @@ def wait_until(
     condition: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.2,
     exited: Callable[[], str | None] = lambda: None, context: Callable[[], str] = lambda: "",
 ) -> float:
-    """Poll ``condition`` until true; the seconds it took.
-
-    Fails after ``timeout`` seconds, or as soon as ``exited()`` says what ended (a process that
-    will never make it true); ``context()`` (a log tail) is added to the failure.
-    """
+    """Poll ``condition`` until true; the seconds it took."""
     started = time.monotonic()
     while True:
         if condition():

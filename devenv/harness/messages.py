@@ -65,10 +65,7 @@ def sign_in_envelope(
     created_at: datetime | None = None,
     correlation_id: str | None = "corr-sign-in",
 ) -> dict[str, Any]:
-    """A user-signed-in envelope (ASSUMED contract), keyed by UserId like identity produces it.
-
-    ``signed_in_at`` defaults to now (a session a sign-in starts, starts then).
-    """
+    """A user-signed-in envelope (ASSUMED contract), keyed by UserId like identity produces it."""
     return {
         "MessageId": str(message_id or new_id()),
         "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),

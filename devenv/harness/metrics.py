@@ -9,12 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 Labels = tuple[tuple[str, str], ...]
 
 
-def scrape_text(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> str:
-    """The text exposition at ``http://host:port/metrics`` (raises if it does not answer)."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
-        return str(response.read().decode())
-
-
 def samples(text: str) -> dict[tuple[str, Labels], float]:
     """Text exposition -> ``{(name, sorted labels): value}``."""
     found: dict[tuple[str, Labels], float] = {}
@@ -26,8 +20,9 @@ def samples(text: str) -> dict[tuple[str, Labels], float]:
 
 def scrape(port: int, host: str = "127.0.0.1", timeout: float = 5.0
            ) -> dict[tuple[str, Labels], float]:
-    """``/metrics`` of ``host:port`` as :func:`samples`."""
-    return samples(scrape_text(port, host, timeout))
+    """``/metrics`` of ``host:port`` as :func:`samples` (raises if it does not answer)."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
+        return samples(response.read().decode())
 
 
 def value(found: dict[tuple[str, Labels], float], name: str, **labels: str) -> float:

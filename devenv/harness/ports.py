@@ -31,10 +31,7 @@ def ephemeral_low() -> int:
 def use_port_share(index: int, count: int) -> None:
     """From now on, hand out only ports of share ``index`` of ``count``, each in turn.
 
-    The range below the kernel's ephemeral one is cut into ``count`` disjoint shares, so
-    ``count`` processes started side by side (test workers) never pick the same port, and a
-    port a process handed out is not handed out again soon (a job started later cannot get the
-    port of a server stopped for a restart).  Outgoing connections never take these ports.
+    Shares are disjoint and below the ephemeral range: side-by-side workers never collide.
     """
     low = ephemeral_low()
     if not 0 <= index < count or low - _LOWEST < 100 * count:
@@ -45,12 +42,7 @@ def use_port_share(index: int, count: int) -> None:
 
 
 def free_port(host: str = HOST, *, below_ephemeral: bool = False, exclude: int = 0) -> int:
-    """A TCP port on ``host`` that nothing listens on right now (never ``exclude``).
-
-    ``below_ephemeral``: below the kernel's ephemeral range if possible, so that no outgoing
-    connection can take it while the server that owns it is stopped for a restart.  After
-    :func:`use_port_share`, every port comes from this process's share, in turn.
-    """
+    """A TCP port on ``host`` that nothing listens on right now (never ``exclude``)."""
     if ports := _share.ports:
         for _ in ports:
             port = ports[_share.cursor]

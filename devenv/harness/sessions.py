@@ -35,10 +35,7 @@ def insert_session(
     session_id: uuid.UUID | None = None,
     linked_at: datetime | None = None,
 ) -> uuid.UUID:
-    """One session row (started an hour before its last activity); its id.
-
-    A session with a user is linked at ``linked_at`` (default :data:`LINKED_LONG_AGO`).
-    """
+    """One session row (started an hour before its last activity); its id."""
     session_id = session_id or uuid.uuid4()
     now = datetime.now(UTC)
     last = last_activity_at or now
@@ -57,11 +54,7 @@ def seed_sessions(
     conn: psycopg.Connection[Any], sessions: Sequence[Session], *,
     started_ago: timedelta = timedelta(0),
 ) -> None:
-    """COPY ``sessions`` into ``user_activity.sessions``.
-
-    Each is Active, last active now, started ``started_ago`` before, linked at
-    :data:`LINKED_LONG_AGO` if it has a user.
-    """
+    """COPY ``sessions`` into ``user_activity.sessions``."""
     now = datetime.now(UTC)
     stamp = now.isoformat()
     started = (now - started_ago).isoformat()
@@ -81,10 +74,7 @@ def seed_owners(
     database_url: str, devices: int, users: int = 0, *,
     started_ago: timedelta = timedelta(hours=1),
 ) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
-    """Active sessions in bulk: ``devices`` guest devices and ``users`` linked (device, user).
-
-    Returns (the guest devices' AnonymousIds, the linked sessions' UserIds).
-    """
+    """Active sessions in bulk: ``devices`` guest devices and ``users`` linked (device, user)."""
     guests = [Session(uuid.uuid4(), uuid.uuid4()) for _ in range(devices)]
     linked = [Session(uuid.uuid4(), uuid.uuid4(), uuid.uuid4()) for _ in range(users)]
     with psycopg.connect(database_url, autocommit=True) as conn:

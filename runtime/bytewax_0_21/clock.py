@@ -1,10 +1,8 @@
 """A step back of the wall clock by more than 30 s ends the process with exit 75.
 
-Bytewax 0.21 arms its timers (an input's next poll, the snapshot interval, ``notify_at``) as
-``due - now`` in wall time: after a step back of S seconds nothing is polled or snapshotted for S
-seconds, even if the clock is put right. A fresh start arms them from the new clock, so a long
-step back is answered with a restart; a shorter one is waited out, and a step forward only fires
-timers early. Each step of a second or more is logged (``wall-clock-stepped``).
+Bytewax 0.21 arms its timers in wall time: after a step back of S seconds nothing is polled or
+snapshotted for S seconds; a fresh start arms them from the new clock. Each step of a second or
+more is logged (``wall-clock-stepped``).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ class ClockCheck:
 
     def __init__(self, restart: Callable[[str], None],
                  clock: Callable[[], float] = lambda: time.time() - time.monotonic()) -> None:
-        """``restart(reason)`` ends the process with exit 75 (``Shutdown.abandon``)."""
         self._restart = restart
         self._clock = clock
         self._last = self._highest = clock()

@@ -1,11 +1,9 @@
 """A stop asked of one process reaches every process of its Bytewax cluster, through PostgreSQL.
 
-Bytewax ends a cluster cleanly only when every input of every process has ended: a SIGTERM to
-one pod left it waiting for the SIGKILL while its peers crashed and replayed. A process asked to
-stop records the request in ``user_activity.stream_stops`` (one row per flow); every process
-reads that row at each :meth:`ClusterStop.check` (once a second) and stops too when the request
-is newer than its own start (both on the database's clock). PostgreSQL unreachable: the stop
-stays local.
+Bytewax ends a cluster cleanly only when every input of every process has ended. A process
+asked to stop records it in ``user_activity.stream_stops``; each process checks that row once a
+second and stops too when the request is newer than its own start (database clock). PostgreSQL
+unreachable: the stop stays local.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ class ClusterStop:
 
     def __init__(self, dsn: str, flow: str, stopping: Shutdown, *,
                  tcp_options: Mapping[str, Any] | None = None) -> None:
-        """``tcp_options``: libpq's keepalive parameters (``Settings.database_tcp_options``)."""
         self._dsn = dsn
         self._tcp_options = dict(tcp_options or {})
         self._flow = flow

@@ -1,13 +1,9 @@
 """The Bytewax recovery store a job starts on: checked and locked before Bytewax opens it.
 
-Bytewax 0.21.1 keeps no flow name in a store, checks little at start and unwraps SQLite's
-errors into panics. So before it opens the store: a missing, empty, foreign (another flow's, a
-replay's) or incomplete store, ``-s 0``, or a second job process on it is refused with one
-``recovery-refused`` line and exit 78; a volume with less than
-``USER_ACTIVITY_RECOVERY_MIN_FREE_BYTES`` free, with one ``recovery-volume-full`` line and exit
-74, also when a snapshot fails on it while running (the volume's state decides, not the panic's
-text). Its free space is a gauge measured at each scrape. Nothing is read or written first, so
-nothing is lost: fix what the line names and start again.
+Bytewax 0.21.1 keeps no flow name in a store and panics on SQLite's errors. A missing, empty,
+foreign or incomplete store, ``-s 0``, or a second job process on it: one ``recovery-refused``
+line, exit 78. A volume with less than ``USER_ACTIVITY_RECOVERY_MIN_FREE_BYTES`` free, at start
+or at a crash: one ``recovery-volume-full`` line, exit 74. Nothing is read or written first.
 """
 
 from __future__ import annotations
@@ -30,11 +26,10 @@ from runtime.metrics import RECOVERY_VOLUME_FREE_BYTES, RECOVERY_VOLUME_MIN_FREE
 logger = logging.getLogger(__name__)
 
 RECOVERY_REFUSED = 78
-"""The exit code of a job refused its recovery store or settings (``EX_CONFIG``): nothing was
-read or written; fix what the ``recovery-refused`` line names and start again."""
+"""``EX_CONFIG``: the job was refused its recovery store; fix what the line names."""
 
 REPLAY_MARKER = "replay.json"
-"""Written by ``user-activity replay`` into a recovery directory it made."""
+"""Written by ``user-activity replay`` into a recovery directory it made (the job refuses it)."""
 
 _PARTITION_GLOB = "part-*.sqlite3"
 _INIT = "create it with `user-activity init-recovery DIR --partitions N` (N >= the workers)"
@@ -108,7 +103,7 @@ def read_store(directory: Path) -> Store:
 
 def _read_partition(path: Path) -> Partition:
     try:
-        # as a URI: a path with ?, # or % in it must not be read as the URI's query or fragment
+        # a URI: ?, # or % in a path are not the URI's query or fragment
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
         try:
             row = conn.execute("SELECT part_index, part_count FROM parts").fetchone()
@@ -124,11 +119,7 @@ def _read_partition(path: Path) -> Partition:
 
 
 def problems(options: RunOptions, store: Store | None, flow_id: str) -> list[str]:
-    """Why the job must not start on this store (empty: it may). Pure: no I/O.
-
-    ``store`` is None when no recovery directory was given (nothing to refuse: a tailing job
-    is warned, :func:`check_at_start`).
-    """
+    """Why the job must not start on this store (empty: it may; no store given: nothing)."""
     directory = options.recovery_dir
     if directory is None or store is None:
         return []
@@ -166,21 +157,17 @@ def problems(options: RunOptions, store: Store | None, flow_id: str) -> list[str
 
 
 _held: list[IO[bytes]] = []
-"""The locks this process holds (kept open for its life; the kernel releases them at exit)."""
 
 
 def lock(directory: Path, process_id: int) -> str | None:
     """Hold this process's lock on ``directory``; the reason when another process holds it.
 
-    One lock file per cluster process id (``.job-lock-<id>``): two processes of one cluster may
-    share a directory, two jobs (or two clusters) started on it may not. None when locked (also
-    when this process holds it already), or when the lock file cannot be made (Bytewax then says
-    why the store cannot be used).
+    One ``.job-lock-<process id>`` per cluster process; held till exit. None when locked (or
+    the file cannot be made: Bytewax then says why).
     """
     path = directory / f".job-lock-{process_id}"
     if any(Path(held.name).resolve() == path.resolve() for held in _held):
-        return None  # held by this process already (a flock is per open file: asking twice
-        # from one process found itself the holder)
+        return None  # a flock is per open file: a second one would find us the holder
     try:
         handle = path.open("a+b")
     except OSError:
@@ -202,10 +189,7 @@ def lock(directory: Path, process_id: int) -> str | None:
 
 
 def check_at_start(options: RunOptions, flow_id: str, *, tail: bool) -> bool:
-    """Whether the job may start: False (one ``recovery-refused`` ERROR line logged) if not.
-
-    ``options``: :func:`run_options` of this process (parsed once by the entry point).
-    """
+    """Whether the job may start: False (one ``recovery-refused`` ERROR line logged) if not."""
     directory = options.recovery_dir
     store = None if directory is None else read_store(directory)
     if directory is None and tail:
@@ -229,8 +213,7 @@ def check_at_start(options: RunOptions, flow_id: str, *, tail: bool) -> bool:
 
 
 RECOVERY_VOLUME_FULL = 74
-"""The exit code of a process whose recovery volume is (nearly) full (``EX_IOERR``): free space
-on it, or grow it, and start again; nothing is lost."""
+"""``EX_IOERR``: the recovery volume is (nearly) full; free space on it and start again."""
 
 
 @dataclass(frozen=True)
@@ -256,10 +239,7 @@ def measure(directory: Path) -> VolumeSpace | None:
 
 
 def require_room(directory: Path, min_free_bytes: int) -> None:
-    """End the process with :data:`RECOVERY_VOLUME_FULL` (one line) when the volume is short.
-
-    For every command that opens a SQLite store there (the job, ``init-recovery``, ``replay``).
-    """
+    """End the process with :data:`RECOVERY_VOLUME_FULL` (one line) when the volume is short."""
     space = measure(directory)
     if space is not None and is_short(space, min_free_bytes):
         _log_full(directory, space, min_free_bytes, "the job does not start")
@@ -267,12 +247,7 @@ def require_room(directory: Path, min_free_bytes: int) -> None:
 
 
 def watch(directory: Path, min_free_bytes: int) -> None:
-    """Export the volume's free space (measured at each scrape) and name it at a crash.
-
-    Installs a ``sys.excepthook`` that, when the process ends on an uncaught exception while
-    the volume is short, logs ``recovery-volume-full``, prints the traceback as Python does, and
-    exits :data:`RECOVERY_VOLUME_FULL` at once; any other crash is left as it was.
-    """
+    """Export the volume's free space; a crash while it is short exits 74 (one line)."""
     RECOVERY_VOLUME_MIN_FREE_BYTES.set(min_free_bytes)
     RECOVERY_VOLUME_FREE_BYTES.set_function(lambda: _free_bytes(directory))
     sys.excepthook = _crash_hook(directory, min_free_bytes, sys.excepthook)

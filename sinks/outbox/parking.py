@@ -1,13 +1,11 @@
 """Rows set aside from the outbox's stream: parked (refused for good) and held (topic refused).
 
-Parked (``outbox_parked``): the broker refused the record itself (too large, invalid; confirmed by
-sending it alone). Kept with ``attempts`` and ``last_error`` until an operator requeues it
-(``user-activity outbox parked | requeue``). Held (``outbox_held``, migration 0013): the broker
-refuses the row's topic (:func:`sinks.errors.is_topic_error`), so the row, and every later row of
-that topic while any is held, waits there in the outbox's order while the other topics go on; the
-publisher retries each held topic with back-off (:class:`HeldTopics`) and sends its rows in order,
-deleting each once acknowledged. A requeued parked row is held for its topic too. Rows are set
-aside in the transaction that moves the watermark past them (:func:`sinks.outbox.window.advance`).
+Parked (``outbox_parked``): the broker refused the record itself (confirmed by sending it alone);
+kept until an operator requeues it (``user-activity outbox parked | requeue``). Held
+(``outbox_held``): the broker refuses the row's topic, so that topic's rows wait there in order
+while the other topics go on; each held topic is retried with back-off (:class:`HeldTopics`), its
+rows deleted once acknowledged. A requeued row is held for its topic. Rows are set aside in the
+transaction that moves the watermark past them.
 """
 
 from __future__ import annotations
@@ -62,11 +60,9 @@ def settle_held(conn: Connection, sent: Sequence[UUID],
 
 
 def requeue_parked(conn: Connection, ids: Sequence[UUID] | None) -> int:
-    """Give parked rows back to the publisher (all of them when ``ids`` is None); how many.
+    """Hold parked rows (all when ``ids`` is None) for the publisher to send; how many.
 
-    Each is held for its topic: the lease holder sends it within seconds, after the rows of that
-    topic held before it, and marks it published. Idempotent: a row already requeued or
-    published is left alone.
+    Idempotent: a row already requeued or published is left alone.
     """
     return conn.execute(query("requeue"), {"ids": None if ids is None else list(ids)}).rowcount
 

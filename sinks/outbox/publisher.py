@@ -1,15 +1,12 @@
 """The outbox publisher: committed outbox rows -> Kafka, at least once, with no write per row.
 
-One process publishes at a time (the lease: a session advisory lock on its own connection); the
-others stand by and take it within ``outbox_idle_poll_seconds`` once its holder's session ends.
-The rows a sink of the holder's process committed are offered and produced from memory at once
-(the fast path); the next window (:mod:`sinks.outbox.window`) moves the watermark past them and
-sends from the table what the fast path did not, a slice of a backlog at a time. A row is behind
-the watermark only once the broker acknowledged it, or it was parked or held back with its topic
-(:mod:`sinks.outbox.parking`): a crash re-sends, never loses; a row keeps its MessageId (its id).
-PostgreSQL or Kafka down: retried forever with back-off. An unexpected exception in
-:meth:`OutboxPublisher.run`: logged once with its traceback, then a clean stop and exit 75.
-Starts no thread: the composition root runs ``run`` in one of its own.
+One process publishes at a time (the lease: a session advisory lock); the others stand by and
+take it within ``outbox_idle_poll_seconds`` once its holder's session ends. Rows this process's
+sinks committed are produced from memory at once (the fast path); the window
+(:mod:`sinks.outbox.window`) sends from the table what the fast path did not. A row is behind the
+watermark only once acknowledged, parked or held (:mod:`sinks.outbox.parking`): a crash re-sends,
+never loses; a row keeps its MessageId. Outages are retried forever with back-off; an unexpected
+exception in :meth:`OutboxPublisher.run` is logged once, then a clean stop and exit 75.
 """
 
 from __future__ import annotations
@@ -67,24 +64,18 @@ LEASE_KEY = 0x75615F6F7574626F
 """The session advisory lock held by the one publishing process ('ua_outbo')."""
 
 _OFFER_QUEUE_BATCHES = 64
-_EARLY_MAX = 200_000
-"""Ids acknowledged by the fast path and not yet behind the watermark, at most (memory bound)."""
-_RECENT_IDS = 50_000
-"""Ids remembered as sent by a window (their late offer is not sent again) or as expected."""
-_WINDOW_SLICE_SECONDS = 0.25
-"""How long the loop sends one window before it yields: the fast path and a stop go between."""
+_EARLY_MAX = 200_000  # ids acknowledged by the fast path, not yet behind the watermark
+_RECENT_IDS = 50_000  # ids remembered as sent by a window, or as expected
+_WINDOW_SLICE_SECONDS = 0.25  # a window yields this often: the fast path and a stop go between
 _STOP_DRAIN_SECONDS = 10.0
-_HELD_WAIT_SECONDS = 10.0
-"""How long a try of a held topic waits for the broker (a missing topic's first records wait
-out librdkafka's metadata propagation): the loop is held up that long at most per try."""
-_HELD_REFRESH_SECONDS = 1.0
-"""How often the lease holder looks for topics held in the table (an operator's requeue)."""
+_HELD_WAIT_SECONDS = 10.0  # a held topic's try: outlasts librdkafka's metadata propagation
+_HELD_REFRESH_SECONDS = 1.0  # how often the table is asked for held topics (a requeue)
 _DRAIN_LOG_SECONDS = 10.0
 
 
 def outgoing_record(topic: str, key: bytes | None, value: bytes,
                     headers: dict[str, Any] | None) -> OutgoingRecord:
-    """The Kafka record of a stored outbox row; its header values sent as ``str`` UTF-8."""
+    """The Kafka record of a stored outbox row (header values sent UTF-8)."""
     return OutgoingRecord(topic, bytes(key) if key is not None else None, bytes(value),
                           [(name, str(v).encode()) for name, v in (headers or {}).items()])
 
@@ -148,22 +139,16 @@ class OutboxPublisher:
         self._last_lease_try = -1e9
 
     def offer(self, rows: Sequence[OutboxRow]) -> None:
-        """A sink committed ``rows``: hand them over and wake the publisher (never blocks).
-
-        Dropped when the queue is full (the window sends them from the table), and by a standby
-        at once (the holder, in another process, reads them from the table).
-        """
+        """A sink committed ``rows``: hand them over (never blocks; dropped: the window sends)."""
         if rows and self.holds_lease:
             with contextlib.suppress(queue.Full):
                 self._offered.put_nowait(rows)
             self._wake.set()
 
     def expect(self, ids: Iterable[UUID]) -> None:
-        """A sink of this process sent a statement writing these rows (not committed yet).
+        """A sink sent a statement writing these rows: a window leaves them to the fast path.
 
-        A window that finds them committed before they were offered leaves them to the fast path
-        for up to ``outbox_fast_path_grace_seconds`` instead of reading them back. Ignored by a
-        standby; the last 50,000 ids are remembered.
+        For up to ``outbox_fast_path_grace_seconds`` after they committed; ignored by a standby.
         """
         if self.holds_lease:
             self._expected.extend(ids)
@@ -175,12 +160,7 @@ class OutboxPublisher:
         return lease is not None and not lease.closed and not lease.broken
 
     def run(self, stop: threading.Event) -> None:
-        """Publish until ``stop`` is set (in the composition root's thread); then return.
-
-        Outages (PostgreSQL, Kafka) are retried forever with back-off, the publisher reported
-        paused. Any other exception is logged once with its traceback and answered with
-        ``process.stopping.restart``: a clean stop, then exit 75.
-        """
+        """Publish until ``stop`` is set (in the composition root's thread; module doc)."""
         self._stop, self._ran, self._running = stop, True, True
         self._producer.producer  # noqa: B018 - built now: it connects while the flow starts
         try:
@@ -204,10 +184,8 @@ class OutboxPublisher:
         """Publish every row committed before the call; return how many rows this one sent.
 
         As the lease holder (taken if free): windows until one is empty, for at most
-        ``publish_seconds`` when given (then :class:`TimeoutError`: the rest of a backlog is left,
-        its progress recorded, to the next publisher); held topics are tried once. As a standby:
-        waits up to ``wait_seconds`` until the holder has published them, or the lease is free.
-        Raises on an outage (the rows stay behind the watermark).
+        ``publish_seconds`` (then :class:`TimeoutError`, the progress recorded). As a standby:
+        waits up to ``wait_seconds`` until the holder published them. Raises on an outage.
         """
         row = self._db.connection().execute("SELECT pg_current_snapshot()::text").fetchone()
         assert row is not None
@@ -230,9 +208,7 @@ class OutboxPublisher:
     def close(self) -> None:
         """After :meth:`run` returned: publish what was committed, give the lease up, close.
 
-        During a stop the last drain is bounded by the stop's grace (10 s at most: a backlog
-        is left to the next start, and the stop exits 75); a bounded run's drain sends it all.
-        A loop still running (held up by an outage past the grace) is left alone: no drain.
+        During a stop the drain is bounded by the grace (10 s at most; what is left: exit 75).
         """
         stopping = self._process.stopping
         if self._running:
@@ -258,18 +234,11 @@ class OutboxPublisher:
         self._health.resumed(waiter=self._name)  # a closed publisher waits for nothing
 
     def publish_offered(self) -> int:
-        """The fast path: produce the rows this process's sinks offered, from memory; how many.
+        """The fast path: produce the offered rows from memory; how many were acknowledged.
 
-        The lease holder only. Acknowledged ids are remembered: the window moves the watermark
-        past them without sending them again. A row not acknowledged here, or of a held topic,
-        is left to the window.
+        A row not acknowledged here, or of a held topic, is left to the window.
         """
-        rows: list[OutboxRow] = []
-        while True:  # all of it: a row offered before the next window must not wait for it
-            try:
-                rows.extend(self._offered.get_nowait())
-            except queue.Empty:
-                break
+        rows = self._take_offered()  # all of it: a row offered must not wait for the next window
         if not rows or not self.holds_lease or len(self._sent_early) >= _EARLY_MAX:
             return 0
         rows = [row for row in rows  # a window was quicker, or the topic is held back
@@ -294,13 +263,11 @@ class OutboxPublisher:
     def publish_committed(self, grace: float = 0.0, *, slice_seconds: float | None = None) -> int:
         """One window as the lease holder: send it, move the watermark; return rows delivered.
 
-        ``slice_seconds``: return after the first page that ends that long after the call, the
-        progress recorded; None: the whole window. ``grace`` > 0 (the loop): stop before the
-        first row this process's sinks will offer (:meth:`expect`), not sent yet, and committed
-        less than ``grace`` ago; a later call resumes there. A row refused for good is parked,
-        a row of a refused (or held) topic is held back; the rows behind them go on. Raises
-        :class:`DeliveryFailedError` when the broker failed otherwise (the watermark stays
-        before the row), :class:`LeaseLostError`, psycopg errors.
+        ``slice_seconds``: return once a page ends that long after the call (progress recorded).
+        ``grace`` > 0: stop before the first expected row committed less than ``grace`` ago. A
+        row refused for good is parked, one of a refused topic held; the rows behind go on.
+        Raises :class:`DeliveryFailedError` (the watermark stays before the row),
+        :class:`LeaseLostError`, psycopg errors.
         """
         if not self.holds_lease:
             return 0
@@ -362,11 +329,10 @@ class OutboxPublisher:
                 return delivered
 
     def publish_held(self, *, force: bool = False) -> int:
-        """Send the rows held back for each held topic whose retry is due; how many went out.
+        """Send a page of each held topic whose retry is due, in order; how many went out.
 
-        A topic's rows go in order, a page per call; acknowledged ones are deleted, one refused
-        for good is parked. A topic still refused (or any failure of the broker) backs off on
-        its own: the windows go on. A topic with no held row left is released.
+        A topic still refused backs off on its own (the windows go on); one with no row left is
+        released.
         """
         if not self.holds_lease:
             return 0
@@ -449,13 +415,16 @@ class OutboxPublisher:
         self._lease = conn
         self._held.known(held_topics(conn))  # a previous holder's: their new rows go behind
         self._held_refresh = time.monotonic() + _HELD_REFRESH_SECONDS
-        while True:  # offered while a standby (a race with offer()): the old holder sent them
-            try:
-                self._offered.get_nowait()
-            except queue.Empty:
-                break
+        self._take_offered()  # offered while a standby (a race with offer()): the old holder's
         log_event(logger, "outbox-lease-taken", logging.INFO)
         return True
+
+    def _take_offered(self) -> list[OutboxRow]:
+        rows: list[OutboxRow] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                rows.extend(self._offered.get_nowait())
+        return rows
 
     def _lost_lease(self) -> None:
         """Forget what only the lease holder knows; the connection is opened anew."""
@@ -468,11 +437,7 @@ class OutboxPublisher:
 
     def _produce(self, records: Sequence[OutgoingRecord], timeout: float = 35.0,
                  ) -> list[KafkaError | None]:
-        """Produce ``records``; a record error is confirmed by sending that record alone.
-
-        The broker refuses a whole batch for one bad record, so its batch-mates come back with
-        the same record error: only a refusal of the record alone stands (it is then parked).
-        """
+        """Produce ``records``; a record error stands only when the record alone is refused."""
         if not records:
             return []
         records, publishing = start_publish(records)  # sampled rows get a `publish` span
@@ -491,10 +456,7 @@ class OutboxPublisher:
             log_event(logger, "outbox-topic-held", logging.WARNING, topic=topic, error=error)
 
     def _aged(self, grace: float) -> Callable[[Any], bool] | None:
-        """Visibility in the newest snapshot taken at least ``grace`` s ago (None: none yet).
-
-        Drops the older ones: the deque holds one snapshot older than ``grace`` and the later.
-        """
+        """Visibility in the newest snapshot taken at least ``grace`` s ago (None: none yet)."""
         if grace <= 0:
             return None
         now, snapshots = time.monotonic(), self._snapshots
@@ -543,8 +505,7 @@ def _settle(rows: Sequence[Row], errors: Sequence[KafkaError | None], behind: di
             *, hold: bool) -> tuple[int, list[tuple[Row, str]], list[tuple[Row, str]]]:
     """How many leading rows are settled, and which of them to park and to hold back.
 
-    Settled: acknowledged, refused for good (parked), or, with ``hold``, refused with its topic
-    or behind a held topic (``behind``: index -> error name).
+    ``behind``: index -> error name of rows behind a held topic.
     """
     parked: list[tuple[Row, str]] = []
     held: list[tuple[Row, str]] = []
@@ -563,7 +524,7 @@ def _settle(rows: Sequence[Row], errors: Sequence[KafkaError | None], behind: di
 
 
 def _set_aside(parked: Sequence[tuple[Row, str]], held: Sequence[tuple[Row, str]]) -> None:
-    """Count (and log, each parked row) what was set aside."""
+    """Count what was set aside; log each parked row."""
     for row, error in parked:
         OUTBOX_PARKED.labels(topic=row[2]).inc()
         log_event(logger, "outbox-row-parked", logging.ERROR, id=str(row[1]), topic=row[2],

@@ -1,12 +1,10 @@
 """The outbox watchdog: the age of the oldest committed, unpublished row, reported to health.
 
-:meth:`OutboxWatchdog.measure` reads PostgreSQL only (the watermark, the rows after it, the held
-rows), so a stuck publisher, or a lease held by a process whose publisher is gone, is seen all
-the same; the composition root's housekeeping thread calls it every few seconds in every process.
-Older than ``outbox_stall_seconds`` -> ``/readyz`` 503 with the reason. Held topics are measured
-one by one (``user_activity_outbox_held_seconds{topic}``: since the oldest held row was held). A
-measurement blocked past its short timeout (a lock on the outbox) reports the most the age can
-be: the last age plus the time since it was measured.
+:meth:`OutboxWatchdog.measure` reads PostgreSQL only, so a stuck publisher, or a lease held by a
+process whose publisher is gone, is seen all the same. Older than ``outbox_stall_seconds``:
+``/readyz`` 503 with the reason. Held topics are measured one by one
+(``user_activity_outbox_held_seconds{topic}``). A measurement blocked past its timeout reports
+the most the age can be: the last age plus the time since.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from runtime.settings import Settings
 from sinks.db import Database
 from sinks.outbox.sql import query
 
-INTERVAL_SECONDS = 5.0
-"""How often the composition root should call :meth:`OutboxWatchdog.measure` (at most)."""
+INTERVAL_SECONDS = 5.0  # the longest interval between two measurements
 
 
 class OutboxWatchdog:
@@ -35,7 +32,7 @@ class OutboxWatchdog:
     def __init__(self, settings: Settings, *, process: Process) -> None:
         self._threshold = settings.outbox_stall_seconds
         self.interval = min(INTERVAL_SECONDS, max(0.2, self._threshold / 3))
-        """How often to measure: a stall is seen within a third of the threshold."""
+        """How often to call :meth:`measure`: a stall is seen within a third of the threshold."""
         timeout_ms = min(settings.db_statement_timeout_ms, max(1000, int(self.interval * 1000)))
         self._db = Database(settings, "user-activity-outbox-watchdog",
                             statement_timeout_ms=timeout_ms)

@@ -75,25 +75,21 @@ def page_start(delivered: str, after: tuple[str, UUID]) -> tuple[str, UUID]:
     return (str(xmax - 1), _MAX_UUID)
 
 
-def page_params(window: Window, after: tuple[str, UUID], limit: int) -> dict[str, Any]:
-    """The parameters of ``page.sql`` for ``window`` past the cursor ``after``."""
-    start = page_start(window.delivered, after)
-    return {"delivered": window.delivered, "target": window.target, "after_txid": after[0],
-            "after_id": after[1], "start_txid": start[0], "start_id": start[1], "limit": limit}
-
-
 def read_page(conn: Connection, window: Window, after: tuple[str, UUID], limit: int
               ) -> list[tuple[Any, Any]]:
     """The next ``limit`` rows of ``window`` after ``after``, as ``(txid, id)`` pairs."""
-    return conn.execute(query("page"), page_params(window, after, limit)).fetchall()
+    start = page_start(window.delivered, after)
+    return conn.execute(query("page"), {
+        "delivered": window.delivered, "target": window.target, "after_txid": after[0],
+        "after_id": after[1], "start_txid": start[0], "start_id": start[1], "limit": limit,
+    }).fetchall()
 
 
 def whole_rows(conn: Connection, keys: Sequence[tuple[Any, Any]]) -> list[Row]:
-    """The whole rows of ``keys`` (``(txid, id)`` pairs in window order), in that order.
+    """The whole rows of ``keys`` (``(txid, id)`` pairs), in that order; a thin row rendered.
 
-    A thin row's key and value are rendered from the action it announces (the bytes the sink
-    rendered for the fast path). A row of a window is unpublished and only a published row's
-    partition is ever dropped, so a missing one is an error.
+    A thin row's key and value are rendered from the action it announces; a missing row is an
+    error (only a published row's partition is ever dropped).
     """
     if not keys:
         return []
@@ -125,10 +121,7 @@ def _rendered(row: Row, created: dict[Any, str]) -> Row:
 
 
 def visible_in(snapshot: str) -> Callable[[Any], bool]:
-    """``pg_visible_in_snapshot(txid, snapshot)`` for a committed txid, from the snapshot's text.
-
-    ``xmin:xmax:xip,...``: visible when below ``xmin``, or below ``xmax`` and not in ``xip``.
-    """
+    """``pg_visible_in_snapshot(txid, snapshot)`` for a committed txid (``xmin:xmax:xip,...``)."""
     xmin, xmax, xip = snapshot.split(":")
     low, high = int(xmin), int(xmax)
     running = frozenset(int(x) for x in xip.split(",") if x)
@@ -145,10 +138,8 @@ def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, ge
             ) -> int:
     """Move the watermark past the window (``cursor`` None) or up to ``cursor``; the generation.
 
-    ``parked`` and ``held`` (rows with their error's name) are set aside in the same
-    transaction (:mod:`sinks.outbox.parking`). Raises :class:`LeaseLostError`, moving and
-    setting aside nothing, when another publisher moved the watermark since ``generation``.
-    Nothing set aside (the normal case): one UPDATE on the autocommit connection.
+    ``parked`` and ``held`` are set aside in the same transaction. Raises
+    :class:`LeaseLostError`, changing nothing, when another publisher moved it since ``generation``.
     """
     state: tuple[Any, ...] = (window.target, None, None, None)
     if cursor is not None:

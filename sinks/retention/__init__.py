@@ -1,14 +1,11 @@
 """Bounded storage: the maintenance of the daily partitions of the marks and the outbox.
 
-One run (:func:`maintain`) creates the partitions of today and the next 3 days, drops every
-partition whose day is past ``retention_days`` (an outbox partition only once none of its rows
-is after the publication watermark; else it is kept and dropped by a later run), and deletes in
-chunks the expired rows of the DEFAULT partitions, late-conflict records and published parked
-rows. Idempotent; one run at a time across processes (advisory lock: a concurrent run returns at
-once, ``ran=False``); a partition and its parent are locked with a 2 s ``lock_timeout`` first
-(writers wait that long at most; one not locked in time is left to the next run). The unique
-``action_events.source_message_id`` is never touched. :func:`run_maintenance` is what the job
-(hourly) and ``user-activity maintain`` call: a run, then the census gauges. SQL: ``*.sql`` here.
+One :func:`maintain` run creates the partitions of today and the next 3 days, drops every
+partition past ``retention_days`` (an outbox partition only once all its rows are published; else
+a later run does), and deletes in chunks the expired rows of the DEFAULT partitions, late-conflict
+records and published parked rows. Idempotent; one run at a time across processes (an advisory
+lock: a concurrent run returns ``ran=False``); tables are locked with a 2 s ``lock_timeout`` (one
+not locked in time is left to the next run). :func:`run_maintenance`: a run, then the census.
 """
 
 from __future__ import annotations
@@ -32,14 +29,10 @@ from sinks.db import Connection, Database
 
 logger = logging.getLogger(__name__)
 
-MAINTENANCE_KEY = 0x75615F6D61696E74
-"""The session advisory lock of the one running maintenance step ('ua_maint')."""
+MAINTENANCE_KEY = 0x75615F6D61696E74  # the session advisory lock of a run ('ua_maint')
 PARTITIONS_AHEAD_DAYS = 3
-"""Days after today whose partitions exist after a run."""
 DELETE_CHUNK_ROWS = 5_000
-"""Rows one DELETE statement removes at most."""
-PARENTS = ("consumer_idempotency_marks", "outbox")
-"""The daily-partitioned tables, by their name in ``user_activity``."""
+PARENTS = ("consumer_idempotency_marks", "outbox")  # daily-partitioned, in ``user_activity``
 
 _DAY = re.compile(r"_p(\d{8})$")
 
@@ -53,34 +46,27 @@ def _query(name: str) -> str:
 class PartitionCensus:
     """What storage looks like for one partitioned table, as of a UTC ``today``."""
 
-    expired: int
-    """Day partitions past the retention still there (0 right after a good run)."""
-    days_ready: int
-    """Consecutive days from today on with their partition (0: today's rows go to DEFAULT)."""
+    expired: int  # day partitions past the retention still there
+    days_ready: int  # consecutive days from today with their partition (0: today's in DEFAULT)
 
 
 @dataclass
 class MaintenanceReport:
     """What one run did."""
 
-    ran: bool = True
-    """False when another run held the lock (this one did nothing)."""
+    ran: bool = True  # False: another run held the lock
     created: int = 0
     dropped: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    """Expired outbox partitions kept: rows in them are not published yet (or not lockable)."""
+    kept: list[str] = field(default_factory=list)  # expired, with unpublished rows (or locked)
     deleted_rows: int = 0
-    census: dict[str, PartitionCensus] = field(default_factory=dict)
-    """Per table, after the run (:func:`run_maintenance` only)."""
+    census: dict[str, PartitionCensus] = field(default_factory=dict)  # run_maintenance's
 
 
 def run_maintenance(settings: Settings, conn: Connection | None = None, *,
                     today: date | None = None) -> MaintenanceReport:
-    """One :func:`maintain`, then the census gauges (``user_activity_storage_*``).
+    """One :func:`maintain` (on ``conn`` or its own), then the census gauges, even if not run.
 
-    The census is taken also when another process's run held the lock. On ``conn``, else on a
-    connection of its own. Raises psycopg errors (PostgreSQL down): the caller says so and runs
-    it again at its next interval.
+    Raises psycopg errors (PostgreSQL down): the caller runs it again at its next interval.
     """
     own = Database(settings, "user-activity-maintenance") if conn is None else None
     try:
@@ -98,11 +84,7 @@ def run_maintenance(settings: Settings, conn: Connection | None = None, *,
 
 
 def maintenance_task(settings: Settings) -> Callable[[], None]:
-    """:func:`run_maintenance` every ``maintenance_interval_seconds``, when called more often.
-
-    For the housekeeping thread, which calls it each minute: the first call runs it, so a job
-    restarted more often than the interval still does.
-    """
+    """:func:`run_maintenance` at the first call, then every ``maintenance_interval_seconds``."""
     last = [float("-inf")]
 
     def run_when_due() -> None:
@@ -144,10 +126,7 @@ def maintain(conn: Connection, retention_days: int, today: date | None = None
 
 
 def census(names: Iterable[str], today: date, retention_days: int) -> PartitionCensus:
-    """The census of one table's partition ``names`` (``..._pYYYYMMDD``; others are ignored).
-
-    Day D is expired when D + 1 day <= today - ``retention_days``, as :func:`maintain` drops.
-    """
+    """The census of one table's partition ``names`` (``..._pYYYYMMDD``; others ignored)."""
     days = {day for day in map(_day_of, names) if day is not None}
     newest_expired = today - timedelta(days=retention_days + 1)
     ready = 0
@@ -192,10 +171,9 @@ def _day_of(name: str) -> date | None:
 
 
 def _drop(conn: Connection, parent: str, name: str, *, check_published: bool) -> bool:
-    """Drop partition ``name`` (after checking its rows are published); False if kept.
+    """Drop partition ``name`` (its rows published, if checked); False if kept.
 
-    The parent is locked before the partition, in the order writers lock them (a writer
-    inserting through the parent then waits instead of deadlocking with the drop).
+    The parent is locked first, in the writers' order (no deadlock with an insert).
     """
     table = sql.Identifier("user_activity", name)
     try:

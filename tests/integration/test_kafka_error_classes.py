@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from runtime.settings import Settings
+from runtime.shutdown import Shutdown
 from sinks.errors import (
     DeliveryFailedError,
     RecordRejectedError,
@@ -134,7 +135,8 @@ def test_a_stopped_broker_gives_service_errors_and_the_record_goes_through_after
         pytest.skip("an external broker cannot be stopped by the suite")
     topic = _topic(kafka_bootstrap, "down")
     overrides: dict[str, Any] = {"message.timeout.ms": 3_000}
-    producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test", **overrides)
+    producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test",
+                             stopping=Shutdown(), **overrides)
     assert producer.produce_and_wait([OutgoingRecord(topic, b"k", b"before")]) == [None]
     kafka_broker.stop()
     try:

@@ -13,15 +13,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from runtime.settings import Settings
+from runtime.shutdown import Shutdown
 from schemas.outbox import OutboxRow
 from sinks.errors import DeliveryFailedError, is_infrastructure_error
-from sinks.kafka_producer import (
-    KafkaProducer,
-    ObservedProducer,
-    OutgoingRecord,
-    build_producer,
-    produce_and_wait,
-)
+from sinks.kafka_producer import KafkaProducer, OutgoingRecord, build_producer, produce_and_wait
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +111,8 @@ def test_a_record_refused_by_the_producer_does_not_stop_the_rest_of_the_call(
     topic = f"pw-refused-{uuid.uuid4().hex[:8]}"
     _create(kafka_bootstrap, topic, 3)
     overrides: dict[str, Any] = {"message.max.bytes": 10_000}
-    producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test", **overrides)
+    producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test",
+                             stopping=Shutdown(), **overrides)
     records = [OutgoingRecord(topic, f"k{i}".encode(), f"v{i}".encode()) for i in range(5)]
     records[2] = OutgoingRecord(topic, b"k2", os.urandom(20_000))  # refused by produce()
 
@@ -127,26 +123,6 @@ def test_a_record_refused_by_the_producer_does_not_stop_the_rest_of_the_call(
     assert sorted(m.key() for m in _consume(kafka_bootstrap, topic, 4)) == [
         b"k0", b"k1", b"k3", b"k4",
     ]
-    producer.close()
-
-
-def test_a_producer_in_the_fatal_state_is_replaced_before_the_next_call(
-    kafka_bootstrap: str,
-) -> None:
-    topic = f"pw-fatal-{uuid.uuid4().hex[:8]}"
-    _create(kafka_bootstrap, topic, 1)
-    producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test")
-    assert producer.produce_and_wait([OutgoingRecord(topic, b"k", b"one")]) == [None]
-    dying = producer.producer
-    assert isinstance(dying, ObservedProducer)
-    # what build_producer's error_cb does when librdkafka reports a fatal error
-    dying.mark_fatal(KafkaError(KafkaError._FATAL, "simulated fatal error", fatal=True))
-
-    assert producer.produce_and_wait([OutgoingRecord(topic, b"k", b"two")]) == [None]
-
-    assert producer.producer is not dying
-    assert producer.rebuilds == 1
-    assert sorted(m.value() for m in _consume(kafka_bootstrap, topic, 2)) == [b"one", b"two"]
     producer.close()
 
 

@@ -43,3 +43,11 @@ def test_every_table_the_product_sql_names_has_its_privileges_checked() -> None:
              if path.suffix in {".py", ".sql"} for table in statement.findall(path.read_text())}
 
     assert named == set(check.TABLES)
+
+
+def test_the_session_lifecycle_topics_are_needed_only_while_published() -> None:
+    settings = Settings(publish_session_lifecycle=False)
+
+    assert settings.topic_session_started not in own_topics(settings)
+    assert settings.topic_session_ended not in own_topics(settings)
+    assert settings.topic_session_started in own_topics(Settings())

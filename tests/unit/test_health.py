@@ -1,7 +1,7 @@
 """runtime.health: running / paused / dead, and the HTTP endpoints Kubernetes probes use.
 
-The process-wide server (``serve_http``) is a singleton, so the handler is tested on its own
-``ThreadingHTTPServer`` (port 0) bound to a fresh :class:`Health`.
+The handler is tested on its own ``ThreadingHTTPServer`` (port 0) bound to a fresh
+:class:`Health`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Input bounds (the table in :mod:`schemas`): what an input record can push into what we emit.
+"""Input bounds (docs/spec.md): what an input record can push into what we emit.
 
 A ``CorrelationId`` over 256 characters is a contract violation (``schema-mismatch``) on both
 flows and on both decode paths; an invalid or oversized ``traceparent`` is dropped and the

@@ -15,17 +15,11 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from runtime.settings import Settings
+from runtime.shutdown import Shutdown
 from schemas.outbox import OutboxRow
 from sinks import kafka_producer
 from sinks.errors import is_record_error
-from sinks.kafka_producer import (
-    KafkaProducer,
-    ObservedProducer,
-    OutgoingRecord,
-    build_producer,
-    fatal_error_of,
-    produce_and_wait,
-)
+from sinks.kafka_producer import KafkaProducer, OutgoingRecord, build_producer, produce_and_wait
 from sources.kafka_input import _headers
 
 
@@ -282,27 +276,12 @@ def test_a_kafka_exception_without_an_error_becomes_a_service_failure_of_that_re
     assert errors[1] is None
 
 
-def test_exact_reports_on_a_timeout_fail_only_the_records_still_in_flight() -> None:
-    producer = ReportingProducer(stuck={2})
-
-    errors = produce_and_wait(producer, _records(4), _WAIT, exact_reports=True)  # type: ignore[arg-type]
-
-    assert errors[:2] == [None, None] and errors[3] is None
-    assert errors[2] is not None and errors[2].code() == KafkaError._TIMED_OUT
-
-
-def test_exact_reports_give_each_record_its_own_callback() -> None:
-    producer = ReportingProducer(stuck=set())
-    produce_and_wait(producer, _records(3), exact_reports=True)  # type: ignore[arg-type]
-    assert len({id(c["on_delivery"]) for c in producer.calls}) == 3
-
-
 def _settings() -> Settings:
     return Settings(kafka_bootstrap_servers="127.0.0.1:1")
 
 
 class Factory:
-    """Builds fake producers for KafkaProducer and remembers them."""
+    """Stands in for build_producer: builds fake producers and remembers them."""
 
     def __init__(self, make: Callable[[int], FakeProducer]) -> None:
         self.built: list[FakeProducer] = []
@@ -311,115 +290,114 @@ class Factory:
 
     def __call__(self, _settings: Settings, _suffix: str, **overrides: Any) -> Any:
         producer = self._make(len(self.built))
-        producer.purge = lambda *a, **k: None  # type: ignore[attr-defined]
         self.built.append(producer)
         self.overrides.append(overrides)
         return producer
 
 
-def test_the_healing_producer_builds_one_producer_and_reuses_it() -> None:
-    factory = Factory(lambda _n: FakeProducer())
-    producer = KafkaProducer(_settings(), "test", factory=factory)
+def _producer(monkeypatch: pytest.MonkeyPatch, make: Callable[[int], FakeProducer], **kw: Any
+              ) -> tuple[KafkaProducer, Factory, Shutdown]:
+    factory, stopping = Factory(make), Shutdown()
+    monkeypatch.setattr(kafka_producer, "build_producer", factory)
+    return KafkaProducer(_settings(), "test", stopping=stopping, **kw), factory, stopping
+
+
+def test_the_producer_is_built_once_and_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer, factory, stopping = _producer(monkeypatch, lambda _n: FakeProducer())
 
     assert producer.produce_and_wait(_records(2)) == [None, None]
     assert producer.produce_and_wait(_records(2)) == [None, None]
 
     assert len(factory.built) == 1
-    assert producer.rebuilds == 0
+    assert not stopping.requested()
 
 
-def test_a_fatal_producer_reports_its_records_failed_with_a_service_error_and_is_rebuilt(
-    caplog: pytest.LogCaptureFixture,
+def test_a_fatal_producer_fails_its_records_with_a_service_error_and_requests_a_restart(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fatal = KafkaError(KafkaError._FATAL, "idempotence: out of order sequence", fatal=True)
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    producer, factory, stopping = _producer(
+        monkeypatch, lambda _n: FakeProducer(lambda i, _c: too_large if i == 1 else None))
+    assert producer.producer is factory.built[0]  # type: ignore[comparison-overlap]
+    factory.overrides[0]["error_cb"](fatal)  # what librdkafka reports
 
-    def make(n: int) -> FakeProducer:
-        if n == 0:
-            dying = ReportingProducer(
-                stuck=set(), fail=lambda i, _c: too_large if i == 1 else None
-            )
-            dying.fatal_error = fatal  # what error_cb records (see build_producer)
-            return dying
-        return FakeProducer()
-
-    factory = Factory(make)
-    producer = KafkaProducer(_settings(), "test", factory=factory)
-    caplog.set_level(logging.WARNING, "sinks.kafka_producer")
-
-    first = producer.produce_and_wait(_records(3))
+    errors = producer.produce_and_wait(_records(3))
 
     # only-error mode: nothing is known to be acknowledged -> every record is retried, except
     # the one the broker refused for what it is
-    assert first[1] is too_large
-    assert all(e is not None and e.code() == KafkaError._FATAL for e in (first[0], first[2]))
-    assert not any(is_record_error(e) for e in (first[0], first[2]) if e is not None)
-
-    assert producer.produce_and_wait(_records(2)) == [None, None]
-    assert len(factory.built) == 2
-    assert producer.rebuilds == 1
-    rebuilt = [r for r in caplog.records if r.getMessage() == "kafka-producer-rebuilt"]
-    assert len(rebuilt) == 1 and rebuilt[0].code == "_FATAL"  # type: ignore[attr-defined]
+    assert errors[1] is too_large
+    assert all(e is not None and e.code() == KafkaError._FATAL for e in (errors[0], errors[2]))
+    assert not any(is_record_error(e) for e in (errors[0], errors[2]) if e is not None)
+    assert stopping.requested()
 
 
-def test_with_exact_reports_records_acknowledged_before_a_fatal_error_count_as_delivered() -> None:
+def test_with_exact_reports_records_acknowledged_before_a_fatal_error_count_as_delivered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     fatal = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
+    producer, factory, stopping = _producer(
+        monkeypatch, lambda _n: ReportingProducer(stuck={2}), exact_reports=True)
 
-    def make(_n: int) -> FakeProducer:
-        dying = ReportingProducer(stuck={2})
-        dying.fatal_error = fatal
-        return dying
-
-    factory = Factory(make)
-    producer = KafkaProducer(_settings(), "test", exact_reports=True, factory=factory)
-
-    errors = producer.produce_and_wait(_records(3), _WAIT)
+    sending = producer.send(_records(3))
+    factory.overrides[0]["error_cb"](fatal)
+    errors = producer.wait(sending, _WAIT)
 
     assert errors[:2] == [None, None]
     assert errors[2] is not None and errors[2].code() == KafkaError._FATAL
+    assert sending.done and stopping.requested()
     assert factory.overrides[0]["delivery.report.only.error"] is False
 
 
-def test_a_fatal_error_raised_by_produce_marks_the_producer_dead_too() -> None:
-    fatal = KafkaError(KafkaError._FATAL, "dead", fatal=True)
-    factory = Factory(lambda n: RefusingProducer({b"k0": fatal, b"k1": fatal}) if n == 0
-                      else FakeProducer())
-    producer = KafkaProducer(_settings(), "test", factory=factory)
-
-    first = producer.produce_and_wait(_records(2))
-
-    assert all(e is not None and e.code() == KafkaError._FATAL for e in first)
-    assert producer.produce_and_wait(_records(2)) == [None, None]
-    assert len(factory.built) == 2
-
-
-def test_build_producer_installs_an_error_callback_that_marks_a_fatal_error(
+def test_a_record_with_no_report_yet_stays_unsettled_to_be_waited_for_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    producer, factory, _ = _producer(
+        monkeypatch, lambda _n: ReportingProducer(stuck={2}), exact_reports=True)
+
+    sending = producer.send(_records(4))
+    errors = producer.wait(sending, _WAIT)
+
+    assert errors[:2] == [None, None] and errors[3] is None
+    assert errors[2] is not None and errors[2].code() == KafkaError._TIMED_OUT
+    assert sending.settled == [True, True, False, True]
+    assert len({id(c["on_delivery"]) for c in factory.built[0].calls}) == 4
+
+
+def test_a_fatal_error_raised_by_produce_requests_a_restart_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fatal = KafkaError(KafkaError._FATAL, "dead", fatal=True)
+    producer, _, stopping = _producer(
+        monkeypatch, lambda _n: RefusingProducer({b"k0": fatal, b"k1": fatal}))
+
+    errors = producer.produce_and_wait(_records(2))
+
+    assert all(e is not None and e.code() == KafkaError._FATAL for e in errors)
+    assert stopping.requested()
+
+
+def test_build_producer_logs_client_errors_and_calls_the_given_error_callback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
     configs: list[dict[str, Any]] = []
-
-    class Captured(ObservedProducer):
-        def __init__(self, config: dict[str, Any]) -> None:  # no librdkafka handle
-            configs.append(config)
-
-    monkeypatch.setattr(kafka_producer, "ObservedProducer", Captured)
+    monkeypatch.setattr(kafka_producer, "Producer", configs.append)  # no librdkafka handle
     seen: list[KafkaError] = []
-    producer = build_producer(_settings(), "test", error_cb=seen.append)
-    on_error = configs[0]["error_cb"]
+    build_producer(_settings(), "test", error_cb=seen.append)
+    caplog.set_level(logging.WARNING, "sinks.kafka_producer")
 
-    on_error(KafkaError(KafkaError._TRANSPORT))
-    assert fatal_error_of(producer) is None
-    fatal = KafkaError(KafkaError._FATAL, "boom", fatal=True)
-    on_error(fatal)
+    configs[0]["error_cb"](KafkaError(KafkaError._TRANSPORT))
+    configs[0]["error_cb"](KafkaError(KafkaError._FATAL, "boom", fatal=True))
 
-    assert fatal_error_of(producer) is fatal
     assert [e.code() for e in seen] == [KafkaError._TRANSPORT, KafkaError._FATAL]
+    assert [r.getMessage() for r in caplog.records] == ["kafka-client-error",
+                                                        "kafka-producer-fatal"]
+    assert configs[0]["allow.auto.create.topics"] is False
 
 
-def test_close_flushes_and_drops_the_producer() -> None:
-    factory = Factory(lambda _n: FakeProducer())
-    producer = KafkaProducer(_settings(), "test", factory=factory)
-    assert producer.flush(1) == 0  # nothing built yet
+def test_close_flushes_and_drops_the_producer(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer, factory, _ = _producer(monkeypatch, lambda _n: FakeProducer())
+    producer.close(1)  # nothing built yet
     producer.produce_and_wait(_records(1))
     producer.close(1)
     producer.produce_and_wait(_records(1))

@@ -1,29 +1,67 @@
-"""README.md is the front door: at most 8 KB, and every test it names exists."""
+"""README.md is the front door: its sections, at most 8 KB, and every test it names exists."""
 
 from __future__ import annotations
 
-import itertools
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+REQUIRED_HEADINGS = ("The flows", "Commands", "Configuration", "Guarantees", "Folder map",
+                     "Documentation")
+NAMED_TEST = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
 
 
-def _expanded(path: str) -> list[str]:
-    """``a_{b,c}.py`` -> ``a_b.py``, ``a_c.py`` (shell-style braces, as the README writes them)."""
-    parts = re.split(r"\{([^}]*)\}", path)
-    choices = [[part] if i % 2 == 0 else part.split(",") for i, part in enumerate(parts)]
-    return ["".join(chosen) for chosen in itertools.product(*choices)]
+def _headings(text: str) -> list[str]:
+    return re.findall(r"(?m)^#+ (.+?)\s*$", text)
+
+
+def test_the_readme_has_every_section_a_newcomer_needs() -> None:
+    headings = _headings(README.read_text())
+
+    assert [h for h in REQUIRED_HEADINGS if h not in headings] == []
 
 
 def test_the_readme_is_at_most_8_kb() -> None:
-    assert len(README.read_bytes()) <= 8_000
+    assert len(README.read_bytes()) <= 8 * 1024
 
 
-def test_every_test_file_the_readme_names_exists() -> None:
-    named = re.findall(r"`((?:e2e|integration|unit)/[^`:]*?\.py)", README.read_text())
+def test_every_guarantee_row_names_a_test() -> None:
+    text = README.read_text()
+    section = text.split("## Guarantees", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| guarantee", "|---"))]
+
+    assert rows
+    assert [row for row in rows if not NAMED_TEST.search(row.rsplit(" | ", 1)[-1])] == []
+
+
+def test_every_test_the_readme_names_exists() -> None:
+    named = NAMED_TEST.findall(README.read_text())
+
     assert named
-    missing = [path for name in named for path in _expanded(name)
-               if not (ROOT / "tests" / path).is_file()]
-    assert not missing
+    missing = [f"{path}::{name}" for path, name in named
+               if not (ROOT / path).is_file()
+               or not re.search(rf"(?m)^(async )?def {name}\(", (ROOT / path).read_text())]
+    assert missing == []
+
+
+def test_the_readme_links_the_commands_it_promises() -> None:
+    text = README.read_text()
+
+    for command in ("scripts/run-job.sh", "bash scripts/test.sh", ".venv/bin/pytest tests/unit"):
+        assert command in text
+
+
+def _markdown_in_git() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    return [ROOT / name for name in listed if (ROOT / name).is_file()]
+
+
+def test_all_markdown_in_git_is_at_most_110_kb() -> None:
+    files = _markdown_in_git()
+
+    assert files
+    assert sum(len(path.read_bytes()) for path in files) <= 110 * 1024
