@@ -62,9 +62,8 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
-        # a request's own time-out, shorter than a record's: a leader that hangs (frozen) fails
-        # the request, not its records, which librdkafka resends to the new leader itself
-        # (same sequence numbers: no copy), instead of our retry resending them as new records
+        # below the records' time-out: a hung (frozen) leader fails the request, whose records
+        # librdkafka resends to the new leader with their sequence numbers (no copy), not we
         "socket.timeout.ms": 10_000,
         "allow.auto.create.topics": False,
         "delivery.report.only.error": True,
