@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 import pytest
@@ -29,12 +28,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from cli.migrate import apply_migrations
 from devenv.harness.jobs import JobProcess, JobSupervisor
 from devenv.kafka_cluster import ADMIN, KafkaCluster
 from runtime.settings import Settings
 from tests.chaos import PacedProducer, assert_exact_outcome, good_stream, stop_job
-from tests.support import scratch_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timing, pytest.mark.xdist_group("kafka-cluster"),
               pytest.mark.timeout(300)]
@@ -46,13 +43,6 @@ FREEZE_SECONDS = 30.0
 PARTITIONS = 6
 UPSTREAM = {"topic.metadata.refresh.interval.ms": 1_000}
 """The producer looks for new leaders every second: favorites keep arriving on every partition."""
-
-
-@pytest.fixture
-def own_database(database_url: str) -> Iterator[str]:
-    with scratch_database(database_url, "fire") as dsn:
-        apply_migrations(dsn)
-        yield dsn
 
 
 @dataclass(frozen=True)
@@ -153,20 +143,6 @@ def publishing(samples: Sequence[Sample]) -> list[tuple[float, object, bool]]:
     return points
 
 
-def _settings(cluster: KafkaCluster, dsn: str, prefix: str, user: str) -> Settings:
-    topics: dict[str, Any] = {name: f"{prefix}.{name.removeprefix('topic_').replace('_', '-')}"
-                              for name, field in Settings.model_fields.items()
-                              if name.startswith("topic_") and isinstance(field.default, str)}
-    return Settings(
-        kafka_bootstrap_servers=cluster.bootstrap, kafka_security_protocol="SASL_PLAINTEXT",
-        kafka_sasl_mechanism="PLAIN", kafka_sasl_username=user,
-        kafka_sasl_password=cluster.client_config(user)["sasl.password"], database_url=dsn,
-        **topics, consumer_group_favorites=f"{prefix}.favorites",
-        consumer_group_session_linking=f"{prefix}.session-linking",
-        http_port=0, retry_initial_seconds=0.2, retry_max_seconds=2.0,
-        outbox_idle_poll_seconds=0.2)
-
-
 def _grant_the_job(cluster: KafkaCluster, prefix: str) -> None:
     for operation in (AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE,
                       AclOperation.DESCRIBE_CONFIGS):
@@ -230,13 +206,14 @@ def _freeze(cluster: KafkaCluster, settings: Settings) -> tuple[str, list[float]
     pytest.param((_freeze, 1_500), id="broker-frozen"),
 ])
 def test_a_broker_fault_holds_no_row_back_longer_than_3s_and_the_outcome_is_exact(
-    kafka_cluster: KafkaCluster, own_database: str, jobs: JobSupervisor,
-    fire: tuple[Fault, float], request: pytest.FixtureRequest,
+    kafka_cluster: KafkaCluster, own_database: str, cluster_settings: Callable[..., Settings],
+    jobs: JobSupervisor, fire: tuple[Fault, float],
 ) -> None:
     fault, rate = fire
-    prefix = f"fire-{request.node.callspec.id}-{time.monotonic_ns() % 10**8}"
-    settings = _settings(kafka_cluster, own_database, prefix, "job")
-    admin = _settings(kafka_cluster, own_database, prefix, ADMIN)
+    name = fault.__name__.strip("_").replace("_", "-")
+    prefix = f"fire-{name}-{time.monotonic_ns() % 10**8}"
+    settings = cluster_settings(prefix, "job")
+    admin = cluster_settings(prefix, ADMIN)
     kafka_cluster.create_topics(admin.all_topics(), partitions=PARTITIONS)
     _grant_the_job(kafka_cluster, prefix)
     stream = good_stream(admin, own_database, FAVORITES, seed=43)
@@ -267,7 +244,7 @@ def test_a_broker_fault_holds_no_row_back_longer_than_3s_and_the_outcome_is_exac
     (job.workdir / "rows.csv").write_text("".join(  # the timeline, for a failure's diagnosis
         f"{s.at - fault_began:.2f},{s.rows},{s.acked},{s.published_at}\n" for s in samples))
     led = ", ".join(f"{end - start:.1f}s" for start, end in failovers) or "-"
-    print(f"\nfault={request.node.callspec.id} ({what}, {fault_s:.1f}s; writes taken again "
+    print(f"\nfault={name} ({what}, {fault_s:.1f}s; writes taken again "
           f"after {led}): longest pause {pause:.2f}s at +{at - fault_began:.1f}s after the "
           f"failover, {literal:.2f}s at +{literal_at - fault_began:.1f}s with it; outbox "
           f"{outbox_pause:.2f}s at +{outbox_at - fault_began:.1f}s; produced in "
