@@ -122,10 +122,9 @@ def _build_favorites(  # noqa: PLR0917
                       publisher=publisher)
 
 
-def _build_session_linking(
-    settings: Settings, start: StartPosition, _topics: Sequence[str] | None, tally: Tally | None,
-    process: Process, publisher: Publishing | None,
-) -> Dataflow:
+def _build_session_linking(settings: Settings, start: StartPosition, _topics: Sequence[str] | None,
+                           tally: Tally | None, process: Process,
+                           publisher: Publishing | None) -> Dataflow:
     from dataflows.session_linking.flow import SessionLinkingSinks, build_flow
 
     sinks = None if tally is None else SessionLinkingSinks.dry_run(settings, tally)
@@ -155,10 +154,8 @@ def _refuse_if_in_use(recovery_dir: Path) -> None:
                             " directory")
 
 
-def _recovery_dir(
-    recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool, out: TextIO,
-    *, min_free_bytes: int,
-) -> Path:
+def _recovery_dir(recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool,
+                  out: TextIO, *, min_free_bytes: int) -> Path:
     """The replay's recovery store: a new one (temporary without a directory), or its own to resume.
 
     Refused (:class:`ReplayRefused`): a store no replay made, another flow's, one in use.
@@ -193,17 +190,10 @@ def _recovery_dir(
     return recovery_dir
 
 
-def replay(
-    settings: Settings,
-    start: StartPosition,
-    *,
-    flow_name: str = "favorites",
-    topics: Sequence[str] | None = None,
-    dry_run: bool = False,
-    recovery_dir: Path | None = None,
-    progress_every: float = 2.0,
-    out: TextIO = sys.stdout,
-) -> dict[str, int]:
+def replay(settings: Settings, start: StartPosition, *, flow_name: str = "favorites",
+           topics: Sequence[str] | None = None, dry_run: bool = False,
+           recovery_dir: Path | None = None, progress_every: float = 2.0,
+           out: TextIO = sys.stdout) -> dict[str, int]:
     """Run one bounded replay of ``flow_name``; return the outcome counts (also printed)."""
     replayed = FLOWS[flow_name]
     outcomes = replayed.outcomes

@@ -122,9 +122,8 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
         logger.log(level, event, extra={k: v for k, v in fields.items() if v is not None})
 
 
-def log_events(
-    logger: logging.Logger, event: str, rows: Iterable[dict[str, Any]], level: int = logging.INFO
-) -> None:
+def log_events(logger: logging.Logger, event: str, rows: Iterable[dict[str, Any]],
+               level: int = logging.INFO) -> None:
     """``log_event(logger, event, level, **row)`` for each row, written in one go.
 
     When the only handler reached is a plain JSON stream handler, the lines are rendered here

@@ -136,10 +136,8 @@ class Tracing:
     Spans are handed finished (``ReadableSpan``) to the processor's ``on_end``: no tracer.
     """
 
-    def __init__(
-        self, processor: SpanProcessor, sampling: Sampling, resource: Resource,
-        consumer_group: str,
-    ) -> None:
+    def __init__(self, processor: SpanProcessor, sampling: Sampling, resource: Resource,
+                 consumer_group: str) -> None:
         self.processor = processor
         self.sampling = sampling
         self._resource = resource
@@ -180,10 +178,8 @@ class Tracing:
                    else (trace_id & _LOW_64) < self.sampling.bound)
         return trace_id, int(parent[36:52], 16), sampled
 
-    def finish_messages(
-        self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
-        database: DatabaseWork | None = None,
-    ) -> None:
+    def finish_messages(self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
+                        database: DatabaseWork | None = None) -> None:
         """The ``consume``, ``handle`` and database spans of a batch's sampled messages."""
         database_context: SpanContext | None = None
         emit = self.emit
@@ -363,10 +359,8 @@ _state: Tracing | None = None
 _state_lock = threading.Lock()
 
 
-def install(
-    processor: SpanProcessor, sampling: Sampling, *, resource: Resource | None = None,
-    consumer_group: str = "",
-) -> Tracing:
+def install(processor: SpanProcessor, sampling: Sampling, *, resource: Resource | None = None,
+            consumer_group: str = "") -> Tracing:
     """Trace this process with ``processor`` and ``sampling`` (the demo and the tests)."""
     global _state  # noqa: PLW0603
     state = Tracing(processor, sampling, resource or resource_from_env(os.environ), consumer_group)
@@ -430,10 +424,8 @@ def sample(record: SourceRecord) -> MessageTrace | None:
     return None if state is None else state.sample(record)
 
 
-def finish_messages(
-    handled: Sequence[Handled], started_ns: int | None = None, ended_ns: int | None = None,
-    database: DatabaseWork | None = None,
-) -> None:
+def finish_messages(handled: Sequence[Handled], started_ns: int | None = None,
+                    ended_ns: int | None = None, database: DatabaseWork | None = None) -> None:
     """The spans of ``handled``, decided from ``started_ns`` (None: instantly) to ``ended_ns``.
 
     ``ended_ns`` None: now. ``database`` is the batch's one statement.

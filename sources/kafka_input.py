@@ -65,15 +65,13 @@ class StartPosition:
 class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
     """Reads one topic; each Kafka partition is a Bytewax partition."""
 
-    def __init__(
-        self, client_config: Mapping[str, Any], topic: str, *, process: Process,
-        start: StartPosition | None = None, tail: bool = True, batch_size: int = 1000,
-        idle_poll: timedelta = timedelta(milliseconds=20), stuck_after: float = 30.0,
-        fetch_wait_ms: int = 10, receive_max_bytes: int = 100_000_000,
-        partition_check: float = 0.0, backoff: Backoff | None = None,
-        count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
-        flow: str = "", alignment: EventTimeAlignment | None = None,
-    ) -> None:
+    def __init__(self, client_config: Mapping[str, Any], topic: str, *, process: Process,
+                 start: StartPosition | None = None, tail: bool = True, batch_size: int = 1000,
+                 idle_poll: timedelta = timedelta(milliseconds=20), stuck_after: float = 30.0,
+                 fetch_wait_ms: int = 10, receive_max_bytes: int = 100_000_000,
+                 partition_check: float = 0.0, backoff: Backoff | None = None,
+                 count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
+                 flow: str = "", alignment: EventTimeAlignment | None = None) -> None:
         """``stuck_after``, ``partition_check``: seconds between checks (0: none)."""
         self.client_config: dict[str, Any] = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)

@@ -60,15 +60,13 @@ class HttpAnswer:
 class JobProcess:
     """A job in a subprocess; start / kill -9 / terminate / restart on one recovery directory."""
 
-    def __init__(
-        self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW,
-        workers: int | None = None, tail: bool | None = True, recovery: bool = True,
-        recovery_dir: Path | None = None, snapshot_interval: float = 1,
-        backup_interval: float = 10, host: str = "127.0.0.1", port: int | None = None,
-        log_path: Path | None = None, env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
-        cluster: tuple[int, str] | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW,
+                 workers: int | None = None, tail: bool | None = True, recovery: bool = True,
+                 recovery_dir: Path | None = None, snapshot_interval: float = 1,
+                 backup_interval: float = 10, host: str = "127.0.0.1", port: int | None = None,
+                 log_path: Path | None = None, env: Mapping[str, str] | None = None,
+                 extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                 cluster: tuple[int, str] | None = None) -> None:
         self.workdir = workdir
         self.cluster = cluster
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -325,10 +323,9 @@ class JobProcess:
         return "\n".join(parts)
 
 
-def wait_until(
-    condition: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.2,
-    exited: Callable[[], str | None] = lambda: None, context: Callable[[], str] = lambda: "",
-) -> float:
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.2,
+               exited: Callable[[], str | None] = lambda: None,
+               context: Callable[[], str] = lambda: "") -> float:
     """Poll ``condition`` until true; the seconds it took."""
     started = time.monotonic()
     while True:
