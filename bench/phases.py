@@ -272,8 +272,7 @@ def steady_state(services: Services, sessions: Sequence[Session], db_url: str, *
         "outputs_total_on_topic": counter.count - warm_count, "job_ready_s": round(ready_s, 2),
         **{f"p{q}_ms": _percentile(latencies, q / 100) for q in (50, 95, 99)},
         "max_ms": _percentile(latencies, 1.0), "min_ms": _percentile(latencies, 0.0),
-        "resources": cpu, "ok": len(latencies) == len(sent_at) > 0,
-    }
+        "resources": cpu, "ok": len(latencies) == len(sent_at) > 0}
     log(f"  steady: {result['produced_rate']}/s, p50 {result['p50_ms']} ms, p95 "
         f"{result['p95_ms']} ms, p99 {result['p99_ms']} ms, got {len(latencies)}/{len(sent_at)}")
     return result

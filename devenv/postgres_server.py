@@ -149,8 +149,7 @@ class PostgresServer:
             executable=str(pg_ctl), host=HOST, port=self.port, datadir=str(self.data_dir),
             unixsocketdir="", logfile=str(self.log_path), startparams="-w", dbname="postgres",
             user=SUPERUSER, timeout=60,
-            postgres_options=" ".join(f"-c {name}={value}" for name, value in options.items()),
-        )
+            postgres_options=" ".join(f"-c {name}={value}" for name, value in options.items()))
         self._executor.detached = detach
         self._pg_ctl = pg_ctl
         self._guard: subprocess.Popen[bytes] | None = None

@@ -291,14 +291,12 @@ class Settings(BaseSettings):
                                   "socket.timeout.ms": 30_000,
                                   "socket.connection.setup.timeout.ms": 10_000}
         optional: dict[str, str | SecretStr | None] = {
-            "sasl.mechanism": self.kafka_sasl_mechanism,
-            "sasl.username": self.kafka_sasl_username,
+            "sasl.mechanism": self.kafka_sasl_mechanism, "sasl.username": self.kafka_sasl_username,
             "sasl.password": self.kafka_sasl_password,
             "ssl.ca.location": self.kafka_ssl_ca_location,
             "ssl.certificate.location": self.kafka_ssl_certificate_location,
             "ssl.key.location": self.kafka_ssl_key_location,
-            "ssl.key.password": self.kafka_ssl_key_password,
-        }
+            "ssl.key.password": self.kafka_ssl_key_password}
         for key, value in optional.items():
             if value is not None:
                 config[key] = value.get_secret_value() if isinstance(value, SecretStr) else value

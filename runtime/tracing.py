@@ -75,13 +75,10 @@ class Sampling:
             logger.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a number: 1.0", arg)
             ratio = 1.0
         rules = {
-            "always_on": cls(False, _ALL),
-            "always_off": cls(False, 0),
+            "always_on": cls(False, _ALL), "always_off": cls(False, 0),
             "traceidratio": cls.ratio(ratio, parent_based=False),
-            "parentbased_always_on": cls(True, _ALL),
-            "parentbased_always_off": cls(True, 0),
-            "parentbased_traceidratio": cls.ratio(ratio),
-        }
+            "parentbased_always_on": cls(True, _ALL), "parentbased_always_off": cls(True, 0),
+            "parentbased_traceidratio": cls.ratio(ratio)}
         if name not in rules:
             logger.warning("OTEL_TRACES_SAMPLER=%r is not supported: parentbased_always_on", name)
         return rules.get(name, rules["parentbased_always_on"])
@@ -152,8 +149,7 @@ class Tracing:
         """Hand one finished span to the processor (sampled: ``context`` carries the flag)."""
         self.processor.on_end(ReadableSpan(
             name, context, parent, self._resource, attributes, (), links, kind, None, status,
-            start_ns, end_ns, self._scope,
-        ))
+            start_ns, end_ns, self._scope))
 
     def sample(self, record: SourceRecord) -> MessageTrace | None:
         """The message's trace if sampled, else None (no valid ``traceparent``: a root)."""
@@ -252,9 +248,7 @@ class Tracing:
                                     _with_traceparent(headers, traceparent)))
             spans.append(_Pending(
                 f"publish {record.topic}", SpanContext(trace_id, span_id, False, _SAMPLED),
-                SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes,
-                time.time_ns(),
-            ))
+                SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes, time.time_ns()))
         return out, (_Publishing(self, spans) if any(spans) else None)
 
 
@@ -346,12 +340,9 @@ def resource_from_env(env: Mapping[str, str]) -> Resource:
     except ValueError:
         process, per_process = 0, 1
     attributes: dict[str, AttributeValue] = {
-        "service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME,
-        "service.version": _version(),
-        "k8s.pod.name": pod or socket.gethostname(),
-        "bytewax.process.id": process,
-        "bytewax.worker.index": process * per_process,
-    }
+        "service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME, "service.version": _version(),
+        "k8s.pod.name": pod or socket.gethostname(), "bytewax.process.id": process,
+        "bytewax.worker.index": process * per_process}
     return Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES merged under these
 
 

@@ -502,18 +502,14 @@ def session_linking(d: Deployment) -> str:
 
 
 STEPS: tuple[tuple[str, Callable[[Deployment], str]], ...] = (
-    ("rootfs: uid 10001, read-only", read_only_check),
-    ("job: migrate", migrate),
-    ("job: create-topics", create_topics),
-    ("backlog produced", backlog),
+    ("rootfs: uid 10001, read-only", read_only_check), ("job: migrate", migrate),
+    ("job: create-topics", create_topics), ("backlog produced", backlog),
     ("favorites: 2 pods started", start_favorites),
     ("favorites: probes, /metrics", probe_favorites),
     ("favorites: backlog exactly once", backlog_exactly_once),
     ("favorites: SIGKILL lease holder, replace", kill_and_replace),
     ("favorites: SIGTERM all, restart", rolling_stop),
-    ("job: backfill (dry run, window)", backfill),
-    ("session-linking: sign-ins", session_linking),
-)
+    ("job: backfill (dry run, window)", backfill), ("session-linking: sign-ins", session_linking))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

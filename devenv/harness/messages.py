@@ -35,18 +35,12 @@ def favorite_envelope(*, message_id: uuid.UUID | None = None, favorite_id: uuid.
         "PropertyObjectId": str(property_object_id or new_id()),
         "UserId": None if user_id is None else str(user_id),
         "AnonymousId": None if anonymous_id is None else str(anonymous_id),
-        "OccurredAt": occurred_at,
-        **(extra_payload or {}),
-    }
+        "OccurredAt": occurred_at, **(extra_payload or {})}
     return {
         "MessageId": str(message_id or new_id()),
-        "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),
-        "Version": version,
-        "AggregateId": str(favorite_id),
-        "AggregateType": "Favorite",
-        "CorrelationId": correlation_id,
-        "Payload": payload,
-    }
+        "CreatedAt": (created_at or datetime.now(UTC)).isoformat(), "Version": version,
+        "AggregateId": str(favorite_id), "AggregateType": "Favorite",
+        "CorrelationId": correlation_id, "Payload": payload}
 
 
 def sign_in_envelope(*, user_id: uuid.UUID, anonymous_id: uuid.UUID,
@@ -62,8 +56,6 @@ def sign_in_envelope(*, user_id: uuid.UUID, anonymous_id: uuid.UUID,
         "AggregateType": "User",
         "CorrelationId": correlation_id,
         "Payload": {
-            "UserId": str(user_id),
-            "AnonymousId": str(anonymous_id).upper(),
-            "SignedInAt": signed_in_at or dotnet_time(datetime.now(UTC)),
-        },
+            "UserId": str(user_id), "AnonymousId": str(anonymous_id).upper(),
+            "SignedInAt": signed_in_at or dotnet_time(datetime.now(UTC))},
     }

@@ -89,8 +89,7 @@ def run_options(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:
         Path(directory) if directory else None,
         int(snapshot) if snapshot is not None and snapshot.strip().isdigit() else None,
         int(process) if process is not None and str(process).strip().isdigit() else 0,
-        max(processes, 1),
-    )
+        max(processes, 1))
 
 
 def read_store(directory: Path) -> Store:
