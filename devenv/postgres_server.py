@@ -32,8 +32,6 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from devenv.harness.ports import free_port
 
-__all__ = ["DEFAULT_DATABASE", "DEFAULT_RUN_DIR", "PostgresServer", "main"]
-
 HOST = "127.0.0.1"
 SUPERUSER = "postgres"
 SYSTEM_USER = "postgres"

@@ -88,10 +88,8 @@ def tracing_wanted(env: Mapping[str, str]) -> bool:
     """True when the variables ask for traces: an OTLP endpoint set, the SDK not disabled."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    return bool(
-        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    )
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +178,7 @@ class Tracing:
         database_context: SpanContext | None = None
         emit = self.emit
         for item in handled:
-            trace = item.trace
-            record = item.record
+            trace, record = item.trace, item.record
             trace_id = trace.trace_id
             handle_start = started_ns if started_ns is not None else ended_ns
             consume_start = _wall_ns(record.received_at, ended_ns) or handle_start
@@ -200,13 +197,10 @@ class Tracing:
                 "messaging.consumer.group.name": self._group}
             if item.message_id is not None:
                 attributes["messaging.message.id"] = item.message_id
-            handle_attributes: dict[str, AttributeValue] = {"user_activity.outcome": item.outcome}
-            if item.attributes:
-                handle_attributes.update(item.attributes)
-            links: tuple[Link, ...] = ()
-            if database_context is not None:
-                links = (Link(database_context, _BATCH_LINK),)
-            elif database is not None:
+            handle_attributes: dict[str, AttributeValue] = {"user_activity.outcome": item.outcome,
+                                                            **(item.attributes or {})}
+            links = () if database_context is None else (Link(database_context, _BATCH_LINK),)
+            if database_context is None and database is not None:
                 database_context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED)
                 emit(database.name, database_context, handle, SpanKind.CLIENT,
                      database.attributes, (), _UNSET, database.start_ns, database.end_ns)
@@ -287,15 +281,8 @@ class _Publishing:
 
 def _stored_traceparent(headers: Any) -> bytes | None:
     """The ``traceparent`` among a record's headers (a mapping, or ``(name, value)`` pairs)."""
-    if not headers:
-        return None
-    if isinstance(headers, Mapping):
-        value = headers.get(TRACEPARENT)
-    else:
-        value = None
-        for name, item in headers:
-            if name == TRACEPARENT:
-                value = item
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    value = next((item for name, item in reversed(list(pairs)) if name == TRACEPARENT), None)
     if value is None:
         return None
     return value.encode() if isinstance(value, str) else bytes(value)
@@ -371,11 +358,9 @@ def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None =
     sampling = Sampling.from_env(env)
     install(BatchSpanProcessor(OTLPSpanExporter()), sampling, resource=resource_from_env(env),
             consumer_group=consumer_group)
-    logger.info("tracing on: OTLP/HTTP to %s, sampler %s %s",
-                env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
-                env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
-                env.get("OTEL_TRACES_SAMPLER_ARG", ""))
+    logger.info("tracing on: OTLP/HTTP to %s, sampler %s %s", env.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"), env.get(
+        "OTEL_TRACES_SAMPLER", "parentbased_always_on"), env.get("OTEL_TRACES_SAMPLER_ARG", ""))
     return True
 
 
@@ -393,13 +378,11 @@ def shutdown(timeout: float = SHUTDOWN_FLUSH_SECONDS) -> None:
         state, _state = _state, None
     if state is None:
         return
-    wait = timeout
-    flushing = threading.Thread(target=state.processor.shutdown, name="tracing-flush",
-                                daemon=True)
+    flushing = threading.Thread(target=state.processor.shutdown, name="tracing-flush", daemon=True)
     flushing.start()
-    flushing.join(wait)
+    flushing.join(timeout)
     if flushing.is_alive():
-        log_event(logger, "tracing-flush-abandoned", logging.WARNING, waited_s=round(wait, 1),
+        log_event(logger, "tracing-flush-abandoned", logging.WARNING, waited_s=round(timeout, 1),
                   consequence="spans not exported yet are dropped (the collector did not"
                               " answer in time); the stop goes on")
 

@@ -497,6 +497,3 @@ def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
         if value is None:
             return tuple([(name, value or b"") for name, value in raw])
     return tuple(raw)
-
-
-__all__ = ["InputItem", "KafkaInput", "StartPosition"]
