@@ -160,9 +160,8 @@ def run_peer(services: Services, input_settings: Settings, backlog: Backlog, db_
            "PEER_ADDED_TOPIC": input_settings.topic_favorite_added,
            "PEER_REMOVED_TOPIC": input_settings.topic_favorite_removed,
            "PEER_OUTPUT_TOPIC": settings.topic_action_tracked,
-           "PEER_DEDUP_TTL_SECONDS": str(dedup_ttl_s),
-           "PEER_PG_HOST": url.hostname or "127.0.0.1", "PEER_PG_PORT": str(url.port or 5432),
-           "PEER_PG_DBNAME": unquote(url.path.lstrip("/")),
+           "PEER_DEDUP_TTL_SECONDS": str(dedup_ttl_s), "PEER_PG_HOST": url.hostname or "127.0.0.1",
+           "PEER_PG_PORT": str(url.port or 5432), "PEER_PG_DBNAME": unquote(url.path.lstrip("/")),
            "PEER_PG_USER": unquote(url.username or "postgres"),
            "PEER_PG_PASSWORD": unquote(url.password or "")}
     expected = backlog.expected_recorded

@@ -213,8 +213,7 @@ def steady_state(services: Services, sessions: Sequence[Session], db_url: str, *
     valid message (all clocks are this machine's).
     """
     settings = services.settings("steady", db_url)
-    counter = OutputCounter(services.bootstrap, settings.topic_action_tracked,
-                            track_favorites=True)
+    counter = OutputCounter(services.bootstrap, settings.topic_action_tracked, track_favorites=True)
     job = Job(settings, services.run_dir / "steady.log", tail=True)
     factory = EnvelopeFactory(sessions, rng, settings.topic_favorite_added,
                               settings.topic_favorite_removed)

@@ -311,8 +311,7 @@ class CpuSampler:
         busy, total, pressure = _machine()
         self._last_cpu = (self._cpu() if self._cpu else None) or self._last_cpu
         return {"t": time.monotonic(), "busy": busy, "total": total, "pressure": pressure,
-                "job": self._last_cpu,
-                "postgres": _tree_cpu_seconds(self._pg) if self._pg else 0.0,
+                "job": self._last_cpu, "postgres": _tree_cpu_seconds(self._pg) if self._pg else 0.0,
                 "kafka": (cpu_seconds(self._kafka) or 0.0) if self._kafka else 0.0,
                 "bench": cpu_seconds(os.getpid()) or 0.0}
 

@@ -421,8 +421,7 @@ def finish_alone(record: SourceRecord, outcome: str, *, message_id: str | None =
     trace = state.sample(record)
     if trace is not None:
         state.finish_messages(
-            [Handled(trace, record, outcome, message_id, error, attributes)], None,
-            time.time_ns())
+            [Handled(trace, record, outcome, message_id, error, attributes)], None, time.time_ns())
 
 
 def start_publish(records: Sequence[Any]) -> tuple[Sequence[Any], _Publishing | None]:

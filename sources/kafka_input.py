@@ -405,8 +405,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         """
         self._stuck_check_at = now + self._src.stuck_after
         try:
-            low, high = self._consumer.get_watermark_offsets(self._tp, timeout=1.0,
-                                                             cached=False)
+            low, high = self._consumer.get_watermark_offsets(self._tp, timeout=1.0, cached=False)
         except KafkaException as exc:
             if error_name(exc) == "_TIMED_OUT":
                 self._shared.not_answering("_TIMED_OUT")
@@ -458,8 +457,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if self._src.commits and offset is not None:
             self._committed = offset
             try:
-                self._shared.consumer.commit(offsets=[Tp(*self._key, offset)],
-                                             asynchronous=True)
+                self._shared.consumer.commit(offsets=[Tp(*self._key, offset)], asynchronous=True)
             except KafkaException as exc:
                 log_event(logger, "consumer-group-commit-failed", logging.WARNING,
                           partitions=[waiter(self._key)], error=error_name(exc))

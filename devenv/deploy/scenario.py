@@ -237,8 +237,7 @@ class Deployment:
         """
         topics = [self.settings["USER_ACTIVITY_TOPIC_FAVORITE_ADDED"],
                   self.settings["USER_ACTIVITY_TOPIC_FAVORITE_REMOVED"]]
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                             "linger.ms": 10})
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 10})
         bursts = 10 if seconds else 1
         for i in range(count):
             envelope = favorite_envelope(anonymous_id=self.devices[(seed * 7919 + i)
