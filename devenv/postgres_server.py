@@ -140,8 +140,7 @@ class PostgresServer:
         self._relocated = base != self.run_dir
         self.port: int = state.get("port") or free_port(HOST)
         state_path.write_text(json.dumps({"port": self.port, "base_dir": str(base)}) + "\n")
-        self.data_dir = base / "data"
-        self.log_path = base / "postgres.log"
+        self.data_dir, self.log_path = base / "data", base / "postgres.log"
         options = {**_OPTIONS, **(settings or {})}
         self._executor = _Executor(
             executable=str(pg_ctl), host=HOST, port=self.port, datadir=str(self.data_dir),

@@ -51,8 +51,7 @@ class Health:
     """Thread-safe health state shared by every step of one process."""
 
     def __init__(self, stall_seconds: float = 300.0) -> None:
-        self._lock = threading.Lock()
-        self._stall_seconds = stall_seconds
+        self._lock, self._stall_seconds = threading.Lock(), stall_seconds
         # waiter -> (dependency, wall time it began, attempt, error, monotonic time it began)
         self._paused: dict[str, tuple[str, float, int, str, float]] = {}
         self._stalled: dict[str, str] = {}

@@ -71,8 +71,7 @@ class RepeatThrottle(logging.Filter):
 
     def __init__(self, window: float = 10.0, max_shapes: int = 1000) -> None:
         super().__init__()
-        self._window = window
-        self._max_shapes = max_shapes
+        self._window, self._max_shapes = window, max_shapes
         self._seen: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 

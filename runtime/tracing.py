@@ -133,9 +133,7 @@ class Tracing:
 
     def __init__(self, processor: SpanProcessor, sampling: Sampling, resource: Resource,
                  consumer_group: str) -> None:
-        self.processor = processor
-        self.sampling = sampling
-        self._resource = resource
+        self.processor, self.sampling, self._resource = processor, sampling, resource
         self._scope = InstrumentationScope("user_activity_stream", _version())
         self._group = consumer_group
 
@@ -261,8 +259,7 @@ class _Publishing:
     """The ``publish`` spans of one produce call, ended with the broker's answers."""
 
     def __init__(self, tracing: Tracing, spans: list[_Pending | None]) -> None:
-        self._tracing = tracing
-        self._spans = spans
+        self._tracing, self._spans = tracing, spans
 
     def end(self, errors: Sequence[object | None]) -> None:
         """End each span: OK when its record was acknowledged, ERROR with the error otherwise."""

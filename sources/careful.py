@@ -70,8 +70,7 @@ class CarefulReader:
         self._starts, self._at, self._fetching = starts, at, fetching
         self._key = (topic, partition)
         self._marked: int | None = None  # the offset on record as being fetched
-        self.consumer = Consumer({**config, **ONE_BATCH_PER_FETCH})
-        self._assigned = False
+        self.consumer, self._assigned = Consumer({**config, **ONE_BATCH_PER_FETCH}), False
 
     def move(self) -> None:
         """Fetch nothing more until the next :meth:`take` (which reads at its offset)."""

@@ -284,8 +284,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if high >= 0:
             self._progress.high_watermark = high
         if last is not None:
-            self._read_at = now
-            self._waiting_at = None
+            self._read_at, self._waiting_at = now, None
             if self._open_transaction:
                 self._say_open_transaction(None)
             self._progress.read(next_offset or 0, last.timestamp()[1], time.time())

@@ -67,20 +67,16 @@ class JobProcess:
                  log_path: Path | None = None, env: Mapping[str, str] | None = None,
                  extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
                  cluster: tuple[int, str] | None = None) -> None:
-        self.workdir = workdir
-        self.cluster = cluster
+        self.workdir, self.cluster = workdir, cluster
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.flow = flow
-        self.workers = workers
+        self.flow, self.workers = flow, workers
         self.recovery_dir = (recovery_dir or workdir / "recovery") if recovery else None
         self.port = free_port() if port is None else port
         update: dict[str, Any] = {"http_port": self.port, "http_host": host}
         if tail is not None:
             update["tail"] = tail
-        self.settings = settings.model_copy(update=update)
-        self.cwd = cwd or ROOT
-        self._snapshot_interval = snapshot_interval
-        self._backup_interval = backup_interval
+        self.settings, self.cwd = settings.model_copy(update=update), cwd or ROOT
+        self._snapshot_interval, self._backup_interval = snapshot_interval, backup_interval
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -169,8 +165,7 @@ class JobProcess:
                 if pid == 0:
                     return None
                 proc.returncode = os.waitstatus_to_exitcode(status)
-                self.rusage = rusage
-                self.exited_at = time.monotonic()
+                self.rusage, self.exited_at = rusage, time.monotonic()
             return proc.returncode
 
     def _wait_exit(self, timeout: float) -> int | None:

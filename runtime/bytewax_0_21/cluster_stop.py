@@ -38,13 +38,10 @@ class ClusterStop:
 
     def __init__(self, dsn: str, flow: str, stopping: Shutdown, *,
                  tcp_options: Mapping[str, Any] | None = None) -> None:
-        self._dsn = dsn
-        self._tcp_options = dict(tcp_options or {})
-        self._flow = flow
+        self._dsn, self._tcp_options, self._flow = dsn, dict(tcp_options or {}), flow
         self._stopping = stopping
         self._started_at: datetime | None = None
-        self._born = time.monotonic()
-        self._announced = False
+        self._born, self._announced = time.monotonic(), False
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
 
     def check(self) -> None:
