@@ -483,8 +483,7 @@ def session_linking(d: Deployment) -> str:
         records = consume_json(d.bootstrap, topic)
         per_user = {str(u): sum(str(u) in orjson.dumps(r).decode().lower() for r in records)
                     for u in users.values()}
-        done = linked_users == users and unpublished(d.dsn, topic) == 0 and len(
-            records) >= SIGN_INS
+        done = linked_users == users and unpublished(d.dsn, topic) == 0 and len(records) >= SIGN_INS
         if done or time.monotonic() > deadline:
             break
         time.sleep(1.0)
