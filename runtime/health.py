@@ -65,10 +65,8 @@ class Health:
         """Record that ``waiter`` waits for ``dependency``; the pause keeps the time it began."""
         with self._lock:
             began = self._paused.get(waiter)
-            if began is None:
-                since, since_monotonic = time.time(), time.monotonic()
-            else:
-                since, since_monotonic = began[1], began[4]
+            since, since_monotonic = ((time.time(), time.monotonic()) if began is None
+                                      else (began[1], began[4]))
             self._paused[waiter] = (dependency, since, attempt, error, since_monotonic)
         self.beat()
         self.refresh_gauge()

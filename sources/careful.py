@@ -50,12 +50,10 @@ def count_start(consumer: Consumer, topic: str, partition: int, offset: int
     """
     committed = consumer.committed([TopicPartition(topic, partition)], timeout=2)[0]
     before, fetching = parse(committed.metadata)
-    starts, at = (before + 1, committed.offset) if before and committed.offset >= offset \
-        else (1, offset)
-    fetching = fetching if before and committed.offset >= offset else 0
-    consumer.commit(offsets=[TopicPartition(topic, partition, at,
-                                            metadata=_metadata(starts, fetching))],
-                    asynchronous=True)
+    resumed = before and committed.offset >= offset
+    starts, at, fetching = (before + 1, committed.offset, fetching) if resumed else (1, offset, 0)
+    consumer.commit(offsets=[TopicPartition(topic, partition, at, metadata=_metadata(
+        starts, fetching))], asynchronous=True)
     return starts, at, fetching
 
 
