@@ -280,9 +280,7 @@ def _stored_traceparent(headers: Any) -> bytes | None:
     """The ``traceparent`` among a record's headers (a mapping, or ``(name, value)`` pairs)."""
     pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
     value = next((item for name, item in reversed(list(pairs)) if name == TRACEPARENT), None)
-    if value is None:
-        return None
-    return value.encode() if isinstance(value, str) else bytes(value)
+    return None if value is None else value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _with_traceparent(headers: Any, traceparent: str) -> Any:
@@ -299,9 +297,7 @@ def _new_span_id() -> int:
 
 def _wall_ns(monotonic_at: float, now_ns: int) -> int | None:
     """The wall-clock time (ns) of a ``time.monotonic()`` reading; None for an unset one."""
-    if monotonic_at <= 0:
-        return None
-    return now_ns - int((time.monotonic() - monotonic_at) * 1e9)
+    return None if monotonic_at <= 0 else now_ns - int((time.monotonic() - monotonic_at) * 1e9)
 
 
 def _version() -> str:

@@ -204,9 +204,7 @@ class JobProcess:
         """Wait up to ``timeout`` s for the job to exit by itself; its exit code, or None."""
         if self._proc is None:
             return self.exit_codes[-1] if self.exit_codes else None
-        if self._wait_exit(timeout) is None:
-            return None
-        return self.reap(1.0)
+        return None if self._wait_exit(timeout) is None else self.reap(1.0)
 
     def reap(self, timeout: float) -> int:
         """Wait for the current process to exit and record its exit code (``exit_codes``)."""
