@@ -273,7 +273,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
                 raw_headers = _HEADERS_OF(msg)
                 headers = _headers(raw_headers) if raw_headers else ()
             except Exception as exc:  # noqa: BLE001 - the record is read without its headers
-                headers = _unreadable_headers(topic, partition, offset, exc)
+                headers = ()
+                log_event(logger, "input-headers-unreadable", logging.WARNING,
+                          source=f"{topic}[{partition}]@{offset}", error=type(exc).__name__,
+                          detail=str(exc.__cause__ or exc)[:200])
             append(SourceRecord(topic, partition, offset, msg.key(), msg.value(), headers, now))
             next_offset = offset + 1
             last = msg
@@ -475,15 +478,6 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
 # Not msg.headers(): specialized in a hot loop, CPython 3.11 ignores the exception set by a
 # header name that is not UTF-8 (confluent-kafka 2.x) and crashed; this call raises it.
 _HEADERS_OF = operator.methodcaller("headers")
-
-
-def _unreadable_headers(topic: str, partition: int, offset: int, exc: Exception
-                        ) -> tuple[tuple[str, bytes], ...]:
-    """No headers for a record whose headers cannot be read (a name not UTF-8): logged."""
-    log_event(logger, "input-headers-unreadable", logging.WARNING,
-              source=f"{topic}[{partition}]@{offset}", error=type(exc).__name__,
-              detail=str(exc.__cause__ or exc)[:200])
-    return ()
 
 
 def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
