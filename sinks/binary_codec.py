@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from itertools import chain
 from typing import ClassVar, cast
-from uuid import UUID
 
 from psycopg.abc import Buffer
 from psycopg.adapt import AdaptersMap, Dumper, PyFormat, Transformer
@@ -74,11 +73,6 @@ def frame(data: bytes) -> bytes:
 def int4_element(value: int) -> bytes:
     """``value`` (a 32-bit signed integer) as one integer array element."""
     return _INT4_ELEMENT.pack(4, value)
-
-
-def uuid_element(value: UUID | None) -> bytes:
-    """``value`` as one uuid array element (or NULL)."""
-    return NULL if value is None else (UUID_FRAME | value.int).to_bytes(20, "big")
 
 
 timestamptz = cast(  # psycopg's own (C) binary dumper of an aware datetime (8 bytes)

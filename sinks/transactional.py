@@ -136,8 +136,20 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     @override
     def write_batch(self, values: list[M]) -> None:
-        """Commit ``values`` (module doc); return after the commit."""
-        self._write_now(values)
+        """Commit ``values`` (module doc): transactions, DLQ, outbox offer, report; in order."""
+        self.track_held(values)
+        size = self._settings.sink_batch_max
+        for start in range(0, len(values), size):
+            results, poisoned = write_isolating_poison(values[start : start + size], lambda b: (
+                self._write_retrying(lambda: self.write(self._db.connection(), b))),
+                self._settings.poison_attempts)
+            for result in results:
+                if self._publisher is not None:
+                    self._publisher.offer(self.outbox_rows(result))
+                self.report(result)
+            if poisoned:
+                self._dead_letter(poisoned)
+        self.track_finished(values)
         self._health.beat()
 
     @override
@@ -156,36 +168,13 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
             self._lag.finished(self._flow, self._name, max(
                 (m.envelope.created_at for m in messages), default=None))
 
-    def _write_now(self, messages: list[M]) -> None:
-        """Transactions, DLQ, outbox offer, report (in this order)."""
-        self.track_held(messages)
-        self._write_all(messages)
-        self.track_finished(messages)
-
-    def _write_all(self, messages: list[M]) -> None:
-        size = self._settings.sink_batch_max
-        for start in range(0, len(messages), size):
-            batch = messages[start : start + size]
-            results, poisoned = write_isolating_poison(batch, self._write_retrying,
-                                                       self._settings.poison_attempts)
-            for result in results:
-                if self._publisher is not None:
-                    self._publisher.offer(self.outbox_rows(result))
-                self.report(result)
-            if poisoned:
-                self._dead_letter(poisoned)
-        self._health.beat()
-
     @override
     def close(self) -> None:
         self._health.resumed(waiter=self._name)  # a closed partition waits for nothing
         self._dlq.close()
         self._db.close()
 
-    def _write_retrying(self, batch: Sequence[M]) -> R:
-        return self._write_retrying_call(lambda: self.write(self._db.connection(), batch))
-
-    def _write_retrying_call(self, call: Callable[[], T]) -> T:
+    def _write_retrying(self, call: Callable[[], T]) -> T:
         """``call`` (a write on this partition's connection), infrastructure failures retried."""
         def once() -> T:
             try:

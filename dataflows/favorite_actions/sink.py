@@ -15,7 +15,6 @@ import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
-from dataflows.favorite_actions.records import RecordedAction
 from dataflows.favorite_actions.store import (
     BatchOutcome,
     FavoritesStore,
@@ -150,7 +149,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """
         while True:
             self._swept_at = time.monotonic()
-            swept = self._write_retrying_call(
+            swept = self._write_retrying(
                 lambda: self._store.sweep_waiting(self._db.connection(), _SWEEP_PAGE))
             _report_swept(swept)
             if len(swept) < _SWEEP_PAGE:
@@ -177,7 +176,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             self._db.reset()  # a statement may still be in flight on it
         log_event(logger, "deferred-write-failed", logging.WARNING, error=type(exc).__name__,
                   sqlstate=getattr(exc, "sqlstate", None), messages=len(values))
-        self._write_now(values)
+        super().write_batch(values)
 
     def write(self, conn: Connection, batch: Sequence[FavoriteMessage]) -> BatchOutcome:
         """One transaction: sessions, rows, marks, outbox (:class:`FavoritesStore`)."""
@@ -210,15 +209,15 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             for action_type, counter in _RECORDED.items():
                 if count := action_types.count(action_type):
                     counter.inc(count)
-            log_events(logger, "recorded", [_recorded_fields(action) for action in recorded])
+            log_events(logger, "recorded", [
+                {"outcome": "recorded", "SessionId": action.event.session_id,
+                 **message_fields(action.message)} for action in recorded])
         if outcome.waiting:
             _WAITS_STARTED.inc(len(outcome.waiting))
             log_events(logger, "waiting-for-session", [
                 {"outcome": "waiting-for-session", **message_fields(m)} for m in outcome.waiting])
-        for reason, skipped in (
-            (SkipReason.DUPLICATE, outcome.duplicates),
-            (SkipReason.NO_SESSION, outcome.no_session),
-        ):
+        for reason, skipped in ((SkipReason.DUPLICATE, outcome.duplicates),
+                                (SkipReason.NO_SESSION, outcome.no_session)):
             if not skipped:
                 continue
             observe_durations_ms(FAVORITES_CONSUME_DURATION_MS, now_mono,
@@ -236,16 +235,13 @@ _WAITS_SKIPPED = FAVORITES_SESSION_WAITS.labels(outcome="skipped")
 
 def _report_swept(swept: list[WaitingSwept]) -> None:
     for action in swept:
-        fields: dict[str, Any] = {
-            "MessageId": action.message_id, "FavoriteId": action.favorite_id,
-            "PropertyObjectId": action.property_object_id, "ActionType": action.action_type,
-            "waited": True,
-        }
+        fields: dict[str, Any] = {"MessageId": action.message_id, "FavoriteId": action.favorite_id,
+                                  "PropertyObjectId": action.property_object_id,
+                                  "ActionType": action.action_type, "waited": True}
         if action.session_id is not None and action.inserted:
             _RECORDED[ActionType(action.action_type)].inc()
             _WAITS_RECORDED.inc()
-            log_event(logger, "recorded", outcome="recorded", SessionId=action.session_id,
-                      **fields)
+            log_event(logger, "recorded", outcome="recorded", SessionId=action.session_id, **fields)
         elif action.session_id is not None:
             _SKIPPED[SkipReason.DUPLICATE].inc()
             log_event(logger, "skipped-duplicate", outcome="skipped-duplicate", **fields)
@@ -254,16 +250,3 @@ def _report_swept(swept: list[WaitingSwept]) -> None:
             _WAITS_SKIPPED.inc()
             log_event(logger, "skipped-no-session", outcome="skipped-no-session", **fields)
 
-
-def _recorded_fields(action: RecordedAction) -> dict[str, Any]:
-    message = action.message
-    payload = message.envelope.payload
-    return {
-        "outcome": "recorded",
-        "SessionId": action.event.session_id,
-        "MessageId": message.envelope.message_id,
-        "FavoriteId": payload.favorite_id,
-        "PropertyObjectId": payload.property_object_id,
-        "ActionType": message.action_type,
-        "source": message.record.where(),
-    }

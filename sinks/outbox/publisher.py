@@ -167,8 +167,9 @@ class OutboxPublisher:
             while not stop.is_set():
                 self._wake.clear()
                 count = retry_forever(
-                    self._cycle, is_transient=_is_transient, backoff=self._backoff,
-                    on_retry=self._on_retry,
+                    self._cycle, backoff=self._backoff, on_retry=self._on_retry,
+                    is_transient=lambda e: isinstance(e, LeaseLostError)
+                    or is_infrastructure_error(e),
                     on_recovered=lambda _n: self._health.resumed(waiter=self._name),
                     sleep=self._sleep)
                 if not count:
@@ -496,7 +497,8 @@ class OutboxPublisher:
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()
-        self._health.paused(_dependency_of(exc), attempt, type(exc).__name__, waiter=self._name)
+        dependency = "postgres" if isinstance(exc, (psycopg.Error, LeaseLostError)) else "kafka"
+        self._health.paused(dependency, attempt, type(exc).__name__, waiter=self._name)
         log_event(logger, "outbox-publish-retry", logging.WARNING, error=type(exc).__name__,
                   reason=str(exc)[:200], attempt=attempt, delay_s=round(delay, 2))
 
@@ -531,15 +533,6 @@ def _set_aside(parked: Sequence[tuple[Row, str]], held: Sequence[tuple[Row, str]
                   error=error)
     for row, _ in held:
         OUTBOX_HELD.labels(topic=row[2]).inc()
-
-
-def _dependency_of(exc: BaseException) -> str:
-    """The service a transient failure of the publish cycle waits for."""
-    return "postgres" if isinstance(exc, (psycopg.Error, LeaseLostError)) else "kafka"
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, LeaseLostError) or is_infrastructure_error(exc)
 
 
 def _count_published(topics: Iterable[str]) -> None:

@@ -150,10 +150,9 @@ def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, ge
         _require_moved(conn.execute(query("advance"), params).rowcount)
         return generation + 1
     with conn.transaction(), conn.cursor() as cur:
-        if parked:
-            parking.park(cur, parked)
-        if held:
-            parking.hold(cur, held)
+        for how, rows in (("park", parked), ("hold", held)):
+            if rows:
+                parking.set_aside(cur, how, rows)
         _require_moved(cur.execute(query("advance"), params).rowcount)  # else all rolled back
     return generation + 1
 
