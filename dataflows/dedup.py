@@ -47,14 +47,8 @@ class DedupWindow:
     __slots__ = ("_exp", "_ids", "_index", "_index_above", "_max_ids", "_start", "_ttl", "_used",
                  "_width", "forgotten_early")
 
-    def __init__(
-        self,
-        ttl: float,
-        state: DedupState | None = None,
-        *,
-        index_above: int = INDEX_ABOVE,
-        max_ids: int | None = None,
-    ) -> None:
+    def __init__(self, ttl: float, state: DedupState | None = None, *,
+                 index_above: int = INDEX_ABOVE, max_ids: int | None = None) -> None:
         """Restored from ``state`` (a :meth:`snapshot`) if given; ``max_ids`` None: unbounded."""
         if max_ids is not None and max_ids < 1:
             raise ValueError(f"max_ids must be at least 1, not {max_ids}")

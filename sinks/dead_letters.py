@@ -51,15 +51,9 @@ _MIN_PRODUCER_LIMIT = 1_000  # librdkafka's range for message.max.bytes ...
 _MAX_PRODUCER_LIMIT = 100_000_000  # ... capped at receive.message.max.bytes' default
 
 _UNREACHABLE_CODES = frozenset({
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._TIMED_OUT,
-    KafkaError._MSG_TIMED_OUT,
-    KafkaError._RESOLVE,
-    KafkaError._WAIT_COORD,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError.NETWORK_EXCEPTION,
-})
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+    KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError._WAIT_COORD,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION})
 """Codes meaning the cluster could not be reached: the limit lookup retries, nothing else."""
 
 
@@ -148,7 +142,9 @@ class DeadLetterPublisher:
         """Each letter's result and whether it went with others (one in flight: waited for)."""
         fresh = [p for p in group if p.sent is None]
         if fresh:
-            sending = producer.send([self._record(p, limit) for p in fresh])
+            rendered = [p.letter.render(p.form, limit) for p in fresh]
+            sending = producer.send([OutgoingRecord(self._topic, r.key, r.value, r.headers)
+                                     for r in rendered])
             for index, p in enumerate(fresh):
                 p.sent = (sending, index)
         deadline = time.monotonic() + SEND_TIMEOUT_SECONDS
@@ -164,10 +160,6 @@ class DeadLetterPublisher:
                 p.sent = None  # its report came: a retry sends it anew
             out.append((results[id(sending)][index], len(sending.settled) > 1))
         return out
-
-    def _record(self, p: _Pending, limit: int) -> OutgoingRecord:
-        rendered = p.letter.render(p.form, limit)
-        return OutgoingRecord(self._topic, rendered.key, rendered.value, rendered.headers)
 
     def _reduce(self, p: _Pending, err: KafkaError, limit: int) -> bool:
         """Move ``p`` to its next form after ``err``; False when there is none left."""

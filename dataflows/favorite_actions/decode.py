@@ -37,10 +37,8 @@ class SkipReason(StrEnum):
 
 
 SKIP_OUTCOMES: Mapping[SkipReason, str] = {
-    SkipReason.INVALID_OWNER: "invalid-owner",
-    SkipReason.DUPLICATE: "skipped-duplicate",
-    SkipReason.NO_SESSION: "skipped-no-session",
-}
+    SkipReason.INVALID_OWNER: "invalid-owner", SkipReason.DUPLICATE: "skipped-duplicate",
+    SkipReason.NO_SESSION: "skipped-no-session"}
 """The log ``outcome`` of each skip reason (SPEC §6)."""
 
 
@@ -61,30 +59,16 @@ class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
     envelope: FavoriteWire
     idempotency_key: str
     dedup_id: bytes
-    owner_key: str  # anonymous:{AnonymousId}, else user:{UserId}
     trace: MessageTrace | None = None  # set when sampled for tracing
 
     @classmethod
-    def of(
-        cls, record: SourceRecord, action_type: ActionType, envelope: FavoriteWire,
-        trace: MessageTrace | None = None,
-    ) -> FavoriteMessage:
+    def of(cls, record: SourceRecord, action_type: ActionType, envelope: FavoriteWire,
+           trace: MessageTrace | None = None) -> FavoriteMessage:
         """The message of ``envelope`` decoded from ``record``, its keys computed."""
         message_id = envelope.message_id
-        payload = envelope.payload
-        anonymous_id = payload.anonymous_id
-        if anonymous_id is not None:
-            owner_key = "anonymous:" + uuid_text(anonymous_id)
-        elif payload.user_id is not None:
-            owner_key = "user:" + uuid_text(payload.user_id)
-        else:  # no owner: never built by decode_favorite (an invalid-owner skip)
-            owner_key = "user:None"
-        return cls(
-            record, action_type, envelope,
-            _IDEMPOTENCY_PREFIXES[action_type] + uuid_text(message_id),
-            _DEDUP_PREFIXES[action_type] + message_id.int.to_bytes(16, "big"),
-            owner_key, trace,
-        )
+        return cls(record, action_type, envelope,
+                   _IDEMPOTENCY_PREFIXES[action_type] + uuid_text(message_id),
+                   _DEDUP_PREFIXES[action_type] + message_id.int.to_bytes(16, "big"), trace)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its record, action type and trace; decoded again when unpickled."""

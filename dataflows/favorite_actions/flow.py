@@ -45,11 +45,7 @@ from dataflows.operators import (
 )
 from runtime.bytewax_0_21.steps import sink_step_id
 from runtime.logs import log_event
-from runtime.metrics import (
-    FAVORITES_DLQ,
-    FAVORITES_RETRIES,
-    FAVORITES_SKIPPED,
-)
+from runtime.metrics import FAVORITES_DLQ, FAVORITES_RETRIES, FAVORITES_SKIPPED
 from runtime.process import Process
 from runtime.settings import Settings
 from runtime.ticks import TickSource
@@ -107,9 +103,8 @@ def owner_shard(message: FavoriteMessage, shards: Sequence[str]) -> str:
     return shards[owner.int % len(shards)] if owner is not None else shards[0]
 
 
-def decoder(
-    action_types: Mapping[str, ActionType], shards: Sequence[str],
-) -> Callable[[list[InputItem]], list[Routed]]:
+def decoder(action_types: Mapping[str, ActionType], shards: Sequence[str]
+            ) -> Callable[[list[InputItem]], list[Routed]]:
     """The ``decode_favorites`` batch step: dead letters and ``(owner_shard, message)`` pairs.
 
     Consumer errors, invalid-owner skips and version mismatches are logged; order is kept.
@@ -162,11 +157,8 @@ class FavoritesSinks:
     def of(cls, settings: Settings, process: Process,
            publisher: Publishing | None = None) -> FavoritesSinks:
         """PostgreSQL (one transaction per batch, outbox) and the favorites DLQ topic."""
-        return cls(
-            ActionHistorySink(settings, process, publisher),
-            DeadLetterSink(settings, settings.topic_favorites_dlq, FAVORITES_DLQ,
-                           FAVORITES_RETRIES, process),
-        )
+        return cls(ActionHistorySink(settings, process, publisher), DeadLetterSink(
+            settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES, process))
 
     @classmethod
     def dry_run(cls, settings: Settings, tally: Tally) -> FavoritesSinks:
@@ -174,12 +166,10 @@ class FavoritesSinks:
         return cls(DryRunActionSink(settings, tally), DryRunDeadLetterSink(tally))
 
 
-def build_flow(
-    settings: Settings, *, source: Source[InputItem] | None = None,
-    sinks: FavoritesSinks | None = None, start: StartPosition | None = None,
-    topics: Sequence[str] | None = None, process: Process | None = None,
-    publisher: Publishing | None = None,
-) -> Dataflow:
+def build_flow(settings: Settings, *, source: Source[InputItem] | None = None,
+               sinks: FavoritesSinks | None = None, start: StartPosition | None = None,
+               topics: Sequence[str] | None = None, process: Process | None = None,
+               publisher: Publishing | None = None) -> Dataflow:
     """The favorites dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the Kafka inputs, ``sinks`` the PostgreSQL and DLQ sinks. ``start``
@@ -190,33 +180,24 @@ def build_flow(
     if source is not None:
         consumed: Stream[InputItem] = op.input("favorites_input", flow, source)
     else:
-        inputs = [
-            (step_id, topic)
-            for step_id, topic in (
-                ("favorite_added_input", settings.topic_favorite_added),
-                ("favorite_removed_input", settings.topic_favorite_removed),
-            )
-            if topics is None or topic in topics
-        ]
+        inputs = [(step_id, topic) for step_id, topic in (
+            ("favorite_added_input", settings.topic_favorite_added),
+            ("favorite_removed_input", settings.topic_favorite_removed),
+        ) if topics is None or topic in topics]
         consumed = kafka_inputs(
             flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
             flow_name="favorites", consumer_group=settings.consumer_group_favorites,
-            process=process,
-        )
+            process=process)
     outputs = sinks or FavoritesSinks.of(settings, process, publisher)
-    action_types = {
-        settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
-        settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES,
-    }
+    action_types = {settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
+                    settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES}
     shards = owner_shards(settings.sink_partitions)
     routed = op.flat_map_batch("decode_favorites", consumed, decoder(action_types, shards))
     by_kind = op.branch("route_poison", routed, is_keyed)
     op.output("dead_letter_poison", by_kind.falses, outputs.dead_letters)  # type: ignore[misc]
     keyed: Stream[tuple[str, FavoriteMessage]] = by_kind.trues  # type: ignore[assignment]
-    fresh = deduplicated(
-        "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
-        DedupBound("favorites", settings.dedup_max_ids, len(shards)),
-    )
+    fresh = deduplicated("dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
+                         DedupBound("favorites", settings.dedup_max_ids, len(shards)))
     if source is None and settings.tail:  # each sink partition ticks (runtime.ticks)
         ticks = op.input("sink_ticks", flow, TickSource(
             [str(i) for i in range(settings.sink_partitions)], timedelta(seconds=0.1),

@@ -85,12 +85,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
 
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
-        super().__init__(
-            settings, process, publisher, name=f"user-activity-favorites-{part}",
-            dlq_topic=settings.topic_favorites_dlq, dlq_counter=FAVORITES_DLQ,
-            retries_counter=FAVORITES_RETRIES, logger=logger, flow="favorites",
-            lag=INPUT_PROGRESS,
-        )
+        super().__init__(settings, process, publisher, name=f"user-activity-favorites-{part}",
+                         dlq_topic=settings.topic_favorites_dlq, dlq_counter=FAVORITES_DLQ,
+                         retries_counter=FAVORITES_RETRIES, logger=logger, flow="favorites",
+                         lag=INPUT_PROGRESS)
         waits = settings.favorites_session_wait_seconds if settings.tail else 0
         self._store = FavoritesStore(settings.topic_action_tracked, wait_seconds=waits)
         self._sweeps = waits > 0

@@ -98,8 +98,7 @@ class SessionLinksStore:
                 "session_id": None if active is None else active.session_id,
                 "session_user_id": None if active is None else active.user_id,
                 "sign_in_user_id": message.user_id, "signed_in_at": message.signed_in_at,
-                "device_last_signed_in_at": last.signed_in_at, "reason": verdict.value,
-            })
+                "device_last_signed_in_at": last.signed_in_at, "reason": verdict.value})
             return LinkResult(message, LinkOutcome.LATE_CONFLICT,
                               None if active is None else active.session_id, conflict=verdict)
         if outcome is LinkOutcome.ALREADY_LINKED:

@@ -15,7 +15,6 @@ from confluent_kafka import KafkaError, KafkaException
 from sinks.errors import RECORD_ERROR_CODES as RECORD_CODES
 from sinks.errors import (
     DeliveryFailedError,
-    RecordRejectedError,
     is_data_error,
     is_infrastructure_error,
     is_record_error,
@@ -262,7 +261,6 @@ def test_errors_that_reject_one_record_are_record_errors_and_not_infrastructure(
     assert is_record_error(err)
     assert not is_infrastructure_error(KafkaException(err))
     assert not is_infrastructure_error(DeliveryFailedError(err))
-    assert not is_infrastructure_error(RecordRejectedError(err, "t[0]@1"))
 
 
 @pytest.mark.parametrize("code", SERVICE_ERROR_CODES, ids=code_name)
