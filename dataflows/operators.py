@@ -75,9 +75,8 @@ def kafka_inputs(
 
 def without_consumer_errors(consumed: Stream[InputItem]) -> Stream[SourceRecord]:
     """The records of ``consumed``; its consumer errors go to :func:`log_consumer_error`."""
-    by_kind = op.branch(
-        "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
-    )
+    by_kind = op.branch("split_consumer_errors", consumed,
+                        lambda item: isinstance(item, SourceRecord))
     op.inspect("log_consumer_errors", by_kind.falses, _log_consumer_error)  # type: ignore[arg-type]
     return by_kind.trues  # type: ignore[return-value]
 
@@ -198,9 +197,8 @@ def deduplicated(step_id: str, keyed: Stream[tuple[str, M]], ttl: float,
                  ) -> Stream[tuple[str, M]]:
     """``keyed`` without the messages seen within ``ttl`` for the same key (:class:`DedupLogic`)."""
     meter = None if bound is None else DedupMeter(bound)
-    return op.stateful_batch(
-        step_id, keyed, lambda state: DedupLogic(ttl, state, on_duplicate, meter)
-    )
+    return op.stateful_batch(step_id, keyed,
+                             lambda state: DedupLogic(ttl, state, on_duplicate, meter))
 
 
 def warn_version_mismatch(message: Any, fields: Callable[[Any], dict[str, Any]]) -> Any:

@@ -154,8 +154,7 @@ class DeadLetterPublisher:
             assert p.sent is not None
             sending, index = p.sent
             if id(sending) not in results:
-                results[id(sending)] = producer.wait(
-                    sending, max(0.0, deadline - time.monotonic()))
+                results[id(sending)] = producer.wait(sending, max(0.0, deadline - time.monotonic()))
             if sending.settled[index]:
                 p.sent = None  # its report came: a retry sends it anew
             out.append((results[id(sending)][index], len(sending.settled) > 1))

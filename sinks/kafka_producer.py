@@ -201,8 +201,7 @@ class KafkaProducer:
             sending.results[index] = err
             sending.settled[index] = True
 
-        _hand_over(producer, records, lambda index: functools.partial(on_report, index),
-                   on_report)
+        _hand_over(producer, records, lambda index: functools.partial(on_report, index), on_report)
         return sending
 
     def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:

@@ -11,6 +11,7 @@ paused); a data error or an unexpected exception bisects the batch, and a messag
 from __future__ import annotations
 
 import logging
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -75,8 +76,14 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
-    """``sink_partitions`` fixed partitions; ``publisher`` None: another process's publishes."""
+class PartitionedSink(FixedPartitionedSink[M, None], Generic[M]):
+    """``sink_partitions`` fixed partitions; ``publisher`` None: another process's publishes.
+
+    Shard ``i`` goes to partition ``i % n``; a key that is no shard (from a recovery store keyed
+    by device) is hashed. Subclasses name their ``partition`` class.
+    """
+
+    partition: Callable[[Settings, Process, Publishing | None, str], TransactionalPartition[M, Any]]
 
     def __init__(self, settings: Settings, process: Process,
                  publisher: Publishing | None = None) -> None:
@@ -89,13 +96,13 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
         return [str(i) for i in range(self._settings.sink_partitions)]
 
     @override
+    def part_fn(self, item_key: str) -> int:
+        return int(item_key) if item_key.isdigit() else zlib.adler32(item_key.encode())
+
+    @override
     def build_part(self, step_id: str, for_part: str, resume_state: None
                    ) -> TransactionalPartition[M, Any]:
-        return self.build_partition(for_part)
-
-    @abstractmethod
-    def build_partition(self, part: str) -> TransactionalPartition[M, Any]:
-        """The partition named ``part``."""
+        return self.partition(self._settings, self._process, self._publisher, for_part)
 
 
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
@@ -159,8 +166,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def track_held(self, messages: Sequence[M]) -> None:
         """``messages`` are in this partition's hands until :meth:`track_finished` (lag)."""
         if messages and self._lag is not None:
-            self._lag.holding(self._flow, self._name,
-                              min(m.envelope.created_at for m in messages))
+            self._lag.holding(self._flow, self._name, min(m.envelope.created_at for m in messages))
 
     def track_finished(self, messages: Sequence[M]) -> None:
         """Everything this partition held is finished, ``messages`` the last of it."""
@@ -192,8 +198,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         self._retries.inc()
         self._health.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
         log_event(self._logger, "postgres-retry", logging.WARNING, error=type(exc).__name__,
-                  sqlstate=getattr(exc, "sqlstate", None), attempt=attempt,
-                  delay_s=round(delay, 2))
+                  sqlstate=getattr(exc, "sqlstate", None), attempt=attempt, delay_s=round(delay, 2))
 
     def _on_recovered(self, attempts: int) -> None:
         self._health.resumed(waiter=self._name)

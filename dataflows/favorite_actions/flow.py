@@ -184,10 +184,9 @@ def build_flow(settings: Settings, *, source: Source[InputItem] | None = None,
             ("favorite_added_input", settings.topic_favorite_added),
             ("favorite_removed_input", settings.topic_favorite_removed),
         ) if topics is None or topic in topics]
-        consumed = kafka_inputs(
-            flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
-            flow_name="favorites", consumer_group=settings.consumer_group_favorites,
-            process=process)
+        consumed = kafka_inputs(flow, settings, inputs, start or configured_start(settings),
+                                FAVORITES_RETRIES, flow_name="favorites",
+                                consumer_group=settings.consumer_group_favorites, process=process)
     outputs = sinks or FavoritesSinks.of(settings, process, publisher)
     action_types = {settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
                     settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES}

@@ -72,17 +72,15 @@ class ActionRowBuilder:
         payload = envelope.payload
         action_type = _ACTION_NAMES[message.action_type]
         # a right-sized copy: holding orjson's outputs makes every later dumps cost about twice
-        value = _copy(action_tracked_value(
-            outbox_message_id, self._created_at, action_event_id, envelope.correlation_id,
-            action_type, session_id, anonymous_id, user_id, payload.occurred_at,
-            payload.property_object_id, payload.favorite_id,
-        ))
+        value = _copy(action_tracked_value(outbox_message_id, self._created_at, action_event_id,
+                                           envelope.correlation_id, action_type, session_id,
+                                           anonymous_id, user_id, payload.occurred_at,
+                                           payload.property_object_id, payload.favorite_id))
         event = _new_row(ActionEventRow, (
             action_event_id, action_type, session_id, anonymous_id, user_id,
             payload.occurred_at, payload.property_object_id, payload.favorite_id,
             envelope.message_id,
         ))
-        outbox = OutboxRow(
-            outbox_message_id, self._topic, action_tracked_key(action_event_id), value, headers,
-        )
+        outbox = OutboxRow(outbox_message_id, self._topic, action_tracked_key(action_event_id),
+                           value, headers)
         return _new_row(RecordedAction, (message, event, outbox))

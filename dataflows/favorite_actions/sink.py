@@ -62,18 +62,6 @@ def message_fields(message: FavoriteMessage) -> dict[str, Any]:
     }
 
 
-class ActionHistorySink(PartitionedSink[FavoriteMessage]):
-    """Records ``(owner_shard, FavoriteMessage)`` items; shard ``i`` goes to partition ``i % n``."""
-
-    @override
-    def part_fn(self, item_key: str) -> int:
-        return int(item_key)
-
-    @override
-    def build_partition(self, part: str) -> _ActionHistoryPartition:
-        return _ActionHistoryPartition(self._settings, self._process, self._publisher, part)
-
-
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
     """The favorites sink partition; a large batch commits while the worker goes on.
 
@@ -225,6 +213,12 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             log_events(logger, event, [{"outcome": event, **message_fields(m)} for m in skipped])
 
 
+class ActionHistorySink(PartitionedSink[FavoriteMessage]):
+    """Records ``(owner_shard, FavoriteMessage)`` items (:class:`_ActionHistoryPartition`)."""
+
+    partition = _ActionHistoryPartition
+
+
 _SWEEP_PAGE = 500
 _WAITS_STARTED = FAVORITES_SESSION_WAITS.labels(outcome="started")
 _WAITS_RECORDED = FAVORITES_SESSION_WAITS.labels(outcome="recorded")
@@ -247,4 +241,3 @@ def _report_swept(swept: list[WaitingSwept]) -> None:
             _SKIPPED[SkipReason.NO_SESSION].inc()
             _WAITS_SKIPPED.inc()
             log_event(logger, "skipped-no-session", outcome="skipped-no-session", **fields)
-

@@ -19,9 +19,8 @@ def _handled(message: FavoriteMessage, outcome: str, **attributes: str) -> Handl
     trace = message.trace
     if trace is None:
         return None
-    return Handled(trace, message.record, outcome, str(message.message_id), None, {
-        "user_activity.action_type": message.action_type.value, **attributes,
-    })
+    return Handled(trace, message.record, outcome, str(message.message_id), None,
+                   {"user_activity.action_type": message.action_type.value, **attributes})
 
 
 def trace_batch(outcome: BatchOutcome) -> None:

@@ -172,8 +172,7 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
 
     messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
     sharded = op.key_on("key_by_device_shard", messages, device_shard)
-    fresh = deduplicated("dedup_by_message_id", sharded, settings.dedup_ttl_seconds,
-                         _log_duplicate,
+    fresh = deduplicated("dedup_by_message_id", sharded, settings.dedup_ttl_seconds, _log_duplicate,
                          DedupBound("session-linking", settings.dedup_max_ids, len(DEVICE_SHARDS)))
     lateness, bounded = settings.session_linking_lateness_seconds, not settings.tail
     per_shard = -(-settings.session_linking_max_pending // len(DEVICE_SHARDS))

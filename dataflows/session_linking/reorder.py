@@ -222,8 +222,7 @@ class ReorderLogic(
                  reading: Callable[[], bool] = lambda: False) -> None:
         self._reading = reading
         if isinstance(state, ReorderState):
-            state = ShardReorderState(
-                {state.pending[0].device_key: state} if state.pending else {})
+            state = ShardReorderState({state.pending[0].device_key: state} if state.pending else {})
         self._shard = ShardReorder(lateness, max_pending, state, now=time.time())
         self._flush_on_eof = flush_on_eof
 

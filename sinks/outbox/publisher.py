@@ -308,8 +308,7 @@ class OutboxPublisher:
             last = cut is None and sent == len(keys) and len(keys) < limit
             if sent or last:
                 cursor = None if last else (keys[sent - 1] if sent else after)
-                generation = advance(conn, window, cursor, generation, parked=parked,
-                                     held=held)
+                generation = advance(conn, window, cursor, generation, parked=parked, held=held)
                 _set_aside(parked, held)
             delivered += sent - len(parked) - len(held)
             _count_published(rows[i][2] for i in send if i < sent and errors[i] is None)
@@ -492,8 +491,7 @@ class OutboxPublisher:
                       seconds=round(now - drain.began, 1), rows_per_s=rate)
         elif now - drain.logged >= _DRAIN_LOG_SECONDS:
             drain.logged = now
-            log_event(logger, "outbox-draining", logging.WARNING, sent=drain.sent,
-                      rows_per_s=rate)
+            log_event(logger, "outbox-draining", logging.WARNING, sent=drain.sent, rows_per_s=rate)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()

@@ -111,12 +111,11 @@ def _rendered(row: Row, created: dict[Any, str]) -> Row:
     created_text = created.get(created_at)
     if created_text is None:
         created_text = created[created_at] = rendered_created_at(created_at)
-    value = action_tracked_value(
-        row_id, created_text, action_event_id,
-        None if correlation_id is None else bytes(correlation_id).decode(), action_type,
-        session_id, anonymous_id, user_id, with_offset(occurred_local, offset),
-        property_object_id, favorite_id,
-    )
+    value = action_tracked_value(row_id, created_text, action_event_id,
+                                 None if correlation_id is None else bytes(correlation_id).decode(),
+                                 action_type, session_id, anonymous_id, user_id,
+                                 with_offset(occurred_local, offset), property_object_id,
+                                 favorite_id)
     return (txid, row_id, topic, action_tracked_key(action_event_id), value, headers, created_at)
 
 
