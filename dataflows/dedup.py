@@ -23,10 +23,8 @@ INDEX_ABOVE = 1024  # above this many ids a window also keeps a hash index
 
 _EXPIRY_TYPE = "I"
 _UNKNOWN_WIDTH = -1  # an empty window's width until its first id
-_BIG_ENDIAN = sys.byteorder == "big"
-
-if array(_EXPIRY_TYPE).itemsize != 4:  # pragma: no cover - every supported platform
-    raise ImportError("DedupWindow needs a 4-byte array('I')")
+if array(_EXPIRY_TYPE).itemsize != 4 or sys.byteorder != "little":  # pragma: no cover
+    raise ImportError("DedupWindow needs a little-endian 4-byte array('I') (its snapshot format)")
 
 
 class DedupWindow:
@@ -130,10 +128,6 @@ class DedupWindow:
         start = self._start
         with memoryview(self._ids) as ids, memoryview(self._exp) as exp:
             live_ids = ids[start * self._width :].tobytes()
-            if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian
-                swapped = self._exp[start:]
-                swapped.byteswap()
-                return live_ids, swapped.tobytes()
             return live_ids, exp[start:].tobytes()
 
     def __len__(self) -> int:
@@ -202,8 +196,6 @@ def _from_snapshot(state: DedupState) -> tuple[int, bytearray, array[int]]:
     if len(expiries) % 4:
         raise ValueError(f"dedup snapshot: {len(expiries)} bytes of expiries")
     exp = array(_EXPIRY_TYPE, expiries)
-    if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian
-        exp.byteswap()
     if not exp:
         if ids:
             raise ValueError("dedup snapshot: ids without expiries")

@@ -45,9 +45,8 @@ def partial_ids(value: bytes, payload_ids: Sequence[str]) -> tuple[tuple[str, st
     return tuple(found)
 
 
-def parse_envelope(
-    record: SourceRecord, model: type[E], payload_ids: Sequence[str] = ()
-) -> E | DeadLetter:
+def parse_envelope(record: SourceRecord, model: type[E],
+                   payload_ids: Sequence[str] = ()) -> E | DeadLetter:
     """``record.value`` validated as ``model``, or a dead letter with a stable reason code.
 
     Null -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; not the

@@ -46,11 +46,10 @@ def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
     log_consumer_error(error)
 
 
-def kafka_inputs(
-    flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]], start: StartPosition,
-    retries: Counter, *, flow_name: str, consumer_group: str, process: Process,
-    alignment: EventTimeAlignment | None = None,
-) -> Stream[InputItem]:
+def kafka_inputs(flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]],
+                 start: StartPosition, retries: Counter, *, flow_name: str, consumer_group: str,
+                 process: Process,
+                 alignment: EventTimeAlignment | None = None) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
     The stream's consumer must pass every :class:`ConsumerError` to :func:`log_consumer_error`.

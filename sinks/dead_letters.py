@@ -212,8 +212,7 @@ class DeadLetterPublisher:
         log_event(logger, "dlq-limit", dlq_topic=self._topic, limit=limit)
         return limit
 
-    def _retry(self, attempt: Callable[[], T], is_transient: Callable[[BaseException], bool]
-               ) -> T:
+    def _retry(self, attempt: Callable[[], T], is_transient: Callable[[BaseException], bool]) -> T:
         """``attempt()``, retried forever with back-off while ``is_transient`` (Kafka paused)."""
         return retry_forever(attempt, is_transient=is_transient, backoff=self._backoff,
                              on_retry=self._on_retry,

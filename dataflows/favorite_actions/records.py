@@ -62,10 +62,9 @@ class ActionRowBuilder:
         self._topic = topic
         self._created_at = rendered_created_at(now)
 
-    def build_resolved(
-        self, message: FavoriteMessage, resolved: tuple[UUID, UUID, UUID | None],
-        action_event_id: UUID, outbox_message_id: UUID, headers: dict[str, str],
-    ) -> RecordedAction:
+    def build_resolved(self, message: FavoriteMessage, resolved: tuple[UUID, UUID, UUID | None],
+                       action_event_id: UUID, outbox_message_id: UUID,
+                       headers: dict[str, str]) -> RecordedAction:
         """The rows for ``message``; ``resolved``: SessionId, AnonymousId and the row's UserId."""
         session_id, anonymous_id, user_id = resolved
         envelope = message.envelope

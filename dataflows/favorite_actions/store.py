@@ -77,10 +77,9 @@ _NO_HEADERS = frame(b"{}")
 class FavoritesStore:
     """Writes batches of favorites messages to PostgreSQL, one transaction each."""
 
-    def __init__(
-        self, action_tracked_topic: str, new_id: Callable[[], UUID] = uuid_compat.uuid7,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC), *, wait_seconds: int = 0,
-    ) -> None:
+    def __init__(self, action_tracked_topic: str, new_id: Callable[[], UUID] = uuid_compat.uuid7,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), *,
+                 wait_seconds: int = 0) -> None:
         """``wait_seconds``: how long a message without a session waits for one (0: skipped)."""
         self._topic = action_tracked_topic
         self._wait = Int4Array([int4_element(wait_seconds)], 1)
@@ -89,9 +88,7 @@ class FavoritesStore:
         self._clock = clock
         self._guess = ConflictGuess()
 
-    def record_batch(
-        self, conn: Connection, messages: Sequence[FavoriteMessage]
-    ) -> BatchOutcome:
+    def record_batch(self, conn: Connection, messages: Sequence[FavoriteMessage]) -> BatchOutcome:
         """Record ``messages`` in one transaction; return what happened to each of them."""
         outcome, batch = _unique(messages)
         if not batch:
@@ -150,9 +147,8 @@ class FavoritesStore:
                   constraint=exc.diag.constraint_name,
                   next_batches_with_on_conflict=self._guess.left)
 
-    def statement(
-        self, messages: Sequence[FavoriteMessage], outcome: BatchOutcome,
-    ) -> tuple[PendingBatch, dict[str, Any]]:
+    def statement(self, messages: Sequence[FavoriteMessage],
+                  outcome: BatchOutcome) -> tuple[PendingBatch, dict[str, Any]]:
         """The ``record_actions`` parameters for ``messages`` (distinct keys); pure."""
         now = self._clock()
         new_id = self._new_id

@@ -97,9 +97,8 @@ def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict
             "UserId": str(payload.user_id), "source": record.where()}
 
 
-def decode_sign_in(
-    record: SourceRecord, now: datetime | None = None, max_skew: timedelta = timedelta(0),
-) -> DecodedSignIn:
+def decode_sign_in(record: SourceRecord, now: datetime | None = None,
+                   max_skew: timedelta = timedelta(0)) -> DecodedSignIn:
     """Decode ``record`` from the user-signed-in topic, read at ``now`` (None: never adjusted).
 
     Poison is a dead letter (:func:`dataflows.envelopes.parse_envelope`, else

@@ -143,8 +143,7 @@ class SessionLinkingSinks:
 
 def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None,
                sinks: SessionLinkingSinks | None = None, start: StartPosition | None = None,
-               process: Process | None = None, publisher: Publishing | None = None,
-               ) -> Dataflow:
+               process: Process | None = None, publisher: Publishing | None = None) -> Dataflow:
     """The session-linking dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the Kafka input, ``sinks`` the PostgreSQL and DLQ sinks; ``start``

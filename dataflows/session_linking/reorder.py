@@ -36,9 +36,8 @@ class ReorderState:
 class ReorderBuffer:
     """The pure buffer of one device (see the module doc); times are epoch seconds."""
 
-    def __init__(
-        self, lateness: float, state: ReorderState | None = None, now: float | None = None
-    ) -> None:
+    def __init__(self, lateness: float, state: ReorderState | None = None,
+                 now: float | None = None) -> None:
         """Restored from ``state``; the watermark stood still while the job was down (``now``)."""
         self._lateness = lateness
         self._pending: list[SignInMessage] = list(state.pending) if state else []

@@ -80,24 +80,18 @@ def outgoing_record(topic: str, key: bytes | None, value: bytes,
                           [(name, str(v).encode()) for name, v in (headers or {}).items()])
 
 
-class _RecentIds:
+class _RecentIds(collections.OrderedDict[UUID, None]):
     """The last ``size`` ids added, for membership tests (oldest forgotten first)."""
 
     def __init__(self, size: int) -> None:
-        self._order: collections.deque[UUID] = collections.deque()
-        self._ids: set[UUID] = set()
+        super().__init__()
         self._size = size
 
     def extend(self, ids: Iterable[UUID]) -> None:
         for row_id in ids:
-            if row_id not in self._ids:
-                self._ids.add(row_id)
-                self._order.append(row_id)
-        while len(self._order) > self._size:
-            self._ids.discard(self._order.popleft())
-
-    def __contains__(self, row_id: object) -> bool:
-        return row_id in self._ids
+            self.setdefault(row_id)
+        while len(self) > self._size:
+            self.popitem(last=False)
 
 
 @dataclass

@@ -12,6 +12,7 @@ skipped. A crash before the UPDATE leaves the rows after the watermark: sent aga
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,9 +133,8 @@ def visible_in(snapshot: str) -> Callable[[Any], bool]:
     return visible
 
 
-def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, generation: int,
-            *, parked: Sequence[tuple[Row, str]] = (), held: Sequence[tuple[Row, str]] = (),
-            ) -> int:
+def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, generation: int, *,
+            parked: Sequence[tuple[Row, str]] = (), held: Sequence[tuple[Row, str]] = ()) -> int:
     """Move the watermark past the window (``cursor`` None) or up to ``cursor``; the generation.
 
     ``parked`` and ``held`` are set aside in the same transaction. Raises
@@ -145,17 +145,10 @@ def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, ge
         state = (window.delivered, window.target, str(cursor[0]), cursor[1])
     params = {"delivered": state[0], "target": state[1], "after_txid": state[2],
               "after_id": state[3], "generation": generation}
-    if not parked and not held:
-        _require_moved(conn.execute(query("advance"), params).rowcount)
-        return generation + 1
-    with conn.transaction(), conn.cursor() as cur:
+    with conn.transaction() if parked or held else contextlib.nullcontext(), conn.cursor() as cur:
         for how, rows in (("park", parked), ("hold", held)):
             if rows:
                 parking.set_aside(cur, how, rows)
-        _require_moved(cur.execute(query("advance"), params).rowcount)  # else all rolled back
+        if cur.execute(query("advance"), params).rowcount != 1:  # a transaction: all rolled back
+            raise LeaseLostError("the outbox watermark was moved by another publisher")
     return generation + 1
-
-
-def _require_moved(rowcount: int) -> None:
-    if rowcount != 1:
-        raise LeaseLostError("the outbox watermark was moved by another publisher")

@@ -96,8 +96,7 @@ def maintenance_task(settings: Settings) -> Callable[[], None]:
     return run_when_due
 
 
-def maintain(conn: Connection, retention_days: int, today: date | None = None
-             ) -> MaintenanceReport:
+def maintain(conn: Connection, retention_days: int, today: date | None = None) -> MaintenanceReport:
     """One maintenance run on the autocommit ``conn`` (module doc); ``today`` in UTC."""
     today = today or datetime.now(UTC).date()
     report = MaintenanceReport()
