@@ -42,10 +42,6 @@ def log_consumer_error(error: ConsumerError) -> None:
               topic=error.topic, partition=error.partition, code=error.code, reason=error.reason)
 
 
-def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
-    log_consumer_error(error)
-
-
 def kafka_inputs(flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]],
                  start: StartPosition, retries: Counter, *, flow_name: str, consumer_group: str,
                  process: Process,
@@ -76,7 +72,8 @@ def without_consumer_errors(consumed: Stream[InputItem]) -> Stream[SourceRecord]
     """The records of ``consumed``; its consumer errors go to :func:`log_consumer_error`."""
     by_kind = op.branch("split_consumer_errors", consumed,
                         lambda item: isinstance(item, SourceRecord))
-    op.inspect("log_consumer_errors", by_kind.falses, _log_consumer_error)  # type: ignore[arg-type]
+    op.inspect("log_consumer_errors", by_kind.falses,
+               lambda _step_id, error: log_consumer_error(error))  # type: ignore[arg-type]
     return by_kind.trues  # type: ignore[return-value]
 
 

@@ -150,13 +150,8 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
         elif payload.user_id is not None:
             owner = None  # both set
         # not exactly one owner, or an empty GUID (``.int == 0``) among the ids
-        if (
-            owner is None
-            or not owner.int
-            or not payload.favorite_id.int
-            or not payload.property_object_id.int
-            or not envelope.message_id.int
-        ):
+        if owner is None or not (owner.int and payload.favorite_id.int
+                                 and payload.property_object_id.int and envelope.message_id.int):
             return Skipped(record, SkipReason.INVALID_OWNER, envelope, action_type)
         return FavoriteMessage.of(record, action_type, envelope, sample(record))
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter

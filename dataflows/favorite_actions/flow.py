@@ -109,8 +109,6 @@ def decoder(action_types: Mapping[str, ActionType], shards: Sequence[str]
 
     Consumer errors, invalid-owner skips and version mismatches are logged; order is kept.
     """
-    count = len(shards)
-
     def decode_batch(items: list[InputItem]) -> list[Routed]:
         routed: list[Routed] = []
         append = routed.append
@@ -124,11 +122,7 @@ def decoder(action_types: Mapping[str, ActionType], shards: Sequence[str]
             if isinstance(decoded, FavoriteMessage):
                 if decoded.version_mismatch:
                     warn_version_mismatch(decoded, message_fields)
-                payload = decoded.envelope.payload  # owner_shard, inline (once per message):
-                owner = payload.anonymous_id
-                if owner is None:
-                    owner = payload.user_id
-                append((shards[owner.int % count] if owner is not None else shards[0], decoded))
+                append((owner_shard(decoded, shards), decoded))
             elif isinstance(decoded, Skipped):
                 _log_skipped(decoded)
             else:

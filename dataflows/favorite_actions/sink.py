@@ -53,13 +53,10 @@ _received_at = attrgetter("record.received_at")
 def message_fields(message: FavoriteMessage) -> dict[str, Any]:
     """The SPEC §6 log fields of a message (ids only: no note, no PII)."""
     payload = message.envelope.payload
-    return {  # UUIDs as objects: the JSON formatter (orjson) renders them natively, cheaply
-        "MessageId": message.envelope.message_id,
-        "FavoriteId": payload.favorite_id,
-        "PropertyObjectId": payload.property_object_id,
-        "ActionType": message.action_type,
-        "source": message.record.where(),
-    }
+    # UUIDs as objects: the JSON formatter (orjson) renders them natively, cheaply
+    return {"MessageId": message.envelope.message_id, "FavoriteId": payload.favorite_id,
+            "PropertyObjectId": payload.property_object_id, "ActionType": message.action_type,
+            "source": message.record.where()}
 
 
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):

@@ -178,8 +178,7 @@ class FavoritesStore:
             event_ids.append(event_id)
             outbox_ids.append(outbox_id)
             key = message.idempotency_key.encode()
-            keys.append(len(key).to_bytes(4, "big"))
-            keys.append(key)
+            keys += (len(key).to_bytes(4, "big"), key)
             ids.append((UUID_FRAME | event_id.int).to_bytes(20, "big"))
             action_types.append(_ACTION_TYPES[message.action_type])
             anonymous_id, user_id = owner_of(message)  # the one the statement resolves
@@ -194,8 +193,7 @@ class FavoritesStore:
             else:
                 owner_user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
             occurred_at = payload.occurred_at
-            occurred_ats.append(LENGTH_8)
-            occurred_ats.append(timestamptz(occurred_at))
+            occurred_ats += (LENGTH_8, timestamptz(occurred_at))
             property_object_ids.append(
                 (UUID_FRAME | payload.property_object_id.int).to_bytes(20, "big"))
             favorite_ids.append((UUID_FRAME | payload.favorite_id.int).to_bytes(20, "big"))
@@ -207,8 +205,7 @@ class FavoritesStore:
                 correlations_null = True
             else:
                 data = correlation_id.encode()
-                correlation_ids.append(len(data).to_bytes(4, "big"))
-                correlation_ids.append(data)
+                correlation_ids += (len(data).to_bytes(4, "big"), data)
             zone = occurred_at.tzinfo
             offset = offset_of.get(zone)
             if offset is None:
@@ -220,8 +217,7 @@ class FavoritesStore:
             headers_of.append(headers)
             if headers:
                 encoded = orjson.dumps(headers)
-                outbox_headers.append(len(encoded).to_bytes(4, "big"))
-                outbox_headers.append(encoded)
+                outbox_headers += (len(encoded).to_bytes(4, "big"), encoded)
             else:
                 outbox_headers.append(_NO_HEADERS)
         count = len(messages)

@@ -59,11 +59,6 @@ class SignInMessage:
         return self.envelope.payload.signed_in_at if adjusted is None else adjusted
 
     @property
-    def device_key(self) -> str:
-        """The AnonymousId as text."""
-        return str(self.envelope.payload.anonymous_id)
-
-    @property
     def idempotency_key(self) -> str:
         """``user-activity-signed-in:{MessageId}``."""
         return f"{IDEMPOTENCY_PREFIX}:{self.envelope.message_id}"
@@ -90,11 +85,11 @@ class InvalidSignIn:
 DecodedSignIn = SignInMessage | InvalidSignIn | DeadLetter
 
 
-def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict[str, Any]:
+def sign_in_fields(sign_in: SignInMessage | InvalidSignIn) -> dict[str, Any]:
     """The log fields of a sign-in: ids and where it came from (no IP, no user agent)."""
-    payload = envelope.payload
+    envelope, payload = sign_in.envelope, sign_in.envelope.payload
     return {"MessageId": str(envelope.message_id), "AnonymousId": str(payload.anonymous_id),
-            "UserId": str(payload.user_id), "source": record.where()}
+            "UserId": str(payload.user_id), "source": sign_in.record.where()}
 
 
 def decode_sign_in(record: SourceRecord, now: datetime | None = None,

@@ -62,16 +62,15 @@ from sources.kafka_input import StartPosition
 logger = logging.getLogger(__name__)
 
 
-def _log_outcome(outcome: LinkOutcome, record: SourceRecord,
-                 message: SignInMessage | InvalidSignIn) -> None:
+def _log_outcome(outcome: LinkOutcome, message: SignInMessage | InvalidSignIn) -> None:
     SESSION_LINKING_OUTCOMES.labels(outcome=outcome.value).inc()
     event = LOG_EVENTS[outcome]
     level = logging.WARNING if outcome is LinkOutcome.INVALID else logging.INFO
-    log_event(logger, event, level, outcome=event, **sign_in_fields(record, message.envelope))
+    log_event(logger, event, level, outcome=event, **sign_in_fields(message))
 
 
 def _log_invalid(_step_id: str, invalid: InvalidSignIn) -> None:
-    _log_outcome(LinkOutcome.INVALID, invalid.record, invalid)
+    _log_outcome(LinkOutcome.INVALID, invalid)
     trace_invalid(invalid)
 
 
@@ -84,7 +83,7 @@ def _decoder(max_skew: timedelta) -> Callable[[SourceRecord], DecodedSignIn]:
             log_event(logger, "sign-in-from-the-future", logging.WARNING,
                       SignedInAt=decoded.envelope.payload.signed_in_at.isoformat(),
                       used=decoded.adjusted_at.isoformat(),
-                      **sign_in_fields(record, decoded.envelope))
+                      **sign_in_fields(decoded))
         return decoded
 
     return decode
@@ -100,12 +99,11 @@ def device_shard(message: SignInMessage) -> str:
 
 
 def _warn_version(message: SignInMessage) -> SignInMessage:
-    return warn_version_mismatch(  # type: ignore[no-any-return]
-        message, lambda m: sign_in_fields(m.record, m.envelope))
+    return warn_version_mismatch(message, sign_in_fields)  # type: ignore[no-any-return]
 
 
 def _log_duplicate(message: SignInMessage) -> None:
-    _log_outcome(LinkOutcome.DUPLICATE, message.record, message)
+    _log_outcome(LinkOutcome.DUPLICATE, message)
     trace_duplicate(message)
 
 

@@ -127,7 +127,7 @@ class ShardReorder:
         """Take ``messages``; return those now due (and released early), in order per device."""
         by_device: dict[str, list[SignInMessage]] = {}
         for message in messages:
-            by_device.setdefault(message.device_key, []).append(message)
+            by_device.setdefault(str(message.anonymous_id), []).append(message)
         released: list[SignInMessage] = []
         for device, added in by_device.items():
             buffer = self._buffers.get(device)
@@ -221,7 +221,8 @@ class ReorderLogic(
                  reading: Callable[[], bool] = lambda: False) -> None:
         self._reading = reading
         if isinstance(state, ReorderState):
-            state = ShardReorderState({state.pending[0].device_key: state} if state.pending else {})
+            pending = state.pending
+            state = ShardReorderState({str(pending[0].anonymous_id): state} if pending else {})
         self._shard = ShardReorder(lateness, max_pending, state, now=time.time())
         self._flush_on_eof = flush_on_eof
 

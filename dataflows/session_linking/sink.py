@@ -61,7 +61,7 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
 
     def fields(self, message: SignInMessage) -> dict[str, Any]:
         """Ids of the sign-in and where it came from."""
-        return sign_in_fields(message.record, message.envelope)
+        return sign_in_fields(message)
 
     def outbox_rows(self, result: list[LinkResult]) -> list[OutboxRow]:
         """The session events of the batch."""
@@ -85,7 +85,7 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                       reason=None if result.conflict is None else result.conflict.value,
                       SignedInAt=message.signed_in_at.isoformat()
                       if late or result.outcome is LinkOutcome.SUPERSEDED else None,
-                      **sign_in_fields(message.record, message.envelope))
+                      **sign_in_fields(message))
 
 
 class SessionLinkSink(PartitionedSink[SignInMessage]):
