@@ -84,13 +84,6 @@ def kafka_error_of(exc: BaseException) -> KafkaError | None:
     return None
 
 
-def sqlstate_of(exc: BaseException) -> str | None:
-    """The SQLSTATE of a psycopg error, or None."""
-    if isinstance(exc, psycopg.Error):
-        return exc.sqlstate
-    return None
-
-
 def is_infrastructure_error(exc: BaseException) -> bool:
     """True for failures that another attempt later can cure: retry forever, never DLQ."""
     if isinstance(exc, (KafkaException, DeliveryFailedError)):
@@ -108,5 +101,5 @@ def is_infrastructure_error(exc: BaseException) -> bool:
 
 def is_data_error(exc: BaseException) -> bool:
     """True when PostgreSQL rejected the data itself (SQLSTATE class 22 or 23)."""
-    state = sqlstate_of(exc)
+    state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     return state is not None and state[:2] in DATA_SQLSTATE_CLASSES

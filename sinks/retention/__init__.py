@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import cache
-from importlib import resources
+from functools import partial
 
 import psycopg
 from psycopg import sql
@@ -25,7 +24,7 @@ from psycopg import sql
 from runtime.logs import log_event
 from runtime.metrics import STORAGE_EXPIRED_PARTITIONS, STORAGE_PARTITION_DAYS_READY
 from runtime.settings import Settings
-from sinks.db import Connection, Database
+from sinks.db import Connection, Database, named_query
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +36,7 @@ PARENTS = ("consumer_idempotency_marks", "outbox")  # daily-partitioned, in ``us
 _DAY = re.compile(r"_p(\d{8})$")
 
 
-@cache
-def _query(name: str) -> str:
-    return resources.files(__name__).joinpath(f"{name}.sql").read_text(encoding="utf-8")
+_query = partial(named_query, __name__)
 
 
 @dataclass(frozen=True)
