@@ -181,9 +181,10 @@ class DeadLetterPublisher:
                 self._limit = self._read_topic_limit()
             # no message timeout: a letter in flight is never given up (see _deliver)
             overrides: dict[str, Any] = {"compression.type": "zstd", "message.timeout.ms": 0,
-                                         "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit)}
-            self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True,
-                                           stopping=self._process.stopping, **overrides)
+                                         "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit),
+                                         "delivery.report.only.error": False}  # send() and wait()
+            self._producer = KafkaProducer(self._settings, "dlq", stopping=self._process.stopping,
+                                           **overrides)
         return self._producer
 
     def _read_topic_limit(self) -> int:

@@ -157,17 +157,15 @@ class Sending:
 class KafkaProducer:
     """A producer built on first use; its fatal state requests a restart (module doc).
 
-    ``exact_reports``: success reports on, for :meth:`send` and :meth:`wait` (the DLQ).
+    :meth:`send` and :meth:`wait` need success reports (``delivery.report.only.error`` off).
     """
 
     def __init__(self, settings: Settings, client_suffix: str, *, stopping: Shutdown,
-                 exact_reports: bool = False, **overrides: Any) -> None:
+                 **overrides: Any) -> None:
         self._settings = settings
         self._stopping = stopping
         self._suffix = client_suffix
-        self._overrides = dict(overrides)
-        if exact_reports:
-            self._overrides["delivery.report.only.error"] = False
+        self._overrides = overrides
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
 
@@ -192,7 +190,7 @@ class KafkaProducer:
         return [err if err is not None and is_record_error(err) else retry for err in results]
 
     def send(self, records: Sequence[Producible]) -> Sending:
-        """Hand ``records`` over (``exact_reports`` only); :meth:`wait` for their reports."""
+        """Hand ``records`` over (success reports on); :meth:`wait` for their reports."""
         producer = self.producer
         count = len(records)
         sending = Sending(producer, [None] * count, [False] * count)

@@ -18,13 +18,9 @@ from runtime.settings import Settings
 from sinks.db import Database
 from sinks.dry_run import Tally
 
-_MARKED = """
-SELECT key FROM user_activity.consumer_idempotency_marks WHERE key = ANY(%s)
-"""
-_ACTIVE = """
-SELECT anonymous_id, id, user_id FROM user_activity.sessions
- WHERE anonymous_id = ANY(%s) AND status = 'Active'
-"""
+_MARKED = "SELECT key FROM user_activity.consumer_idempotency_marks WHERE key = ANY(%s)"
+_ACTIVE = ("SELECT anonymous_id, id, user_id FROM user_activity.sessions"
+           " WHERE anonymous_id = ANY(%s) AND status = 'Active'")
 _NEW_SESSION = UUID(int=0)  # the session a sign-in would start
 
 

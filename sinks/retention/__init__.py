@@ -34,8 +34,6 @@ DELETE_CHUNK_ROWS = 5_000
 PARENTS = ("consumer_idempotency_marks", "outbox")  # daily-partitioned, in ``user_activity``
 
 _DAY = re.compile(r"_p(\d{8})$")
-
-
 _query = partial(named_query, __name__)
 
 
