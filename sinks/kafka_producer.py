@@ -109,10 +109,8 @@ def produce_and_wait(producer: Producer, records: Sequence[Producible], timeout:
     return results
 
 
-def _hand_over(
-    producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
-    refused: Callable[[int, KafkaError], None],
-) -> None:
+def _hand_over(producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
+               refused: Callable[[int, KafkaError], None]) -> None:
     """``produce()`` each record; one refused before queueing goes to ``refused(index, error)``."""
     produce = producer.produce
     for index, record in enumerate(records):

@@ -93,12 +93,12 @@ _DEDUP_PREFIXES = {
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A message acknowledged without a row; ``message`` is set when it decoded."""
+    """A decoded message acknowledged without a row (``invalid-owner``)."""
 
     record: SourceRecord
     reason: SkipReason
-    message: FavoriteWire | None = None
-    action_type: ActionType | None = None
+    message: FavoriteWire
+    action_type: ActionType
 
 
 Decoded = FavoriteMessage | Skipped | DeadLetter

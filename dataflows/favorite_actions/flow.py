@@ -73,14 +73,11 @@ def _log_duplicate(message: FavoriteMessage) -> None:
 
 
 def _log_skipped(skipped: Skipped) -> None:
-    fields: dict[str, Any] = {"source": skipped.record.where()}
-    if skipped.message is not None:
-        fields["MessageId"] = str(skipped.message.message_id)
-        fields["FavoriteId"] = str(skipped.message.payload.favorite_id)
-        fields["PropertyObjectId"] = str(skipped.message.payload.property_object_id)
-    if skipped.action_type is not None:
-        fields["ActionType"] = skipped.action_type.value
-    _log_skip(skipped.reason, fields)
+    payload = skipped.message.payload
+    _log_skip(skipped.reason, {
+        "source": skipped.record.where(), "MessageId": str(skipped.message.message_id),
+        "FavoriteId": str(payload.favorite_id), "PropertyObjectId": str(payload.property_object_id),
+        "ActionType": skipped.action_type.value})
     trace_skipped(skipped)
 
 

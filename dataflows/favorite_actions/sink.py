@@ -15,12 +15,7 @@ import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
-from dataflows.favorite_actions.store import (
-    BatchOutcome,
-    FavoritesStore,
-    SentBatch,
-    WaitingSwept,
-)
+from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch, WaitingSwept
 from dataflows.favorite_actions.traces import trace_batch
 from runtime.logs import log_event, log_events
 from runtime.metrics import (

@@ -57,9 +57,7 @@ def trace_duplicate(message: FavoriteMessage) -> None:
 
 def trace_skipped(skipped: Skipped) -> None:
     """A message skipped at decode (invalid-owner)."""
-    tracing.finish_alone(
-        skipped.record, skipped.reason.value,
-        message_id=None if skipped.message is None else str(skipped.message.message_id),
-        error="not exactly one of UserId / AnonymousId, or an empty GUID",
-    )
+    tracing.finish_alone(skipped.record, skipped.reason.value,
+                         message_id=str(skipped.message.message_id),
+                         error="not exactly one of UserId / AnonymousId, or an empty GUID")
 

@@ -12,12 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from dataflows.session_linking.decode import SignInMessage, sign_in_fields
-from dataflows.session_linking.linking import (
-    LOG_EVENTS,
-    LinkOutcome,
-    LinkResult,
-    SessionTopics,
-)
+from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome, LinkResult, SessionTopics
 from dataflows.session_linking.store import SessionLinksStore
 from dataflows.session_linking.traces import trace_batch
 from runtime.logs import log_event
