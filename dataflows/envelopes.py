@@ -61,10 +61,7 @@ def parse_envelope(record: SourceRecord, model: type[E],
     try:
         return model.model_validate_json(record.value)
     except ValidationError as exc:
-        reason = (
-            DlqReason.INVALID_JSON
-            if any(err["type"] == "json_invalid" for err in exc.errors())
-            else DlqReason.SCHEMA_MISMATCH
-        )
+        invalid_json = any(err["type"] == "json_invalid" for err in exc.errors())
+        reason = DlqReason.INVALID_JSON if invalid_json else DlqReason.SCHEMA_MISMATCH
         ids = partial_ids(record.value, payload_ids) if reason is DlqReason.SCHEMA_MISMATCH else ()
         return DeadLetter.now(record, reason, "ValidationError", ids=ids)

@@ -222,8 +222,7 @@ class FavoritesStore:
                 outbox_headers.append(_NO_HEADERS)
         count = len(messages)
         params = {
-            "idempotency_keys": TextArray(keys, count),
-            "ids": UuidArray(ids, count),
+            "idempotency_keys": TextArray(keys, count), "ids": UuidArray(ids, count),
             "action_types": TextArray(action_types, count),
             "owner_anonymous_ids": UuidArray(owner_anonymous_ids, count, anonymous_null),
             "owner_user_ids": UuidArray(owner_user_ids, count, users_null),
@@ -236,12 +235,10 @@ class FavoritesStore:
             "outbox_headers": TextArray(outbox_headers, count),
             "correlation_ids": ByteaArray(correlation_ids, count, correlations_null),
             "occurred_offsets": Int4Array(occurred_offsets, count),
-            "outbox_created_ats": TimestamptzArray([LENGTH_8 + bytes(timestamptz(now))] * count,
-                                                   count),
-            "wait_seconds": self._wait,
-        }
-        pending = PendingBatch(outcome, list(messages), event_ids, outbox_ids, headers_of, now)
-        return pending, params
+            "outbox_created_ats": TimestamptzArray(
+                [LENGTH_8 + bytes(timestamptz(now))] * count, count),
+            "wait_seconds": self._wait}
+        return PendingBatch(outcome, list(messages), event_ids, outbox_ids, headers_of, now), params
 
     def settle(self, pending: PendingBatch, rows: Sequence[tuple[Any, ...]]) -> BatchOutcome:
         """The outcome of a committed ``record_actions`` from its answer ``rows``."""

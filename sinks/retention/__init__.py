@@ -63,15 +63,13 @@ def run_maintenance(settings: Settings, conn: Connection | None = None, *,
 
     Raises psycopg errors (PostgreSQL down): the caller runs it again at its next interval.
     """
-    own = Database(settings, "user-activity-maintenance") if conn is None else None
+    own = Database(settings, "user-activity-maintenance")  # connects only if used
     try:
-        target = own.connection() if own is not None else conn
-        assert target is not None
+        target = conn if conn is not None else own.connection()
         report = maintain(target, settings.retention_days, today)
         report.census = storage_census(target, settings.retention_days, today)
     finally:
-        if own is not None:
-            own.close()
+        own.close()
     for parent, counted in report.census.items():
         STORAGE_EXPIRED_PARTITIONS.labels(parent).set(counted.expired)
         STORAGE_PARTITION_DAYS_READY.labels(parent).set(counted.days_ready)
