@@ -38,11 +38,6 @@ class RecordedAction(NamedTuple):
     event: ActionEventRow
     outbox: OutboxRow
 
-    @property
-    def idempotency_key(self) -> str:
-        """The message's idempotency mark."""
-        return self.message.idempotency_key
-
 
 def _copy(data: bytes) -> bytes:
     """A new bytes object with the content of ``data`` (``bytes(data)`` would return ``data``)."""
