@@ -119,9 +119,7 @@ class DedupWindow:
 
     def next_expiry(self) -> float | None:
         """When the oldest id expires (None when empty)."""
-        if self._start < len(self._exp):
-            return float(self._exp[self._start])
-        return None
+        return float(self._exp[self._start]) if self._start < len(self._exp) else None
 
     def snapshot(self) -> DedupState:
         """The live ids and expiries as ``(bytes, bytes)`` (see :data:`DedupState`)."""

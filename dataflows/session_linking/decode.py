@@ -122,6 +122,4 @@ def signed_in_time(value: bytes | None, now: float | None = None,
         moment = datetime.fromisoformat(orjson.loads(value)["Payload"]["SignedInAt"]).timestamp()
     except Exception:  # noqa: BLE001 - anything unreadable has no event time
         return None
-    if now is not None and moment > now + max_skew:
-        return now
-    return moment
+    return now if now is not None and moment > now + max_skew else moment

@@ -82,8 +82,7 @@ def _decoder(max_skew: timedelta) -> Callable[[SourceRecord], DecodedSignIn]:
         elif isinstance(decoded, SignInMessage) and decoded.adjusted_at is not None:
             log_event(logger, "sign-in-from-the-future", logging.WARNING,
                       SignedInAt=decoded.envelope.payload.signed_in_at.isoformat(),
-                      used=decoded.adjusted_at.isoformat(),
-                      **sign_in_fields(decoded))
+                      used=decoded.adjusted_at.isoformat(), **sign_in_fields(decoded))
         return decoded
 
     return decode

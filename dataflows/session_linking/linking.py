@@ -67,9 +67,7 @@ def decide(active: ActiveSession | None, user_id: UUID) -> LinkOutcome:
         return LinkOutcome.STARTED
     if active.user_id is None:
         return LinkOutcome.LINKED
-    if active.user_id == user_id:
-        return LinkOutcome.ALREADY_LINKED
-    return LinkOutcome.RELINKED
+    return LinkOutcome.ALREADY_LINKED if active.user_id == user_id else LinkOutcome.RELINKED
 
 
 class ConflictReason(StrEnum):

@@ -53,11 +53,9 @@ class SessionLinksStore:
 
     def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
         """Apply ``messages`` in order in one transaction (nothing written on an exception)."""
-        results: list[LinkResult] = []
         with conn.transaction():
             now = self._clock()
-            for message in messages:
-                results.append(self._link_one(conn, message, now))
+            results = [self._link_one(conn, message, now) for message in messages]
             outbox = [row for result in results for row in result.outbox]
             if outbox:
                 _insert_outbox(conn, outbox)

@@ -71,9 +71,7 @@ def page_start(delivered: str, after: tuple[str, UUID]) -> tuple[str, UUID]:
     ``(txid, id) > start`` is ``txid >= xmax``): the scan starts there, not at the cursor.
     """
     xmax = int(delivered.split(":")[1])
-    if int(after[0]) >= xmax:
-        return after
-    return (str(xmax - 1), _MAX_UUID)
+    return after if int(after[0]) >= xmax else (str(xmax - 1), _MAX_UUID)
 
 
 def read_page(conn: Connection, window: Window, after: tuple[str, UUID], limit: int
