@@ -78,9 +78,8 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     if publisher is not None:
         watchdog = OutboxWatchdog(settings, process=process)
         housekeeping.every(watchdog.interval, "outbox-watchdog", watchdog.measure)
-        if settings.maintenance_interval_seconds > 0:
-            housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
-                               maintenance_task(settings))
+        housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
+                           maintenance_task(settings))  # not at all when the interval is 0
 
     flow: Dataflow = module.build_flow(settings, process=process, publisher=publisher)
     memory.tune_gc(settings.gc_young_threshold)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
-from uuid import UUID
 
 import psycopg
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
@@ -35,6 +34,7 @@ from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
+from sinks.outbox.publisher import OutboxPublisher
 from sinks.poison import Poisoned, write_isolating_poison
 
 
@@ -61,14 +61,7 @@ class FlowLag(Protocol):
     def finished(self, flow: str, part: str, newest: datetime | None) -> None: ...  # noqa: D102
 
 
-class Publishing(Protocol):
-    """What a sink needs of the outbox publisher (:class:`sinks.outbox.OutboxPublisher`)."""
-
-    def offer(self, rows: Sequence[OutboxRow]) -> None:
-        """Committed rows, to send from memory at once (never blocks)."""
-
-    def expect(self, ids: Iterable[UUID]) -> None:
-        """Rows a statement sent will write (offered once it committed)."""
+Publishing = OutboxPublisher  # what a sink offers its committed outbox rows to
 
 
 M = TypeVar("M", bound=FromRecord)
