@@ -63,6 +63,4 @@ class Database:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
 
-    def close(self) -> None:
-        """Close the connection for good."""
-        self.reset()
+    close = reset  # nothing reconnects unless connection() is called again

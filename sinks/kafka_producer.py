@@ -206,12 +206,10 @@ class KafkaProducer:
         A record with no report yet is ``_TIMED_OUT`` and stays unsettled (wait again); after
         a fatal error it is settled as ``_FATAL`` (send it again, after the restart).
         """
-        producer = sending.producer
-        if producer is not None and not sending.done:
-            deadline = time.monotonic() + timeout
-            while (not sending.done and
-                   (rest := self._stopping.time_left(deadline - time.monotonic())) > 0):
-                producer.flush(min(rest, 1.0))
+        producer, deadline = sending.producer, time.monotonic() + timeout
+        while (producer is not None and not sending.done
+               and (rest := self._stopping.time_left(deadline - time.monotonic())) > 0):
+            producer.flush(min(rest, 1.0))
         if self._fatal is not None and not sending.done:
             retry = KafkaError(KafkaError._FATAL, f"producer died ({self._fatal.name()})")
             for index, done in enumerate(sending.settled):

@@ -311,27 +311,22 @@ class ConflictGuess:
 
     MAX_WAIT = 1024
 
-    __slots__ = ("_left", "_wait")
+    __slots__ = ("_wait", "left")
 
     def __init__(self) -> None:
         self._wait = 1
-        self._left = 0
-
-    @property
-    def left(self) -> int:
-        """How many of the next batches go with ``ON CONFLICT`` at once."""
-        return self._left
+        self.left = 0  # how many of the next batches go with ``ON CONFLICT`` at once
 
     def fresh(self) -> bool:
         """True: send the next batch without ``ON CONFLICT``."""
-        if self._left:
-            self._left -= 1
+        if self.left:
+            self.left -= 1
             return False
         return True
 
     def conflicted(self) -> None:
         """A fresh batch conflicted: the next ones go with ``ON CONFLICT`` for a while."""
-        self._left = self._wait
+        self.left = self._wait
         self._wait = min(self._wait * 2, self.MAX_WAIT)
 
     def passed(self, fresh: bool) -> None:
