@@ -53,10 +53,8 @@ class _ArrayDumper(Dumper):
         return obj.data
 
 
-_DUMPERS = [
-    (cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
-    for cls in (UuidArray, TextArray, ByteaArray, Int4Array, TimestamptzArray)
-]
+_DUMPERS = [(cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
+            for cls in (UuidArray, TextArray, ByteaArray, Int4Array, TimestamptzArray)]
 _HEAD = struct.Struct("!iiIii")
 _EMPTY_HEAD = struct.Struct("!iiI")
 _INT4_ELEMENT = struct.Struct("!ii")
@@ -75,10 +73,9 @@ def int4_element(value: int) -> bytes:
     return _INT4_ELEMENT.pack(4, value)
 
 
-timestamptz = cast(  # psycopg's own (C) binary dumper of an aware datetime (8 bytes)
-    "Callable[[datetime], Buffer]",
-    Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump,
-)
+# psycopg's own (C) binary dumper of an aware datetime (8 bytes)
+timestamptz = cast("Callable[[datetime], Buffer]",
+                   Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump)
 
 
 def register_binary_arrays(adapters: AdaptersMap) -> None:

@@ -42,9 +42,8 @@ class ReorderBuffer:
         self._lateness = lateness
         self._pending: list[SignInMessage] = list(state.pending) if state else []
         self._watermark = state.watermark if state else float("-inf")
-        self._at = state.at if state else 0.0
-        if state is not None and now is not None:
-            self._at = now  # the watermark goes on from where the last newest sign-in set it
+        # restored at ``now``: the watermark goes on from where the last newest sign-in set it
+        self._at = (state.at if now is None else now) if state else 0.0
 
     def watermark(self, now: float | None) -> float:
         """The device's watermark at wall time ``now`` (None: in event time only)."""
