@@ -58,8 +58,7 @@ class _DryRunLinks(StatelessSinkPartition[tuple[str, SignInMessage]]):
             found = {row[0]: ActiveSession(row[1], row[2])
                      for row in conn.execute(_ACTIVE, (new_devices,)).fetchall()}
         self._keys_read.update(new_keys)
-        for device in new_devices:
-            self._active[device] = found.get(device)
+        self._active.update((device, found.get(device)) for device in new_devices)
         marked, active = self._marked, self._active
         for message in messages:
             if message.idempotency_key in marked:
