@@ -33,16 +33,12 @@ def partial_ids(value: bytes, payload_ids: Sequence[str]) -> tuple[tuple[str, st
         return ()
     if not isinstance(document, dict):
         return ()
-    found: list[tuple[str, str]] = []
     payload = document.get("Payload")
     sources = [("MessageId", document)]
     if isinstance(payload, dict):
         sources += [(name, payload) for name in payload_ids]
-    for name, source in sources:
-        text = source.get(name)
-        if isinstance(text, str) and len(text) <= _ID_MAX_LENGTH:
-            found.append((name, text))
-    return tuple(found)
+    return tuple((name, text) for name, source in sources
+                 if isinstance(text := source.get(name), str) and len(text) <= _ID_MAX_LENGTH)
 
 
 def parse_envelope(record: SourceRecord, model: type[E],

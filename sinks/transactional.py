@@ -62,8 +62,6 @@ class FlowLag(Protocol):
 
 
 Publishing = OutboxPublisher  # what a sink offers its committed outbox rows to
-
-
 M = TypeVar("M", bound=FromRecord)
 R = TypeVar("R")
 T = TypeVar("T")

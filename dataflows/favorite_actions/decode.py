@@ -86,9 +86,8 @@ class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
 
 
 _IDEMPOTENCY_PREFIXES = {action: f"{IDEMPOTENCY_PREFIX}:{action.value}:" for action in ActionType}
-_DEDUP_PREFIXES = {
-    action: b"A" if action is ActionType.ADD_TO_FAVORITES else b"R" for action in ActionType
-}
+_DEDUP_PREFIXES = {action: b"A" if action is ActionType.ADD_TO_FAVORITES else b"R"
+                   for action in ActionType}
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,8 +50,7 @@ def trace_batch(outcome: BatchOutcome) -> None:
 
 def trace_duplicate(message: FavoriteMessage) -> None:
     """A message the dedup window dropped as already seen."""
-    item = _handled(message, DUPLICATE)
-    if item is not None:
+    if (item := _handled(message, DUPLICATE)) is not None:
         tracing.finish_messages([item])
 
 

@@ -240,9 +240,7 @@ class ReorderLogic(
 
     def on_eof(self) -> tuple[list[SignInMessage], bool]:
         """A bounded run ends: apply what is pending, in order."""
-        if self._flush_on_eof:
-            return self._shard.flush(), True
-        return [], len(self._shard) == 0
+        return (self._shard.flush(), True) if self._flush_on_eof else ([], len(self._shard) == 0)
 
     def notify_at(self) -> datetime | None:
         """When the first pending sign-in becomes due (reading a backlog: a second from now)."""

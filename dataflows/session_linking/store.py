@@ -56,9 +56,11 @@ class SessionLinksStore:
         with conn.transaction():
             now = self._clock()
             results = [self._link_one(conn, message, now) for message in messages]
-            outbox = [row for result in results for row in result.outbox]
-            if outbox:
-                _insert_outbox(conn, outbox)
+            if rows := [row for result in results for row in result.outbox]:
+                conn.execute(query("link_session_outbox"), {
+                    "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
+                    "keys": [r.key for r in rows], "values": [r.value for r in rows],
+                    "headers": [orjson.dumps(r.headers).decode() for r in rows]})
         return results
 
     def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
@@ -146,12 +148,5 @@ def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime |
     """The timestamp the named statement returned, or None if it changed no row."""
     row = conn.execute(query(name), params).fetchone()
     return None if row is None else cast(datetime, row[0])
-
-
-def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
-    conn.execute(query("link_session_outbox"), {
-        "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
-        "keys": [r.key for r in rows], "values": [r.value for r in rows],
-        "headers": [orjson.dumps(r.headers).decode() for r in rows]})
 
 

@@ -182,9 +182,8 @@ class OutboxPublisher:
         ``publish_seconds`` (then :class:`TimeoutError`, the progress recorded). As a standby:
         waits up to ``wait_seconds`` until the holder published them. Raises on an outage.
         """
-        row = self._db.connection().execute("SELECT pg_current_snapshot()::text").fetchone()
-        assert row is not None
-        committed = str(row[0])
+        conn = self._db.connection()
+        committed = conn.execute("SELECT pg_current_snapshot()::text").fetchall()[0][0]
         deadline = time.monotonic() + wait_seconds
         while not self._take_lease(force=True):
             pending = self._db.connection().execute(query("pending_in"), (committed,)).fetchone()

@@ -105,10 +105,8 @@ def maintain(conn: Connection, retention_days: int, today: date | None = None) -
                 day = _day_of(name)
                 if day is None or day > newest_expired:
                     continue
-                if _drop(conn, parent, name, check_published=parent == "outbox"):
-                    report.dropped.append(name)
-                else:
-                    report.kept.append(name)
+                dropped = _drop(conn, parent, name, check_published=parent == "outbox")
+                (report.dropped if dropped else report.kept).append(name)
         report.deleted_rows = _delete_expired_rows(conn, today - timedelta(days=retention_days))
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))
