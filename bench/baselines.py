@@ -29,6 +29,7 @@ from bench.services import (
     cpu_seconds,
     cpu_us_per_event,
     rss_mb,
+    wal_position,
 )
 from bench.workload import Backlog
 from dataflows.favorite_actions.decode import FavoriteMessage, decode_favorite
@@ -113,7 +114,7 @@ def run_ceiling(backlog: Backlog, settings: Settings, db_url: str, services: Ser
     store = FavoritesStore(settings.topic_action_tracked)
     recorded = duplicates = no_session = fed = 0
     with psycopg.connect(db_url, autocommit=True, options=SESSION_OPTIONS) as conn:
-        wal0 = _wal_bytes(conn)
+        wal0 = wal_position(db_url)[0]
         sampler = CpuSampler(services)
         start = time.monotonic()
         for i in range(0, len(messages), batch_size):
@@ -126,7 +127,7 @@ def run_ceiling(backlog: Backlog, settings: Settings, db_url: str, services: Ser
                 break
         elapsed = time.monotonic() - start
         resources = sampler.stop()
-        wal = _wal_bytes(conn) - wal0
+        wal = wal_position(db_url)[0] - wal0
     return {"messages_fed": fed, "recorded": recorded, "duplicates": duplicates,
             "no_session": no_session, "batch_size": batch_size, "seconds": round(elapsed, 2),
             "events_per_s": round(fed / elapsed, 1) if elapsed else None,
@@ -136,11 +137,6 @@ def run_ceiling(backlog: Backlog, settings: Settings, db_url: str, services: Ser
             "decode_outside_timing": {
                 "decode_favorite_per_s_wall": round(len(decoded) / wall, 1) if wall else None,
                 "decode_favorite_per_cpu_s": round(len(decoded) / cpu, 1) if cpu else None}}
-
-
-def _wal_bytes(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
-    return int(row[0]) if row else 0
 
 
 def run_peer(services: Services, input_settings: Settings, backlog: Backlog, db_url: str, *,
@@ -160,9 +156,8 @@ def run_peer(services: Services, input_settings: Settings, backlog: Backlog, db_
            "PEER_ADDED_TOPIC": input_settings.topic_favorite_added,
            "PEER_REMOVED_TOPIC": input_settings.topic_favorite_removed,
            "PEER_OUTPUT_TOPIC": settings.topic_action_tracked,
-           "PEER_DEDUP_TTL_SECONDS": str(dedup_ttl_s),
-           "PEER_PG_HOST": url.hostname or "127.0.0.1", "PEER_PG_PORT": str(url.port or 5432),
-           "PEER_PG_DBNAME": unquote(url.path.lstrip("/")),
+           "PEER_DEDUP_TTL_SECONDS": str(dedup_ttl_s), "PEER_PG_HOST": url.hostname or "127.0.0.1",
+           "PEER_PG_PORT": str(url.port or 5432), "PEER_PG_DBNAME": unquote(url.path.lstrip("/")),
            "PEER_PG_USER": unquote(url.username or "postgres"),
            "PEER_PG_PASSWORD": unquote(url.password or "")}
     expected = backlog.expected_recorded

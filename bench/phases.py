@@ -213,8 +213,7 @@ def steady_state(services: Services, sessions: Sequence[Session], db_url: str, *
     valid message (all clocks are this machine's).
     """
     settings = services.settings("steady", db_url)
-    counter = OutputCounter(services.bootstrap, settings.topic_action_tracked,
-                            track_favorites=True)
+    counter = OutputCounter(services.bootstrap, settings.topic_action_tracked, track_favorites=True)
     job = Job(settings, services.run_dir / "steady.log", tail=True)
     factory = EnvelopeFactory(sessions, rng, settings.topic_favorite_added,
                               settings.topic_favorite_removed)
@@ -272,8 +271,7 @@ def steady_state(services: Services, sessions: Sequence[Session], db_url: str, *
         "outputs_total_on_topic": counter.count - warm_count, "job_ready_s": round(ready_s, 2),
         **{f"p{q}_ms": _percentile(latencies, q / 100) for q in (50, 95, 99)},
         "max_ms": _percentile(latencies, 1.0), "min_ms": _percentile(latencies, 0.0),
-        "resources": cpu, "ok": len(latencies) == len(sent_at) > 0,
-    }
+        "resources": cpu, "ok": len(latencies) == len(sent_at) > 0}
     log(f"  steady: {result['produced_rate']}/s, p50 {result['p50_ms']} ms, p95 "
         f"{result['p95_ms']} ms, p99 {result['p99_ms']} ms, got {len(latencies)}/{len(sent_at)}")
     return result

@@ -7,17 +7,11 @@ from collections.abc import Sequence
 from typing import Any
 
 TARGETS = {
-    "job_events_per_s": (">=", 20_000.0),
-    "job_vs_naive": (">=", 25.0),
-    "job_vs_ceiling": (">=", 0.7),
-    "job_vs_peer": (">=", 1.5),
-    "total_cpu_us_per_event": ("<=", 90.0),
-    "wal_bytes_per_recorded_event": ("<=", 1536.0),
-    "steady_p99_ms": ("<", 150.0),
-    "dedup_rss_mb": ("<=", 200.0),
-    "restart_caught_up_s": ("<", 10.0),
-    "scale_largest_vs_2m": (">=", 0.9),
-}
+    "job_events_per_s": (">=", 20_000.0), "job_vs_naive": (">=", 25.0),
+    "job_vs_ceiling": (">=", 0.7), "job_vs_peer": (">=", 1.5),
+    "total_cpu_us_per_event": ("<=", 90.0), "wal_bytes_per_recorded_event": ("<=", 1536.0),
+    "steady_p99_ms": ("<", 150.0), "dedup_rss_mb": ("<=", 200.0),
+    "restart_caught_up_s": ("<", 10.0), "scale_largest_vs_2m": (">=", 0.9)}
 _OPS = {">=": float.__ge__, "<=": float.__le__, "<": float.__lt__}
 
 

@@ -110,10 +110,8 @@ class _Run:
     """One benchmark run: the services, the template database, the backlog and the results."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.run_id = f"{int(time.time()) % 100000:05d}{uuid.uuid4().hex[:4]}"
-        self.rng = random.Random(args.seed)
-        self.services = Services(args.external, self.run_id)
+        self.args, self.run_id = args, f"{int(time.time()) % 100000:05d}{uuid.uuid4().hex[:4]}"
+        self.rng, self.services = random.Random(args.seed), Services(args.external, self.run_id)
         self.results: dict[str, Any] = {"meta": {
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"), "run_id": self.run_id,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -297,8 +297,7 @@ class CpuSampler:
         self._pg, self._kafka, self._cpu, self._rss = (
             services.postmaster_pid, services.kafka_pid, cpu, rss)
         self.peak_rss_mb, self._last_cpu = 0.0, 0.0
-        self._stop = threading.Event()
-        self._start = self._read()
+        self._stop, self._start = threading.Event(), self._read()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
         self._thread.start()
 
@@ -311,8 +310,7 @@ class CpuSampler:
         busy, total, pressure = _machine()
         self._last_cpu = (self._cpu() if self._cpu else None) or self._last_cpu
         return {"t": time.monotonic(), "busy": busy, "total": total, "pressure": pressure,
-                "job": self._last_cpu,
-                "postgres": _tree_cpu_seconds(self._pg) if self._pg else 0.0,
+                "job": self._last_cpu, "postgres": _tree_cpu_seconds(self._pg) if self._pg else 0.0,
                 "kafka": (cpu_seconds(self._kafka) or 0.0) if self._kafka else 0.0,
                 "bench": cpu_seconds(os.getpid()) or 0.0}
 
@@ -375,8 +373,7 @@ class OutputCounter:
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.arrivals: dict[str, float] = {}
-        self._track = track_favorites
-        self._stop = threading.Event()
+        self._track, self._stop = track_favorites, threading.Event()
         self._consumer = _consumer(bootstrap, topic, **{"fetch.wait.max.ms": 20})
         self._thread = threading.Thread(target=self._run, name=f"count-{topic}", daemon=True)
         self._thread.start()
@@ -393,8 +390,7 @@ class OutputCounter:
                     favorite = orjson.loads(msg.value() or b"")["Payload"]["FavoriteId"].lower()
                     self.arrivals.setdefault(favorite, now_wall)
             if good:
-                self.first_at = self.first_at or now
-                self.last_at = now
+                self.first_at, self.last_at = self.first_at or now, now
                 self.count += len(good)
         self._consumer.close()
 

@@ -115,9 +115,8 @@ def _kafka_unavailable(exc: BaseException) -> bool:
         KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT,
         KafkaError.NOT_CONTROLLER, KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.BROKER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION,
-        KafkaError._WAIT_COORD, KafkaError._DESTROY,
-    }
+        KafkaError.BROKER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION, KafkaError._WAIT_COORD,
+        KafkaError._DESTROY}
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:

@@ -29,19 +29,13 @@ from runtime.settings import Settings
 FLOWS = ("favorites", "session-linking")
 
 TABLES = {
-    "sessions": "SELECT, INSERT, UPDATE",
-    "action_events": "SELECT, INSERT",
+    "sessions": "SELECT, INSERT, UPDATE", "action_events": "SELECT, INSERT",
     "waiting_actions": "SELECT, INSERT, UPDATE, DELETE",
     "consumer_idempotency_marks": "SELECT, INSERT",
-    "consumer_idempotency_marks_default": "SELECT, DELETE",
-    "outbox": "SELECT, INSERT",
-    "outbox_default": "SELECT, DELETE",
-    "outbox_parked": "SELECT, INSERT, UPDATE, DELETE",
-    "outbox_held": "SELECT, INSERT, DELETE",
-    "outbox_watermark": "SELECT, UPDATE",
-    "sign_in_conflicts": "SELECT, INSERT, DELETE",
-    "stream_stops": "SELECT, INSERT",
-}
+    "consumer_idempotency_marks_default": "SELECT, DELETE", "outbox": "SELECT, INSERT",
+    "outbox_default": "SELECT, DELETE", "outbox_parked": "SELECT, INSERT, UPDATE, DELETE",
+    "outbox_held": "SELECT, INSERT, DELETE", "outbox_watermark": "SELECT, UPDATE",
+    "sign_in_conflicts": "SELECT, INSERT, DELETE", "stream_stops": "SELECT, INSERT"}
 MAINTAINED = ("outbox", "consumer_idempotency_marks")
 MAINTENANCE_FUNCTION = "user_activity.ensure_daily_partitions(date, date)"
 

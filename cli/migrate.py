@@ -35,14 +35,6 @@ class MigrationBusy(Exception):
     """Another run held the migrations' lock, or other sessions a table, too long (one line)."""
 
 
-def yoyo_url(dsn: str) -> str:
-    """Yoyo's URL for a ``postgresql://`` DSN, using the psycopg 3 driver."""
-    for prefix in ("postgresql://", "postgres://"):
-        if dsn.startswith(prefix):
-            return "postgresql+psycopg://" + dsn[len(prefix):]
-    return dsn
-
-
 def apply_migrations(dsn: str, directory: Path = MIGRATIONS_DIR, *,
                      connect_options: Mapping[str, Any] | None = None,
                      lock_wait_seconds: float = 60.0,
@@ -83,7 +75,8 @@ def _apply(dsn: str, directory: Path, lock_timeout: float) -> list[str]:
 
 def _backend(dsn: str, lock_timeout: float) -> Any:
     """A yoyo backend without yoyo's lock (:data:`LOCK` is held) and with ``lock_timeout``."""
-    uri = parse_uri(yoyo_url(dsn))
+    scheme, _, rest = dsn.partition("://")  # yoyo's URL of the psycopg 3 driver
+    uri = parse_uri(f"postgresql+psycopg://{rest}" if scheme in ("postgresql", "postgres") else dsn)
 
     class Backend(get_backend_class(uri.scheme)):  # type: ignore[misc]
         def lock(self, timeout: int = 10) -> contextlib.nullcontext[None]:

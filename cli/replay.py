@@ -79,25 +79,17 @@ def _value(name: str, labels: dict[str, str] | None = None) -> int:
 
 
 def _favorites_totals() -> dict[str, int]:
-    return {
-        "recorded": sum(
-            _value("user_activity_favorites_recorded_total", {"action_type": action})
-            for action in ("AddToFavorites", "RemoveFromFavorites")
-        ),
-        "duplicate": _value(_SKIPPED, {"reason": "duplicate"}),
-        "invalid-owner": _value(_SKIPPED, {"reason": "invalid-owner"}),
-        "no-session": _value(_SKIPPED, {"reason": "no-session"}),
-        "dead-lettered": _value("user_activity_favorites_dlq_total"),
-    }
+    return {"recorded": sum(_value("user_activity_favorites_recorded_total", {"action_type": a})
+                            for a in ("AddToFavorites", "RemoveFromFavorites")),
+            **{r: _value(_SKIPPED, {"reason": r}) for r in ("duplicate", "invalid-owner",
+                                                            "no-session")},
+            "dead-lettered": _value("user_activity_favorites_dlq_total")}
 
 
 def _session_totals() -> dict[str, int]:
-    totals = {
-        outcome: _value("user_activity_session_linking_outcomes_total", {"outcome": outcome})
-        for outcome in SESSION_OUTCOMES if outcome != "dead-lettered"
-    }
-    totals["dead-lettered"] = _value("user_activity_session_linking_dlq_total")
-    return totals
+    return {outcome: _value("user_activity_session_linking_outcomes_total", {"outcome": outcome})
+            for outcome in SESSION_OUTCOMES if outcome != "dead-lettered"} | {
+        "dead-lettered": _value("user_activity_session_linking_dlq_total")}
 
 
 @dataclass(frozen=True)
@@ -122,10 +114,9 @@ def _build_favorites(  # noqa: PLR0917
                       publisher=publisher)
 
 
-def _build_session_linking(
-    settings: Settings, start: StartPosition, _topics: Sequence[str] | None, tally: Tally | None,
-    process: Process, publisher: Publishing | None,
-) -> Dataflow:
+def _build_session_linking(settings: Settings, start: StartPosition, _topics: Sequence[str] | None,
+                           tally: Tally | None, process: Process,
+                           publisher: Publishing | None) -> Dataflow:
     from dataflows.session_linking.flow import SessionLinkingSinks, build_flow
 
     sinks = None if tally is None else SessionLinkingSinks.dry_run(settings, tally)
@@ -155,10 +146,8 @@ def _refuse_if_in_use(recovery_dir: Path) -> None:
                             " directory")
 
 
-def _recovery_dir(
-    recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool, out: TextIO,
-    *, min_free_bytes: int,
-) -> Path:
+def _recovery_dir(recovery_dir: Path | None, flow_name: str, start: StartPosition, dry_run: bool,
+                  out: TextIO, *, min_free_bytes: int) -> Path:
     """The replay's recovery store: a new one (temporary without a directory), or its own to resume.
 
     Refused (:class:`ReplayRefused`): a store no replay made, another flow's, one in use.
@@ -193,24 +182,16 @@ def _recovery_dir(
     return recovery_dir
 
 
-def replay(
-    settings: Settings,
-    start: StartPosition,
-    *,
-    flow_name: str = "favorites",
-    topics: Sequence[str] | None = None,
-    dry_run: bool = False,
-    recovery_dir: Path | None = None,
-    progress_every: float = 2.0,
-    out: TextIO = sys.stdout,
-) -> dict[str, int]:
+def replay(settings: Settings, start: StartPosition, *, flow_name: str = "favorites",
+           topics: Sequence[str] | None = None, dry_run: bool = False,
+           recovery_dir: Path | None = None, progress_every: float = 2.0,
+           out: TextIO = sys.stdout) -> dict[str, int]:
     """Run one bounded replay of ``flow_name``; return the outcome counts (also printed)."""
     replayed = FLOWS[flow_name]
     outcomes = replayed.outcomes
     # bounded, and no commits to the consumer groups (the lag tools' view of the job)
-    bounded = settings.model_copy(
-        update={"tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""}
-    )
+    bounded = settings.model_copy(update={
+        "tail": False, "consumer_group_favorites": "", "consumer_group_session_linking": ""})
     tally = Tally() if dry_run else None
     directory = _recovery_dir(recovery_dir, flow_name, start, dry_run, out,
                               min_free_bytes=settings.recovery_min_free_bytes)
@@ -238,12 +219,8 @@ def replay(
     def report_progress() -> None:
         while not done.wait(progress_every):
             seen = counts()
-            print(
-                f"[{time.monotonic() - started:6.1f}s] processed {sum(seen.values()):,}: "
-                + ", ".join(f"{k} {v:,}" for k, v in seen.items()),
-                file=out,
-                flush=True,
-            )
+            print(f"[{time.monotonic() - started:6.1f}s] processed {sum(seen.values()):,}: "
+                  + ", ".join(f"{k} {v:,}" for k, v in seen.items()), file=out, flush=True)
 
     reporter = threading.Thread(target=report_progress, daemon=True)
     reporter.start()
@@ -254,11 +231,8 @@ def replay(
     if loop is not None:
         loop.start()
     try:
-        run_main(  # type: ignore[no-untyped-call]
-            flow,
-            epoch_interval=None,
-            recovery_config=RecoveryConfig(str(directory)),  # type: ignore[no-untyped-call]
-        )
+        run_main(flow, epoch_interval=None,  # type: ignore[no-untyped-call]
+                 recovery_config=RecoveryConfig(str(directory)))  # type: ignore[no-untyped-call]
         ended = not _STOPPING.requested()
     finally:
         if publisher is not None and loop is not None:  # its rows out before the summary
@@ -326,20 +300,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Execute the parsed replay command."""
-    until = args.until_ts
     try:
-        return _run(args, settings, until)
+        return _run(args, settings, args.until_ts)
     except (ReplayRefused, argparse.ArgumentTypeError) as refused:
         print(f"user-activity replay: {refused}", file=sys.stderr, flush=True)
         return 2
 
 
 def _run(args: argparse.Namespace, settings: Settings, until: int | None) -> int:
-    topics = {  # the favorites topics to read (None: both)
-        "added": [settings.topic_favorite_added],
-        "removed": [settings.topic_favorite_removed],
-        "both": None,
-    }[args.topic]
+    topics = {"added": [settings.topic_favorite_added],  # the favorites topics to read (None: both)
+              "removed": [settings.topic_favorite_removed], "both": None}[args.topic]
     replayed_topics = (
         [settings.topic_user_signed_in] if args.flow == "session-linking"
         else topics or [settings.topic_favorite_added, settings.topic_favorite_removed])

@@ -197,14 +197,12 @@ class KafkaBroker:
                  start_timeout: float = 90.0,
                  die_with_parent: signal.Signals | None = signal.SIGTERM) -> None:
         self.run_dir = Path(run_dir).resolve()
-        self.data_dir = self.run_dir / "data"
-        self.log_path = self.run_dir / "broker.log"
+        self.data_dir, self.log_path = self.run_dir / "data", self.run_dir / "broker.log"
         self.properties_path = self.run_dir / "server.properties"
         self._state_path = self.run_dir / "state.json"
         self._extra = {k: str(v).lower() if isinstance(v, bool) else str(v)
                        for k, v in (server_properties or {}).items()}
-        self.start_timeout = start_timeout
-        self._die_with_parent = die_with_parent
+        self.start_timeout, self._die_with_parent = start_timeout, die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._launch_offset = 0  # of broker.log, for the lines of the latest start
         self.cluster_id = cluster_id

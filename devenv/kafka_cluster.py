@@ -62,13 +62,12 @@ _SIMPLE = re.compile(r"[A-Za-z0-9_.-]+")  # user names and passwords fit in the 
 def _replication(nodes: int) -> dict[str, str | int | bool]:
     rf, min_isr = min(3, nodes), min(2, nodes)
     return {"default.replication.factor": rf, "min.insync.replicas": min_isr,
-            "offsets.topic.replication.factor": rf,
-            "transaction.state.log.replication.factor": rf,
+            "offsets.topic.replication.factor": rf, "transaction.state.log.replication.factor": rf,
             "transaction.state.log.min.isr": min_isr,
             "share.coordinator.state.topic.replication.factor": rf,
             "share.coordinator.state.topic.min.isr": min_isr,
-            "unclean.leader.election.enable": False,
-            "broker.heartbeat.interval.ms": 500, "broker.session.timeout.ms": 3000}
+            "unclean.leader.election.enable": False, "broker.heartbeat.interval.ms": 500,
+            "broker.session.timeout.ms": 3000}
 
 
 class KafkaCluster:

@@ -32,8 +32,6 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from devenv.harness.ports import free_port
 
-__all__ = ["DEFAULT_DATABASE", "DEFAULT_RUN_DIR", "PostgresServer", "main"]
-
 HOST = "127.0.0.1"
 SUPERUSER = "postgres"
 SYSTEM_USER = "postgres"
@@ -142,15 +140,13 @@ class PostgresServer:
         self._relocated = base != self.run_dir
         self.port: int = state.get("port") or free_port(HOST)
         state_path.write_text(json.dumps({"port": self.port, "base_dir": str(base)}) + "\n")
-        self.data_dir = base / "data"
-        self.log_path = base / "postgres.log"
+        self.data_dir, self.log_path = base / "data", base / "postgres.log"
         options = {**_OPTIONS, **(settings or {})}
         self._executor = _Executor(
             executable=str(pg_ctl), host=HOST, port=self.port, datadir=str(self.data_dir),
             unixsocketdir="", logfile=str(self.log_path), startparams="-w", dbname="postgres",
             user=SUPERUSER, timeout=60,
-            postgres_options=" ".join(f"-c {name}={value}" for name, value in options.items()),
-        )
+            postgres_options=" ".join(f"-c {name}={value}" for name, value in options.items()))
         self._executor.detached = detach
         self._pg_ctl = pg_ctl
         self._guard: subprocess.Popen[bytes] | None = None

@@ -27,11 +27,10 @@ class Backoff:
         return float(capped / 2 + self.rng.uniform(0, capped / 2))
 
 
-def retry_forever(
-    operation: Callable[[], T], *, is_transient: Callable[[BaseException], bool],
-    backoff: Backoff, on_retry: Callable[[BaseException, int, float], None],
-    on_recovered: Callable[[int], None] | None = None, sleep: Callable[[float], None],
-) -> T:
+def retry_forever(operation: Callable[[], T], *, is_transient: Callable[[BaseException], bool],
+                  backoff: Backoff, on_retry: Callable[[BaseException, int, float], None],
+                  on_recovered: Callable[[int], None] | None = None,
+                  sleep: Callable[[float], None]) -> T:
     """Run ``operation`` until it succeeds, sleeping between transient failures.
 
     A failure that is not transient is raised at once. ``on_retry(exc, attempt, delay)`` before

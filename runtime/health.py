@@ -51,8 +51,7 @@ class Health:
     """Thread-safe health state shared by every step of one process."""
 
     def __init__(self, stall_seconds: float = 300.0) -> None:
-        self._lock = threading.Lock()
-        self._stall_seconds = stall_seconds
+        self._lock, self._stall_seconds = threading.Lock(), stall_seconds
         # waiter -> (dependency, wall time it began, attempt, error, monotonic time it began)
         self._paused: dict[str, tuple[str, float, int, str, float]] = {}
         self._stalled: dict[str, str] = {}
@@ -66,10 +65,8 @@ class Health:
         """Record that ``waiter`` waits for ``dependency``; the pause keeps the time it began."""
         with self._lock:
             began = self._paused.get(waiter)
-            if began is None:
-                since, since_monotonic = time.time(), time.monotonic()
-            else:
-                since, since_monotonic = began[1], began[4]
+            since, since_monotonic = ((time.time(), time.monotonic()) if began is None
+                                      else (began[1], began[4]))
             self._paused[waiter] = (dependency, since, attempt, error, since_monotonic)
         self.beat()
         self.refresh_gauge()

@@ -31,10 +31,7 @@ class JsonFormatter(logging.Formatter):
         line: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "event": record.getMessage(),
-        }
+            "level": record.levelname, "logger": record.name, "event": record.getMessage()}
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
                 line[key] = value
@@ -74,8 +71,7 @@ class RepeatThrottle(logging.Filter):
 
     def __init__(self, window: float = 10.0, max_shapes: int = 1000) -> None:
         super().__init__()
-        self._window = window
-        self._max_shapes = max_shapes
+        self._window, self._max_shapes = window, max_shapes
         self._seen: dict[str, tuple[float, int]] = {}
         self._lock = threading.Lock()
 
@@ -122,9 +118,8 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
         logger.log(level, event, extra={k: v for k, v in fields.items() if v is not None})
 
 
-def log_events(
-    logger: logging.Logger, event: str, rows: Iterable[dict[str, Any]], level: int = logging.INFO
-) -> None:
+def log_events(logger: logging.Logger, event: str, rows: Iterable[dict[str, Any]],
+               level: int = logging.INFO) -> None:
     """``log_event(logger, event, level, **row)`` for each row, written in one go.
 
     When the only handler reached is a plain JSON stream handler, the lines are rendered here
@@ -186,40 +181,28 @@ def _batch_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[
                     return None
                 found = handler
         current = current.parent if current.propagate else None
-    if (
-        found is None
-        or type(found) is not logging.StreamHandler
-        or getattr(found, "terminator", None) != "\n"
-        or type(found.formatter) is not JsonFormatter
-        or found.filters
-    ):
+    if type(found) is not logging.StreamHandler or found.filters or type(
+            found.formatter) is not JsonFormatter or getattr(found, "terminator", None) != "\n":
         return None
     return found
 
 
 def _plain_keys(keys: tuple[str, ...]) -> bool:
     """True when a row with ``keys`` renders as its own JSON object after the header's."""
-    return bool(keys) and all(
-        isinstance(key, str)
-        and not key.startswith("_")
-        and key not in _STANDARD_ATTRS
-        and key not in _HEADER_KEYS
-        for key in keys
-    )
+    return bool(keys) and all(isinstance(key, str) and not key.startswith("_")
+                              and key not in _STANDARD_ATTRS and key not in _HEADER_KEYS
+                              for key in keys)
 
 
-def _format_row(
-    logger: logging.Logger, formatter: JsonFormatter, header: logging.LogRecord,
-    row: dict[str, Any],
-) -> bytes:
+def _format_row(logger: logging.Logger, formatter: JsonFormatter, header: logging.LogRecord,
+                row: dict[str, Any]) -> bytes:
     # one line the slow way (a LogRecord through the formatter), at the batch's timestamp
     for name in _LOG_EVENT_PARAMS.intersection(row):
         raise TypeError(f"log_event() got multiple values for argument {name!r}")
     fields = {k: v for k, v in row.items() if v is not None}
     record = logger.makeRecord(  # raises on a reserved key, as log_event does
         logger.name, header.levelno, header.pathname, header.lineno, header.msg, (), None,
-        extra=fields,
-    )
+        extra=fields)
     record.created, record.msecs = header.created, header.msecs
     return formatter.format(record).encode() + b"\n"
 

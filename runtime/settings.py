@@ -93,8 +93,7 @@ class Settings(BaseSettings):
         True, description="Announce the sessions session linking starts and ends (session-linked"
                           " is always sent); `false`: no outbox row for them.")
     topic_session_linking_dlq: str = Field(
-        "pin.user-activity.session-linking-dlq.v1",
-        description="Dead letters of session linking.")
+        "pin.user-activity.session-linking-dlq.v1", description="Dead letters of session linking.")
     topic_partitions: int = Field(6, ge=1, description="Partitions `create-topics` makes.")
     topic_replication_factor: int = Field(
         3, ge=1, le=32,
@@ -232,8 +231,7 @@ class Settings(BaseSettings):
         description="Snapshotted favorites offsets are also committed here, for lag tools"
                     " only; empty: no commits.")
     consumer_group_session_linking: str = Field(
-        "pin-user-activity-session-linking",
-        description="The same for the user-signed-in input.")
+        "pin-user-activity-session-linking", description="The same for the user-signed-in input.")
 
     # HTTP (Prometheus /metrics, /livez, /readyz).
     http_port: int = Field(
@@ -291,14 +289,12 @@ class Settings(BaseSettings):
                                   "socket.timeout.ms": 30_000,
                                   "socket.connection.setup.timeout.ms": 10_000}
         optional: dict[str, str | SecretStr | None] = {
-            "sasl.mechanism": self.kafka_sasl_mechanism,
-            "sasl.username": self.kafka_sasl_username,
+            "sasl.mechanism": self.kafka_sasl_mechanism, "sasl.username": self.kafka_sasl_username,
             "sasl.password": self.kafka_sasl_password,
             "ssl.ca.location": self.kafka_ssl_ca_location,
             "ssl.certificate.location": self.kafka_ssl_certificate_location,
             "ssl.key.location": self.kafka_ssl_key_location,
-            "ssl.key.password": self.kafka_ssl_key_password,
-        }
+            "ssl.key.password": self.kafka_ssl_key_password}
         for key, value in optional.items():
             if value is not None:
                 config[key] = value.get_secret_value() if isinstance(value, SecretStr) else value

@@ -46,8 +46,7 @@ class Shutdown:
     def request(self, reason: str) -> None:
         """Ask every input to end (idempotent)."""
         if not self._event.is_set():
-            self.signal = reason
-            self._requested_at = time.monotonic()
+            self.signal, self._requested_at = reason, time.monotonic()
             self._event.set()
             log_event(logger, "shutdown-requested", logging.WARNING, reason=reason)
 

@@ -34,8 +34,7 @@ class TickSource(DynamicSource[tuple[str, Tick]]):
     """``(key, TICK)`` for each of ``keys`` every ``interval``, on every worker, until a stop."""
 
     def __init__(self, keys: list[str], interval: timedelta, stopping: Shutdown) -> None:
-        self._items = [(key, TICK) for key in keys]
-        self._interval = interval
+        self._items, self._interval = [(key, TICK) for key in keys], interval
         self._stopping = stopping
 
     @override
@@ -46,9 +45,7 @@ class TickSource(DynamicSource[tuple[str, Tick]]):
 class _Ticks(StatelessSourcePartition[tuple[str, Tick]]):
     def __init__(self, items: list[tuple[str, Tick]], interval: timedelta,
                  stopping: Shutdown) -> None:
-        self._items = items
-        self._interval = interval
-        self._stopping = stopping
+        self._items, self._interval, self._stopping = items, interval, stopping
         self._awake = datetime.now(UTC) + interval
 
     @override

@@ -75,13 +75,10 @@ class Sampling:
             logger.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a number: 1.0", arg)
             ratio = 1.0
         rules = {
-            "always_on": cls(False, _ALL),
-            "always_off": cls(False, 0),
+            "always_on": cls(False, _ALL), "always_off": cls(False, 0),
             "traceidratio": cls.ratio(ratio, parent_based=False),
-            "parentbased_always_on": cls(True, _ALL),
-            "parentbased_always_off": cls(True, 0),
-            "parentbased_traceidratio": cls.ratio(ratio),
-        }
+            "parentbased_always_on": cls(True, _ALL), "parentbased_always_off": cls(True, 0),
+            "parentbased_traceidratio": cls.ratio(ratio)}
         if name not in rules:
             logger.warning("OTEL_TRACES_SAMPLER=%r is not supported: parentbased_always_on", name)
         return rules.get(name, rules["parentbased_always_on"])
@@ -91,10 +88,8 @@ def tracing_wanted(env: Mapping[str, str]) -> bool:
     """True when the variables ask for traces: an OTLP endpoint set, the SDK not disabled."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    return bool(
-        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    )
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +131,9 @@ class Tracing:
     Spans are handed finished (``ReadableSpan``) to the processor's ``on_end``: no tracer.
     """
 
-    def __init__(
-        self, processor: SpanProcessor, sampling: Sampling, resource: Resource,
-        consumer_group: str,
-    ) -> None:
-        self.processor = processor
-        self.sampling = sampling
-        self._resource = resource
+    def __init__(self, processor: SpanProcessor, sampling: Sampling, resource: Resource,
+                 consumer_group: str) -> None:
+        self.processor, self.sampling, self._resource = processor, sampling, resource
         self._scope = InstrumentationScope("user_activity_stream", _version())
         self._group = consumer_group
 
@@ -154,8 +145,7 @@ class Tracing:
         """Hand one finished span to the processor (sampled: ``context`` carries the flag)."""
         self.processor.on_end(ReadableSpan(
             name, context, parent, self._resource, attributes, (), links, kind, None, status,
-            start_ns, end_ns, self._scope,
-        ))
+            start_ns, end_ns, self._scope))
 
     def sample(self, record: SourceRecord) -> MessageTrace | None:
         """The message's trace if sampled, else None (no valid ``traceparent``: a root)."""
@@ -180,16 +170,13 @@ class Tracing:
                    else (trace_id & _LOW_64) < self.sampling.bound)
         return trace_id, int(parent[36:52], 16), sampled
 
-    def finish_messages(
-        self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
-        database: DatabaseWork | None = None,
-    ) -> None:
+    def finish_messages(self, handled: Sequence[Handled], started_ns: int | None, ended_ns: int,
+                        database: DatabaseWork | None = None) -> None:
         """The ``consume``, ``handle`` and database spans of a batch's sampled messages."""
         database_context: SpanContext | None = None
         emit = self.emit
         for item in handled:
-            trace = item.trace
-            record = item.record
+            trace, record = item.trace, item.record
             trace_id = trace.trace_id
             handle_start = started_ns if started_ns is not None else ended_ns
             consume_start = _wall_ns(record.received_at, ended_ns) or handle_start
@@ -208,13 +195,10 @@ class Tracing:
                 "messaging.consumer.group.name": self._group}
             if item.message_id is not None:
                 attributes["messaging.message.id"] = item.message_id
-            handle_attributes: dict[str, AttributeValue] = {"user_activity.outcome": item.outcome}
-            if item.attributes:
-                handle_attributes.update(item.attributes)
-            links: tuple[Link, ...] = ()
-            if database_context is not None:
-                links = (Link(database_context, _BATCH_LINK),)
-            elif database is not None:
+            handle_attributes: dict[str, AttributeValue] = {"user_activity.outcome": item.outcome,
+                                                            **(item.attributes or {})}
+            links = () if database_context is None else (Link(database_context, _BATCH_LINK),)
+            if database_context is None and database is not None:
                 database_context = SpanContext(trace_id, _new_span_id(), False, _SAMPLED)
                 emit(database.name, database_context, handle, SpanKind.CLIENT,
                      database.attributes, (), _UNSET, database.start_ns, database.end_ns)
@@ -256,9 +240,7 @@ class Tracing:
                                     _with_traceparent(headers, traceparent)))
             spans.append(_Pending(
                 f"publish {record.topic}", SpanContext(trace_id, span_id, False, _SAMPLED),
-                SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes,
-                time.time_ns(),
-            ))
+                SpanContext(trace_id, parent_span_id, True, _SAMPLED), attributes, time.time_ns()))
         return out, (_Publishing(self, spans) if any(spans) else None)
 
 
@@ -277,8 +259,7 @@ class _Publishing:
     """The ``publish`` spans of one produce call, ended with the broker's answers."""
 
     def __init__(self, tracing: Tracing, spans: list[_Pending | None]) -> None:
-        self._tracing = tracing
-        self._spans = spans
+        self._tracing, self._spans = tracing, spans
 
     def end(self, errors: Sequence[object | None]) -> None:
         """End each span: OK when its record was acknowledged, ERROR with the error otherwise."""
@@ -297,18 +278,9 @@ class _Publishing:
 
 def _stored_traceparent(headers: Any) -> bytes | None:
     """The ``traceparent`` among a record's headers (a mapping, or ``(name, value)`` pairs)."""
-    if not headers:
-        return None
-    if isinstance(headers, Mapping):
-        value = headers.get(TRACEPARENT)
-    else:
-        value = None
-        for name, item in headers:
-            if name == TRACEPARENT:
-                value = item
-    if value is None:
-        return None
-    return value.encode() if isinstance(value, str) else bytes(value)
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    value = next((item for name, item in reversed(list(pairs)) if name == TRACEPARENT), None)
+    return None if value is None else value.encode() if isinstance(value, str) else bytes(value)
 
 
 def _with_traceparent(headers: Any, traceparent: str) -> Any:
@@ -325,9 +297,7 @@ def _new_span_id() -> int:
 
 def _wall_ns(monotonic_at: float, now_ns: int) -> int | None:
     """The wall-clock time (ns) of a ``time.monotonic()`` reading; None for an unset one."""
-    if monotonic_at <= 0:
-        return None
-    return now_ns - int((time.monotonic() - monotonic_at) * 1e9)
+    return None if monotonic_at <= 0 else now_ns - int((time.monotonic() - monotonic_at) * 1e9)
 
 
 def _version() -> str:
@@ -350,12 +320,9 @@ def resource_from_env(env: Mapping[str, str]) -> Resource:
     except ValueError:
         process, per_process = 0, 1
     attributes: dict[str, AttributeValue] = {
-        "service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME,
-        "service.version": _version(),
-        "k8s.pod.name": pod or socket.gethostname(),
-        "bytewax.process.id": process,
-        "bytewax.worker.index": process * per_process,
-    }
+        "service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME, "service.version": _version(),
+        "k8s.pod.name": pod or socket.gethostname(), "bytewax.process.id": process,
+        "bytewax.worker.index": process * per_process}
     return Resource.create(attributes)  # OTEL_RESOURCE_ATTRIBUTES merged under these
 
 
@@ -363,10 +330,8 @@ _state: Tracing | None = None
 _state_lock = threading.Lock()
 
 
-def install(
-    processor: SpanProcessor, sampling: Sampling, *, resource: Resource | None = None,
-    consumer_group: str = "",
-) -> Tracing:
+def install(processor: SpanProcessor, sampling: Sampling, *, resource: Resource | None = None,
+            consumer_group: str = "") -> Tracing:
     """Trace this process with ``processor`` and ``sampling`` (the demo and the tests)."""
     global _state  # noqa: PLW0603
     state = Tracing(processor, sampling, resource or resource_from_env(os.environ), consumer_group)
@@ -386,11 +351,9 @@ def configure_from_env(consumer_group: str = "", env: Mapping[str, str] | None =
     sampling = Sampling.from_env(env)
     install(BatchSpanProcessor(OTLPSpanExporter()), sampling, resource=resource_from_env(env),
             consumer_group=consumer_group)
-    logger.info("tracing on: OTLP/HTTP to %s, sampler %s %s",
-                env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
-                env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
-                env.get("OTEL_TRACES_SAMPLER_ARG", ""))
+    logger.info("tracing on: OTLP/HTTP to %s, sampler %s %s", env.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"), env.get(
+        "OTEL_TRACES_SAMPLER", "parentbased_always_on"), env.get("OTEL_TRACES_SAMPLER_ARG", ""))
     return True
 
 
@@ -408,13 +371,11 @@ def shutdown(timeout: float = SHUTDOWN_FLUSH_SECONDS) -> None:
         state, _state = _state, None
     if state is None:
         return
-    wait = timeout
-    flushing = threading.Thread(target=state.processor.shutdown, name="tracing-flush",
-                                daemon=True)
+    flushing = threading.Thread(target=state.processor.shutdown, name="tracing-flush", daemon=True)
     flushing.start()
-    flushing.join(wait)
+    flushing.join(timeout)
     if flushing.is_alive():
-        log_event(logger, "tracing-flush-abandoned", logging.WARNING, waited_s=round(wait, 1),
+        log_event(logger, "tracing-flush-abandoned", logging.WARNING, waited_s=round(timeout, 1),
                   consequence="spans not exported yet are dropped (the collector did not"
                               " answer in time); the stop goes on")
 
@@ -430,10 +391,8 @@ def sample(record: SourceRecord) -> MessageTrace | None:
     return None if state is None else state.sample(record)
 
 
-def finish_messages(
-    handled: Sequence[Handled], started_ns: int | None = None, ended_ns: int | None = None,
-    database: DatabaseWork | None = None,
-) -> None:
+def finish_messages(handled: Sequence[Handled], started_ns: int | None = None,
+                    ended_ns: int | None = None, database: DatabaseWork | None = None) -> None:
     """The spans of ``handled``, decided from ``started_ns`` (None: instantly) to ``ended_ns``.
 
     ``ended_ns`` None: now. ``database`` is the batch's one statement.
@@ -455,8 +414,7 @@ def finish_alone(record: SourceRecord, outcome: str, *, message_id: str | None =
     trace = state.sample(record)
     if trace is not None:
         state.finish_messages(
-            [Handled(trace, record, outcome, message_id, error, attributes)], None,
-            time.time_ns())
+            [Handled(trace, record, outcome, message_id, error, attributes)], None, time.time_ns())
 
 
 def start_publish(records: Sequence[Any]) -> tuple[Sequence[Any], _Publishing | None]:

@@ -31,9 +31,7 @@ class EventTimeAlignment:
     """The shared frontiers of one input's partitions (see the module doc)."""
 
     def __init__(self, event_time: EventTime, max_ahead: float, idle_after: float) -> None:
-        self._event_time = event_time
-        self._max_ahead = max_ahead
-        self._idle_after = idle_after
+        self._event_time, self._max_ahead, self._idle_after = event_time, max_ahead, idle_after
         self._lock = threading.Lock()
         self._frontier: dict[Key, float] = {}
         self._active: dict[Key, float] = {}

@@ -50,12 +50,10 @@ def count_start(consumer: Consumer, topic: str, partition: int, offset: int
     """
     committed = consumer.committed([TopicPartition(topic, partition)], timeout=2)[0]
     before, fetching = parse(committed.metadata)
-    starts, at = (before + 1, committed.offset) if before and committed.offset >= offset \
-        else (1, offset)
-    fetching = fetching if before and committed.offset >= offset else 0
-    consumer.commit(offsets=[TopicPartition(topic, partition, at,
-                                            metadata=_metadata(starts, fetching))],
-                    asynchronous=True)
+    resumed = before and committed.offset >= offset
+    starts, at, fetching = (before + 1, committed.offset, fetching) if resumed else (1, offset, 0)
+    consumer.commit(offsets=[TopicPartition(topic, partition, at, metadata=_metadata(
+        starts, fetching))], asynchronous=True)
     return starts, at, fetching
 
 
@@ -70,8 +68,7 @@ class CarefulReader:
         self._starts, self._at, self._fetching = starts, at, fetching
         self._key = (topic, partition)
         self._marked: int | None = None  # the offset on record as being fetched
-        self.consumer = Consumer({**config, **ONE_BATCH_PER_FETCH})
-        self._assigned = False
+        self.consumer, self._assigned = Consumer({**config, **ONE_BATCH_PER_FETCH}), False
 
     def move(self) -> None:
         """Fetch nothing more until the next :meth:`take` (which reads at its offset)."""

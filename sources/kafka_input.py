@@ -65,15 +65,13 @@ class StartPosition:
 class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
     """Reads one topic; each Kafka partition is a Bytewax partition."""
 
-    def __init__(
-        self, client_config: Mapping[str, Any], topic: str, *, process: Process,
-        start: StartPosition | None = None, tail: bool = True, batch_size: int = 1000,
-        idle_poll: timedelta = timedelta(milliseconds=20), stuck_after: float = 30.0,
-        fetch_wait_ms: int = 10, receive_max_bytes: int = 100_000_000,
-        partition_check: float = 0.0, backoff: Backoff | None = None,
-        count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
-        flow: str = "", alignment: EventTimeAlignment | None = None,
-    ) -> None:
+    def __init__(self, client_config: Mapping[str, Any], topic: str, *, process: Process,
+                 start: StartPosition | None = None, tail: bool = True, batch_size: int = 1000,
+                 idle_poll: timedelta = timedelta(milliseconds=20), stuck_after: float = 30.0,
+                 fetch_wait_ms: int = 10, receive_max_bytes: int = 100_000_000,
+                 partition_check: float = 0.0, backoff: Backoff | None = None,
+                 count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
+                 flow: str = "", alignment: EventTimeAlignment | None = None) -> None:
         """``stuck_after``, ``partition_check``: seconds between checks (0: none)."""
         self.client_config: dict[str, Any] = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
@@ -275,7 +273,10 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
                 raw_headers = _HEADERS_OF(msg)
                 headers = _headers(raw_headers) if raw_headers else ()
             except Exception as exc:  # noqa: BLE001 - the record is read without its headers
-                headers = _unreadable_headers(topic, partition, offset, exc)
+                headers = ()
+                log_event(logger, "input-headers-unreadable", logging.WARNING,
+                          source=f"{topic}[{partition}]@{offset}", error=type(exc).__name__,
+                          detail=str(exc.__cause__ or exc)[:200])
             append(SourceRecord(topic, partition, offset, msg.key(), msg.value(), headers, now))
             next_offset = offset + 1
             last = msg
@@ -286,8 +287,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if high >= 0:
             self._progress.high_watermark = high
         if last is not None:
-            self._read_at = now
-            self._waiting_at = None
+            self._read_at, self._waiting_at = now, None
             if self._open_transaction:
                 self._say_open_transaction(None)
             self._progress.read(next_offset or 0, last.timestamp()[1], time.time())
@@ -407,8 +407,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         """
         self._stuck_check_at = now + self._src.stuck_after
         try:
-            low, high = self._consumer.get_watermark_offsets(self._tp, timeout=1.0,
-                                                             cached=False)
+            low, high = self._consumer.get_watermark_offsets(self._tp, timeout=1.0, cached=False)
         except KafkaException as exc:
             if error_name(exc) == "_TIMED_OUT":
                 self._shared.not_answering("_TIMED_OUT")
@@ -460,8 +459,7 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
         if self._src.commits and offset is not None:
             self._committed = offset
             try:
-                self._shared.consumer.commit(offsets=[Tp(*self._key, offset)],
-                                             asynchronous=True)
+                self._shared.consumer.commit(offsets=[Tp(*self._key, offset)], asynchronous=True)
             except KafkaException as exc:
                 log_event(logger, "consumer-group-commit-failed", logging.WARNING,
                           partitions=[waiter(self._key)], error=error_name(exc))
@@ -482,15 +480,6 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
 _HEADERS_OF = operator.methodcaller("headers")
 
 
-def _unreadable_headers(topic: str, partition: int, offset: int, exc: Exception
-                        ) -> tuple[tuple[str, bytes], ...]:
-    """No headers for a record whose headers cannot be read (a name not UTF-8): logged."""
-    log_event(logger, "input-headers-unreadable", logging.WARNING,
-              source=f"{topic}[{partition}]@{offset}", error=type(exc).__name__,
-              detail=str(exc.__cause__ or exc)[:200])
-    return ()
-
-
 def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
     """``msg.headers()`` as ``SourceRecord.headers``: None -> (), a null value -> ``b""``."""
     if not raw or not isinstance(raw, list):
@@ -499,6 +488,3 @@ def _headers(raw: object) -> tuple[tuple[str, bytes], ...]:
         if value is None:
             return tuple([(name, value or b"") for name, value in raw])
     return tuple(raw)
-
-
-__all__ = ["InputItem", "KafkaInput", "StartPosition"]

@@ -43,8 +43,7 @@ class PartitionProgress:
     def read(self, next_offset: int, record_time_ms: int | None, now: float,
              monotonic: float | None = None) -> None:
         """A poll returned records up to ``next_offset - 1`` (at wall time ``now``)."""
-        self.next_offset = next_offset
-        self.last_read = now
+        self.next_offset, self.last_read = next_offset, now
         self.last_read_monotonic = time.monotonic() if monotonic is None else monotonic
         if record_time_ms is not None and record_time_ms > 0:
             self.last_record_time = record_time_ms / 1000.0

@@ -65,16 +65,10 @@ class TopicWatch:
 
     def __init__(self, admin: AdminClient, topic: str, *, partitions: int,
                  known_id: str | None, interval: float, stopping: Shutdown) -> None:
-        self._admin = admin
-        self._topic = topic
-        self._partitions = partitions
-        self._id = known_id
-        self._interval = interval
-        self._stopping = stopping
-        self._due = time.monotonic() + interval
+        self._admin, self._topic, self._partitions, self._id = admin, topic, partitions, known_id
+        self._interval, self._stopping, self._due = interval, stopping, time.monotonic() + interval
         self._asked: tuple[Future[Any], Future[Any]] | None = None
-        self._unavailable = False
-        self._compacted = False
+        self._unavailable, self._compacted = False, False
 
     def cleanup(self, policy: str | None) -> None:
         """Set the compacted gauge from ``policy``; said when it becomes compacted."""

@@ -49,11 +49,8 @@ class BatchProbe:
 
     def __init__(self, config: Mapping[str, Any], topic: str, partition: int, base: int, *,
                  stopping: Callable[[], bool], timeout: float = 10.0) -> None:
-        self._tp = TopicPartition(topic, partition)
-        self._base = base
-        self._stopping = stopping
-        self._timeout = timeout
-        self._consumer = Consumer(dict(config))
+        self._tp, self._base, self._stopping = TopicPartition(topic, partition), base, stopping
+        self._timeout, self._consumer = timeout, Consumer(dict(config))
 
     def inside(self, offset: int) -> bool:
         """True when a fetch from ``offset`` gets the batch at ``base`` (its error again).

@@ -135,10 +135,9 @@ def pod_hosts(statefulset: Object, ips: Sequence[str]) -> dict[str, str]:
             for host in (base, f"{base}.{namespace}", f"{base}.{namespace}.svc.cluster.local")}
 
 
-def translate_pod(manifests: Manifests, workload: Object, *, pod_name: str, pod_ip: str,
-                  image: str, pod_dir: Path, claims_dir: Path,
-                  hosts: Mapping[str, str] | None = None, ports: Mapping[int, int] | None = None,
-                  memory_dir: Path | None = None) -> Pod:
+def translate_pod(manifests: Manifests, workload: Object, *, pod_name: str, pod_ip: str, image: str,
+                  pod_dir: Path, claims_dir: Path, hosts: Mapping[str, str] | None = None,
+                  ports: Mapping[int, int] | None = None, memory_dir: Path | None = None) -> Pod:
     """The pod template of a StatefulSet or Job as one :class:`Pod`."""
     if workload["kind"] not in ("StatefulSet", "Job"):
         raise TranslationError(f"cannot run a {workload['kind']}")

@@ -237,8 +237,7 @@ class Deployment:
         """
         topics = [self.settings["USER_ACTIVITY_TOPIC_FAVORITE_ADDED"],
                   self.settings["USER_ACTIVITY_TOPIC_FAVORITE_REMOVED"]]
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all",
-                             "linger.ms": 10})
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 10})
         bursts = 10 if seconds else 1
         for i in range(count):
             envelope = favorite_envelope(anonymous_id=self.devices[(seed * 7919 + i)
@@ -484,8 +483,7 @@ def session_linking(d: Deployment) -> str:
         records = consume_json(d.bootstrap, topic)
         per_user = {str(u): sum(str(u) in orjson.dumps(r).decode().lower() for r in records)
                     for u in users.values()}
-        done = linked_users == users and unpublished(d.dsn, topic) == 0 and len(
-            records) >= SIGN_INS
+        done = linked_users == users and unpublished(d.dsn, topic) == 0 and len(records) >= SIGN_INS
         if done or time.monotonic() > deadline:
             break
         time.sleep(1.0)
@@ -502,18 +500,14 @@ def session_linking(d: Deployment) -> str:
 
 
 STEPS: tuple[tuple[str, Callable[[Deployment], str]], ...] = (
-    ("rootfs: uid 10001, read-only", read_only_check),
-    ("job: migrate", migrate),
-    ("job: create-topics", create_topics),
-    ("backlog produced", backlog),
+    ("rootfs: uid 10001, read-only", read_only_check), ("job: migrate", migrate),
+    ("job: create-topics", create_topics), ("backlog produced", backlog),
     ("favorites: 2 pods started", start_favorites),
     ("favorites: probes, /metrics", probe_favorites),
     ("favorites: backlog exactly once", backlog_exactly_once),
     ("favorites: SIGKILL lease holder, replace", kill_and_replace),
     ("favorites: SIGTERM all, restart", rolling_stop),
-    ("job: backfill (dry run, window)", backfill),
-    ("session-linking: sign-ins", session_linking),
-)
+    ("job: backfill (dry run, window)", backfill), ("session-linking: sign-ins", session_linking))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,29 +60,23 @@ class HttpAnswer:
 class JobProcess:
     """A job in a subprocess; start / kill -9 / terminate / restart on one recovery directory."""
 
-    def __init__(
-        self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW,
-        workers: int | None = None, tail: bool | None = True, recovery: bool = True,
-        recovery_dir: Path | None = None, snapshot_interval: float = 1,
-        backup_interval: float = 10, host: str = "127.0.0.1", port: int | None = None,
-        log_path: Path | None = None, env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
-        cluster: tuple[int, str] | None = None,
-    ) -> None:
-        self.workdir = workdir
-        self.cluster = cluster
+    def __init__(self, settings: Settings, workdir: Path, *, flow: str = FAVORITES_FLOW,
+                 workers: int | None = None, tail: bool | None = True, recovery: bool = True,
+                 recovery_dir: Path | None = None, snapshot_interval: float = 1,
+                 backup_interval: float = 10, host: str = "127.0.0.1", port: int | None = None,
+                 log_path: Path | None = None, env: Mapping[str, str] | None = None,
+                 extra_env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                 cluster: tuple[int, str] | None = None) -> None:
+        self.workdir, self.cluster = workdir, cluster
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.flow = flow
-        self.workers = workers
+        self.flow, self.workers = flow, workers
         self.recovery_dir = (recovery_dir or workdir / "recovery") if recovery else None
         self.port = free_port() if port is None else port
         update: dict[str, Any] = {"http_port": self.port, "http_host": host}
         if tail is not None:
             update["tail"] = tail
-        self.settings = settings.model_copy(update=update)
-        self.cwd = cwd or ROOT
-        self._snapshot_interval = snapshot_interval
-        self._backup_interval = backup_interval
+        self.settings, self.cwd = settings.model_copy(update=update), cwd or ROOT
+        self._snapshot_interval, self._backup_interval = snapshot_interval, backup_interval
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
@@ -171,8 +165,7 @@ class JobProcess:
                 if pid == 0:
                     return None
                 proc.returncode = os.waitstatus_to_exitcode(status)
-                self.rusage = rusage
-                self.exited_at = time.monotonic()
+                self.rusage, self.exited_at = rusage, time.monotonic()
             return proc.returncode
 
     def _wait_exit(self, timeout: float) -> int | None:
@@ -211,9 +204,7 @@ class JobProcess:
         """Wait up to ``timeout`` s for the job to exit by itself; its exit code, or None."""
         if self._proc is None:
             return self.exit_codes[-1] if self.exit_codes else None
-        if self._wait_exit(timeout) is None:
-            return None
-        return self.reap(1.0)
+        return None if self._wait_exit(timeout) is None else self.reap(1.0)
 
     def reap(self, timeout: float) -> int:
         """Wait for the current process to exit and record its exit code (``exit_codes``)."""
@@ -325,10 +316,9 @@ class JobProcess:
         return "\n".join(parts)
 
 
-def wait_until(
-    condition: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.2,
-    exited: Callable[[], str | None] = lambda: None, context: Callable[[], str] = lambda: "",
-) -> float:
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, *, interval: float = 0.2,
+               exited: Callable[[], str | None] = lambda: None,
+               context: Callable[[], str] = lambda: "") -> float:
     """Poll ``condition`` until true; the seconds it took."""
     started = time.monotonic()
     while True:

@@ -22,19 +22,12 @@ def new_id() -> uuid.UUID:
     return uuid.uuid4()
 
 
-def favorite_envelope(
-    *,
-    message_id: uuid.UUID | None = None,
-    favorite_id: uuid.UUID | None = None,
-    property_object_id: uuid.UUID | None = None,
-    user_id: uuid.UUID | None = None,
-    anonymous_id: uuid.UUID | None = None,
-    occurred_at: str = OCCURRED_AT,
-    created_at: datetime | None = None,
-    version: int = 1,
-    correlation_id: str | None = "corr-1",
-    extra_payload: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def favorite_envelope(*, message_id: uuid.UUID | None = None, favorite_id: uuid.UUID | None = None,
+                      property_object_id: uuid.UUID | None = None, user_id: uuid.UUID | None = None,
+                      anonymous_id: uuid.UUID | None = None, occurred_at: str = OCCURRED_AT,
+                      created_at: datetime | None = None, version: int = 1,
+                      correlation_id: str | None = "corr-1",
+                      extra_payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """A favorite-added/removed envelope as a .NET producer writes it (FavoriteId upper case)."""
     favorite_id = favorite_id or new_id()
     payload: dict[str, Any] = {
@@ -42,29 +35,18 @@ def favorite_envelope(
         "PropertyObjectId": str(property_object_id or new_id()),
         "UserId": None if user_id is None else str(user_id),
         "AnonymousId": None if anonymous_id is None else str(anonymous_id),
-        "OccurredAt": occurred_at,
-        **(extra_payload or {}),
-    }
+        "OccurredAt": occurred_at, **(extra_payload or {})}
     return {
         "MessageId": str(message_id or new_id()),
-        "CreatedAt": (created_at or datetime.now(UTC)).isoformat(),
-        "Version": version,
-        "AggregateId": str(favorite_id),
-        "AggregateType": "Favorite",
-        "CorrelationId": correlation_id,
-        "Payload": payload,
-    }
+        "CreatedAt": (created_at or datetime.now(UTC)).isoformat(), "Version": version,
+        "AggregateId": str(favorite_id), "AggregateType": "Favorite",
+        "CorrelationId": correlation_id, "Payload": payload}
 
 
-def sign_in_envelope(
-    *,
-    user_id: uuid.UUID,
-    anonymous_id: uuid.UUID,
-    message_id: uuid.UUID | None = None,
-    signed_in_at: str | None = None,
-    created_at: datetime | None = None,
-    correlation_id: str | None = "corr-sign-in",
-) -> dict[str, Any]:
+def sign_in_envelope(*, user_id: uuid.UUID, anonymous_id: uuid.UUID,
+                     message_id: uuid.UUID | None = None, signed_in_at: str | None = None,
+                     created_at: datetime | None = None,
+                     correlation_id: str | None = "corr-sign-in") -> dict[str, Any]:
     """A user-signed-in envelope (ASSUMED contract), keyed by UserId like identity produces it."""
     return {
         "MessageId": str(message_id or new_id()),
@@ -74,8 +56,6 @@ def sign_in_envelope(
         "AggregateType": "User",
         "CorrelationId": correlation_id,
         "Payload": {
-            "UserId": str(user_id),
-            "AnonymousId": str(anonymous_id).upper(),
-            "SignedInAt": signed_in_at or dotnet_time(datetime.now(UTC)),
-        },
+            "UserId": str(user_id), "AnonymousId": str(anonymous_id).upper(),
+            "SignedInAt": signed_in_at or dotnet_time(datetime.now(UTC))},
     }

@@ -25,16 +25,10 @@ class Session:
     user_id: uuid.UUID | None = None
 
 
-def insert_session(
-    conn: psycopg.Connection[Any],
-    *,
-    anonymous_id: uuid.UUID,
-    user_id: uuid.UUID | None = None,
-    status: str = "Active",
-    last_activity_at: datetime | None = None,
-    session_id: uuid.UUID | None = None,
-    linked_at: datetime | None = None,
-) -> uuid.UUID:
+def insert_session(conn: psycopg.Connection[Any], *, anonymous_id: uuid.UUID,
+                   user_id: uuid.UUID | None = None, status: str = "Active",
+                   last_activity_at: datetime | None = None, session_id: uuid.UUID | None = None,
+                   linked_at: datetime | None = None) -> uuid.UUID:
     """One session row (started an hour before its last activity); its id."""
     session_id = session_id or uuid.uuid4()
     now = datetime.now(UTC)
@@ -50,10 +44,8 @@ def insert_session(
     return session_id
 
 
-def seed_sessions(
-    conn: psycopg.Connection[Any], sessions: Sequence[Session], *,
-    started_ago: timedelta = timedelta(0),
-) -> None:
+def seed_sessions(conn: psycopg.Connection[Any], sessions: Sequence[Session], *,
+                  started_ago: timedelta = timedelta(0)) -> None:
     """COPY ``sessions`` into ``user_activity.sessions``."""
     now = datetime.now(UTC)
     stamp = now.isoformat()

@@ -24,8 +24,7 @@ class ClockCheck:
 
     def __init__(self, restart: Callable[[str], None],
                  clock: Callable[[], float] = lambda: time.time() - time.monotonic()) -> None:
-        self._restart = restart
-        self._clock = clock
+        self._restart, self._clock = restart, clock
         self._last = self._highest = clock()
 
     def check(self) -> None:

@@ -38,13 +38,10 @@ class ClusterStop:
 
     def __init__(self, dsn: str, flow: str, stopping: Shutdown, *,
                  tcp_options: Mapping[str, Any] | None = None) -> None:
-        self._dsn = dsn
-        self._tcp_options = dict(tcp_options or {})
-        self._flow = flow
+        self._dsn, self._tcp_options, self._flow = dsn, dict(tcp_options or {}), flow
         self._stopping = stopping
         self._started_at: datetime | None = None
-        self._born = time.monotonic()
-        self._announced = False
+        self._born, self._announced = time.monotonic(), False
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
 
     def check(self) -> None:
@@ -72,17 +69,15 @@ class ClusterStop:
             row = conn.execute("SELECT now()").fetchone()
             assert row is not None
             self._started_at = row[0] - timedelta(seconds=time.monotonic() - self._born)
-        if self._stopping.requested():
-            if self._stopping.signal != PEER_STOP:
-                conn.execute(_REQUEST, (self._flow, socket.gethostname()))
-                log_event(logger, "cluster-stop-requested", logging.WARNING, flow=self._flow)
-            self._announced = True
-            self.close()
-            return
-        row = conn.execute(_LATEST, (self._flow,)).fetchone()
-        if row is not None and row[0] > self._started_at:
+        if not self._stopping.requested():
+            row = conn.execute(_LATEST, (self._flow,)).fetchone()
+            if row is None or row[0] <= self._started_at:
+                return
             log_event(logger, "cluster-stop-received", logging.WARNING, flow=self._flow,
                       requested_by=row[1])
             self._stopping.request(PEER_STOP)
-            self._announced = True
-            self.close()
+        elif self._stopping.signal != PEER_STOP:
+            conn.execute(_REQUEST, (self._flow, socket.gethostname()))
+            log_event(logger, "cluster-stop-requested", logging.WARNING, flow=self._flow)
+        self._announced = True
+        self.close()

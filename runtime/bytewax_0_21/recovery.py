@@ -14,7 +14,7 @@ import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -89,8 +89,7 @@ def run_options(argv: Sequence[str], environ: Mapping[str, str]) -> RunOptions:
         Path(directory) if directory else None,
         int(snapshot) if snapshot is not None and snapshot.strip().isdigit() else None,
         int(process) if process is not None and str(process).strip().isdigit() else 0,
-        max(processes, 1),
-    )
+        max(processes, 1))
 
 
 def read_store(directory: Path) -> Store:
@@ -249,27 +248,23 @@ def require_room(directory: Path, min_free_bytes: int) -> None:
 def watch(directory: Path, min_free_bytes: int) -> None:
     """Export the volume's free space; a crash while it is short exits 74 (one line)."""
     RECOVERY_VOLUME_MIN_FREE_BYTES.set(min_free_bytes)
-    RECOVERY_VOLUME_FREE_BYTES.set_function(lambda: _free_bytes(directory))
-    sys.excepthook = _crash_hook(directory, min_free_bytes, sys.excepthook)
+    RECOVERY_VOLUME_FREE_BYTES.set_function(lambda: float(
+        "nan") if (space := measure(directory)) is None else float(space.free_bytes))
+    previous = sys.excepthook
 
-
-def _crash_hook(
-    directory: Path, min_free_bytes: int,
-    previous: Callable[[type[BaseException], BaseException, TracebackType | None], object],
-) -> Callable[[type[BaseException], BaseException, TracebackType | None], None]:
     def hook(kind: type[BaseException], error: BaseException,
              traceback: TracebackType | None) -> None:
         space = measure(directory)
-        if space is None or not is_short(space, min_free_bytes):
-            previous(kind, error, traceback)
-            return
-        _log_full(directory, space, min_free_bytes, "the job stopped: a snapshot could not be"
-                  " written (the traceback follows)")
+        short = space is not None and is_short(space, min_free_bytes)
+        if space is not None and short:
+            _log_full(directory, space, min_free_bytes, "the job stopped: a snapshot could not"
+                      " be written (the traceback follows)")
         previous(kind, error, traceback)
-        sys.stderr.flush()
-        os._exit(RECOVERY_VOLUME_FULL)
+        if short:
+            sys.stderr.flush()
+            os._exit(RECOVERY_VOLUME_FULL)
 
-    return hook
+    sys.excepthook = hook
 
 
 def _log_full(directory: Path, space: VolumeSpace, min_free_bytes: int, what: str) -> None:
@@ -279,8 +274,3 @@ def _log_full(directory: Path, space: VolumeSpace, min_free_bytes: int, what: st
               consequence=f"{what}; nothing is lost: free space on the volume (or grow it) and"
                           " start again, it resumes from its last snapshot",
               exit_code=RECOVERY_VOLUME_FULL)
-
-
-def _free_bytes(directory: Path) -> float:
-    space = measure(directory)
-    return float("nan") if space is None else float(space.free_bytes)
