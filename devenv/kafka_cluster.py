@@ -200,7 +200,8 @@ class KafkaCluster:
         ensure_topics(self.client_config(), topics, partitions, self.replication_factor)
 
     def leader_of(self, topic: str, partition: int) -> int:
-        """The id of the node leading ``topic[partition]`` in the metadata (-1: none)."""
+        """The id of the live node leading ``topic[partition]`` (waits until there is one)."""
+        self.wait_leaders_available([topic])  # a new topic or a failover: known everywhere soon
         leader: int = self._partitions([topic])[(topic, partition)].leader
         return leader
 
@@ -300,8 +301,14 @@ class KafkaCluster:
                           context=lambda: str(last[0]))
 
     def _wait_acl(self, binding: AclBinding, present: bool, timeout: float) -> None:
+        """Until every live node describes ``binding`` as ``present`` (each applies it apart)."""
+        config = self.client_config()
+        admins = [AdminClient({**config, "bootstrap.servers": self.nodes[i].bootstrap},
+                              logger=QUIET_RDKAFKA_LOGGER) for i in sorted(self._live())]
+
         def effective() -> bool:
-            return (binding in self._admin.describe_acls(_filter(binding)).result(10)) == present
+            return all((binding in admin.describe_acls(_filter(binding)).result(10)) == present
+                       for admin in admins)
 
         wait_until(effective, timeout, f"{binding} {'granted' if present else 'revoked'}",
                    interval=0.1)

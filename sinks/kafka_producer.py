@@ -62,6 +62,9 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
         "linger.ms": 5,
         "compression.type": "lz4",
         "message.timeout.ms": 30_000,
+        # below the records' time-out: a hung (frozen) leader fails the request, whose records
+        # librdkafka resends to the new leader with their sequence numbers (no copy), not we
+        "socket.timeout.ms": 10_000,
         "allow.auto.create.topics": False,
         "delivery.report.only.error": True,
         "socket.connection.setup.timeout.ms": 5_000,

@@ -182,10 +182,12 @@ class PacedProducer(threading.Thread):
     """Produces a stream at a steady rate in the background (a live upstream service).
 
     Idempotent with a 5-minute delivery timeout, so a broker outage delays records but never
-    loses or duplicates them. ``deliveries[i]`` is where record ``i`` landed.
+    loses or duplicates them. ``deliveries[i]`` is where record ``i`` landed. ``overrides``:
+    librdkafka settings on top.
     """
 
-    def __init__(self, settings: Settings, records: Sequence[Outgoing], rate: float) -> None:
+    def __init__(self, settings: Settings, records: Sequence[Outgoing], rate: float,
+                 **overrides: Any) -> None:
         super().__init__(name="paced-producer", daemon=True)
         self._config = {
             **settings.kafka_client_config(),
@@ -194,6 +196,7 @@ class PacedProducer(threading.Thread):
             "linger.ms": 5,
             "message.timeout.ms": 300_000,
             "logger": logging.getLogger("tests.paced_producer"),  # not raw stderr
+            **overrides,
         }
         self._records = records
         self._rate = rate

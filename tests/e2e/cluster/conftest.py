@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from cli.migrate import apply_migrations
 from devenv.kafka_cluster import KafkaCluster
+from runtime.settings import Settings
+from tests.support import scratch_database
 
 USERS = {"job": "job-secret", "other": "other-secret"}
 """The cluster's users besides ``admin``, with their passwords (no ACLs at first)."""
@@ -48,3 +52,38 @@ def kafka_cluster(shared_kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     """The shared cluster; what a test froze or stopped runs again after it (``heal``)."""
     yield shared_kafka_cluster
     shared_kafka_cluster.heal()
+
+
+@pytest.fixture
+def own_database(database_url: str) -> Iterator[str]:
+    """A migrated database of the test's own (the cluster's topics exist nowhere else)."""
+    with scratch_database(database_url, "cluster") as dsn:
+        apply_migrations(dsn)
+        yield dsn
+
+
+@pytest.fixture
+def cluster_settings(kafka_cluster: KafkaCluster, own_database: str) -> Callable[..., Settings]:
+    """``(prefix, user, **overrides)`` -> the settings of a job on the cluster as ``user``.
+
+    Every topic and both groups are named ``<prefix>.<name>``; the database is ``own_database``.
+    """
+
+    def factory(prefix: str, user: str, **overrides: Any) -> Settings:
+        topics: dict[str, Any] = {
+            name: f"{prefix}.{name.removeprefix('topic_').replace('_', '-')}"
+            for name, field in Settings.model_fields.items()
+            if name.startswith("topic_") and isinstance(field.default, str)}
+        values: dict[str, Any] = {
+            "kafka_bootstrap_servers": kafka_cluster.bootstrap,
+            "kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_mechanism": "PLAIN",
+            "kafka_sasl_username": user,
+            "kafka_sasl_password": kafka_cluster.client_config(user)["sasl.password"],
+            "database_url": own_database, **topics,
+            "consumer_group_favorites": f"{prefix}.favorites",
+            "consumer_group_session_linking": f"{prefix}.session-linking",
+            "http_port": 0, "retry_initial_seconds": 0.2, "retry_max_seconds": 2.0,
+            "outbox_idle_poll_seconds": 0.2, **overrides}
+        return Settings(**values)
+
+    return factory

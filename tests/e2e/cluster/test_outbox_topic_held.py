@@ -10,7 +10,7 @@ the test's own (the cluster's topics exist nowhere else).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from cli.migrate import apply_migrations
 from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, JobSupervisor
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
@@ -36,7 +35,6 @@ from tests.support import (
     consume_all,
     envelope_record,
     produce,
-    scratch_database,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("kafka-cluster")]
@@ -46,29 +44,6 @@ SIGN_INS, FAVORITES = 20, 30
 OUTPUTS = ("action_tracked", "session_linked", "session_ended", "favorites_dlq",
            "session_linking_dlq")
 """The topics the job may write: every output but session-started."""
-
-
-@pytest.fixture
-def own_database(database_url: str) -> Iterator[str]:
-    with scratch_database(database_url, "cluster") as dsn:
-        apply_migrations(dsn)
-        yield dsn
-
-
-def _settings(cluster: KafkaCluster, dsn: str, prefix: str, user: str) -> Settings:
-    topics: dict[str, Any] = {name: f"{prefix}.{name.removeprefix('topic_').replace('_', '-')}"
-                              for name, field in Settings.model_fields.items()
-                              if name.startswith("topic_") and isinstance(field.default, str)}
-    config = cluster.client_config(user)
-    return Settings(
-        kafka_bootstrap_servers=cluster.bootstrap, kafka_security_protocol="SASL_PLAINTEXT",
-        kafka_sasl_mechanism="PLAIN", kafka_sasl_username=user,
-        kafka_sasl_password=config["sasl.password"], database_url=dsn, **topics,
-        consumer_group_favorites=f"{prefix}.favorites",
-        consumer_group_session_linking=f"{prefix}.session-linking",
-        http_port=0, retry_initial_seconds=0.2, retry_max_seconds=2.0,
-        outbox_idle_poll_seconds=0.2, outbox_stall_seconds=3,
-        session_linking_lateness_seconds=1)
 
 
 def _grant_all_but_session_started(cluster: KafkaCluster, settings: Settings,
@@ -95,11 +70,13 @@ def _active(prom: PrometheusServer, topic: str) -> list[dict[str, Any]]:
 
 
 def test_a_topic_the_job_may_not_write_holds_back_its_rows_alone_until_granted(
-    kafka_cluster: KafkaCluster, own_database: str, jobs: JobSupervisor, tmp_path: Path,
+    kafka_cluster: KafkaCluster, own_database: str, cluster_settings: Callable[..., Settings],
+    jobs: JobSupervisor, tmp_path: Path,
 ) -> None:
     prefix = f"held-{uuid.uuid4().hex[:8]}"
-    settings = _settings(kafka_cluster, own_database, prefix, "job")
-    admin = _settings(kafka_cluster, own_database, prefix, ADMIN)  # the platform's tools
+    tuned = {"outbox_stall_seconds": 3, "session_linking_lateness_seconds": 1}
+    settings = cluster_settings(prefix, "job", **tuned)
+    admin = cluster_settings(prefix, ADMIN, **tuned)  # the platform's tools
     kafka_cluster.create_topics(admin.all_topics(), partitions=3)
     _grant_all_but_session_started(kafka_cluster, settings, prefix)
     started_topic = settings.topic_session_started
