@@ -23,10 +23,8 @@ INDEX_ABOVE = 1024  # above this many ids a window also keeps a hash index
 
 _EXPIRY_TYPE = "I"
 _UNKNOWN_WIDTH = -1  # an empty window's width until its first id
-_BIG_ENDIAN = sys.byteorder == "big"
-
-if array(_EXPIRY_TYPE).itemsize != 4:  # pragma: no cover - every supported platform
-    raise ImportError("DedupWindow needs a 4-byte array('I')")
+if array(_EXPIRY_TYPE).itemsize != 4 or sys.byteorder != "little":  # pragma: no cover
+    raise ImportError("DedupWindow needs a little-endian 4-byte array('I') (its snapshot format)")
 
 
 class DedupWindow:
@@ -47,14 +45,8 @@ class DedupWindow:
     __slots__ = ("_exp", "_ids", "_index", "_index_above", "_max_ids", "_start", "_ttl", "_used",
                  "_width", "forgotten_early")
 
-    def __init__(
-        self,
-        ttl: float,
-        state: DedupState | None = None,
-        *,
-        index_above: int = INDEX_ABOVE,
-        max_ids: int | None = None,
-    ) -> None:
+    def __init__(self, ttl: float, state: DedupState | None = None, *,
+                 index_above: int = INDEX_ABOVE, max_ids: int | None = None) -> None:
         """Restored from ``state`` (a :meth:`snapshot`) if given; ``max_ids`` None: unbounded."""
         if max_ids is not None and max_ids < 1:
             raise ValueError(f"max_ids must be at least 1, not {max_ids}")
@@ -127,19 +119,13 @@ class DedupWindow:
 
     def next_expiry(self) -> float | None:
         """When the oldest id expires (None when empty)."""
-        if self._start < len(self._exp):
-            return float(self._exp[self._start])
-        return None
+        return float(self._exp[self._start]) if self._start < len(self._exp) else None
 
     def snapshot(self) -> DedupState:
         """The live ids and expiries as ``(bytes, bytes)`` (see :data:`DedupState`)."""
         start = self._start
         with memoryview(self._ids) as ids, memoryview(self._exp) as exp:
             live_ids = ids[start * self._width :].tobytes()
-            if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian
-                swapped = self._exp[start:]
-                swapped.byteswap()
-                return live_ids, swapped.tobytes()
             return live_ids, exp[start:].tobytes()
 
     def __len__(self) -> int:
@@ -208,8 +194,6 @@ def _from_snapshot(state: DedupState) -> tuple[int, bytearray, array[int]]:
     if len(expiries) % 4:
         raise ValueError(f"dedup snapshot: {len(expiries)} bytes of expiries")
     exp = array(_EXPIRY_TYPE, expiries)
-    if _BIG_ENDIAN:  # pragma: no cover - the format is little-endian
-        exp.byteswap()
     if not exp:
         if ids:
             raise ValueError("dedup snapshot: ids without expiries")

@@ -19,17 +19,15 @@ from typing import Any
 
 from bytewax.dataflow import Dataflow
 
-from runtime.settings import Settings
-
 
 def flow_attribute(flow_module: str, name: str) -> Any:
     """``build_flow`` from ``flow_module``, or the job's ``flow`` (:func:`start_job`)."""
+    if name not in ("build_flow", "flow"):
+        raise AttributeError(name)
     module = importlib.import_module(flow_module)
     if name == "build_flow":
         return module.build_flow
-    if name == "flow":
-        return start_job(module, flow_module.split(".")[1])
-    raise AttributeError(name)
+    return start_job(module, flow_module.split(".")[1])
 
 
 def start_job(module: ModuleType, flow_id: str) -> Dataflow:
@@ -65,7 +63,8 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
               f" {settings.http_host}:{settings.http_port} (USER_ACTIVITY_HTTP_HOST,"
               f" USER_ACTIVITY_HTTP_PORT): {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    tracing.configure_from_env(_consumer_group(settings, flow_id))
+    tracing.configure_from_env(settings.consumer_group_favorites if flow_id == "favorite_actions"
+                               else settings.consumer_group_session_linking)
     publisher = OutboxPublisher(settings, process=process) if settings.outbox_enabled else None
 
     housekeeping = Housekeeping()
@@ -79,9 +78,8 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     if publisher is not None:
         watchdog = OutboxWatchdog(settings, process=process)
         housekeeping.every(watchdog.interval, "outbox-watchdog", watchdog.measure)
-        if settings.maintenance_interval_seconds > 0:
-            housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
-                               maintenance_task(settings))
+        housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
+                           maintenance_task(settings))  # not at all when the interval is 0
 
     flow: Dataflow = module.build_flow(settings, process=process, publisher=publisher)
     memory.tune_gc(settings.gc_young_threshold)
@@ -104,9 +102,3 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     atexit.register(finish)
     return flow
 
-
-def _consumer_group(settings: Settings, flow_id: str) -> str:
-    """The consumer group the flow's lag is reported under (a span attribute)."""
-    if flow_id == "session_linking":
-        return settings.consumer_group_session_linking
-    return settings.consumer_group_favorites

@@ -33,21 +33,16 @@ def partial_ids(value: bytes, payload_ids: Sequence[str]) -> tuple[tuple[str, st
         return ()
     if not isinstance(document, dict):
         return ()
-    found: list[tuple[str, str]] = []
     payload = document.get("Payload")
     sources = [("MessageId", document)]
     if isinstance(payload, dict):
         sources += [(name, payload) for name in payload_ids]
-    for name, source in sources:
-        text = source.get(name)
-        if isinstance(text, str) and len(text) <= _ID_MAX_LENGTH:
-            found.append((name, text))
-    return tuple(found)
+    return tuple((name, text) for name, source in sources
+                 if isinstance(text := source.get(name), str) and len(text) <= _ID_MAX_LENGTH)
 
 
-def parse_envelope(
-    record: SourceRecord, model: type[E], payload_ids: Sequence[str] = ()
-) -> E | DeadLetter:
+def parse_envelope(record: SourceRecord, model: type[E],
+                   payload_ids: Sequence[str] = ()) -> E | DeadLetter:
     """``record.value`` validated as ``model``, or a dead letter with a stable reason code.
 
     Null -> ``tombstone``; not UTF-8 -> ``not-utf8``; not JSON -> ``invalid-json``; not the
@@ -62,10 +57,7 @@ def parse_envelope(
     try:
         return model.model_validate_json(record.value)
     except ValidationError as exc:
-        reason = (
-            DlqReason.INVALID_JSON
-            if any(err["type"] == "json_invalid" for err in exc.errors())
-            else DlqReason.SCHEMA_MISMATCH
-        )
+        invalid_json = any(err["type"] == "json_invalid" for err in exc.errors())
+        reason = DlqReason.INVALID_JSON if invalid_json else DlqReason.SCHEMA_MISMATCH
         ids = partial_ids(record.value, payload_ids) if reason is DlqReason.SCHEMA_MISMATCH else ()
         return DeadLetter.now(record, reason, "ValidationError", ids=ids)

@@ -42,15 +42,10 @@ def log_consumer_error(error: ConsumerError) -> None:
               topic=error.topic, partition=error.partition, code=error.code, reason=error.reason)
 
 
-def _log_consumer_error(_step_id: str, error: ConsumerError) -> None:
-    log_consumer_error(error)
-
-
-def kafka_inputs(
-    flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]], start: StartPosition,
-    retries: Counter, *, flow_name: str, consumer_group: str, process: Process,
-    alignment: EventTimeAlignment | None = None,
-) -> Stream[InputItem]:
+def kafka_inputs(flow: Dataflow, settings: Settings, inputs: list[tuple[str, str]],
+                 start: StartPosition, retries: Counter, *, flow_name: str, consumer_group: str,
+                 process: Process,
+                 alignment: EventTimeAlignment | None = None) -> Stream[InputItem]:
     """One input step per ``(step_id, topic)``, merged: records and consumer errors.
 
     The stream's consumer must pass every :class:`ConsumerError` to :func:`log_consumer_error`.
@@ -75,10 +70,10 @@ def kafka_inputs(
 
 def without_consumer_errors(consumed: Stream[InputItem]) -> Stream[SourceRecord]:
     """The records of ``consumed``; its consumer errors go to :func:`log_consumer_error`."""
-    by_kind = op.branch(
-        "split_consumer_errors", consumed, lambda item: isinstance(item, SourceRecord)
-    )
-    op.inspect("log_consumer_errors", by_kind.falses, _log_consumer_error)  # type: ignore[arg-type]
+    by_kind = op.branch("split_consumer_errors", consumed,
+                        lambda item: isinstance(item, SourceRecord))
+    op.inspect("log_consumer_errors", by_kind.falses,
+               lambda _step_id, error: log_consumer_error(error))  # type: ignore[arg-type]
     return by_kind.trues  # type: ignore[return-value]
 
 
@@ -198,9 +193,8 @@ def deduplicated(step_id: str, keyed: Stream[tuple[str, M]], ttl: float,
                  ) -> Stream[tuple[str, M]]:
     """``keyed`` without the messages seen within ``ttl`` for the same key (:class:`DedupLogic`)."""
     meter = None if bound is None else DedupMeter(bound)
-    return op.stateful_batch(
-        step_id, keyed, lambda state: DedupLogic(ttl, state, on_duplicate, meter)
-    )
+    return op.stateful_batch(step_id, keyed,
+                             lambda state: DedupLogic(ttl, state, on_duplicate, meter))
 
 
 def warn_version_mismatch(message: Any, fields: Callable[[Any], dict[str, Any]]) -> Any:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from itertools import chain
 from typing import ClassVar, cast
-from uuid import UUID
 
 from psycopg.abc import Buffer
 from psycopg.adapt import AdaptersMap, Dumper, PyFormat, Transformer
@@ -54,10 +53,8 @@ class _ArrayDumper(Dumper):
         return obj.data
 
 
-_DUMPERS = [
-    (cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
-    for cls in (UuidArray, TextArray, ByteaArray, Int4Array, TimestamptzArray)
-]
+_DUMPERS = [(cls, type(f"{cls.__name__}Dumper", (_ArrayDumper,), {"oid": cls.array_oid}))
+            for cls in (UuidArray, TextArray, ByteaArray, Int4Array, TimestamptzArray)]
 _HEAD = struct.Struct("!iiIii")
 _EMPTY_HEAD = struct.Struct("!iiI")
 _INT4_ELEMENT = struct.Struct("!ii")
@@ -76,15 +73,9 @@ def int4_element(value: int) -> bytes:
     return _INT4_ELEMENT.pack(4, value)
 
 
-def uuid_element(value: UUID | None) -> bytes:
-    """``value`` as one uuid array element (or NULL)."""
-    return NULL if value is None else (UUID_FRAME | value.int).to_bytes(20, "big")
-
-
-timestamptz = cast(  # psycopg's own (C) binary dumper of an aware datetime (8 bytes)
-    "Callable[[datetime], Buffer]",
-    Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump,
-)
+# psycopg's own (C) binary dumper of an aware datetime (8 bytes)
+timestamptz = cast("Callable[[datetime], Buffer]",
+                   Transformer().get_dumper(datetime.now(UTC), PyFormat.BINARY).dump)
 
 
 def register_binary_arrays(adapters: AdaptersMap) -> None:

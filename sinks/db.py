@@ -8,6 +8,8 @@ server that never answers is bounded by the liveness probe (a restart).
 from __future__ import annotations
 
 import contextlib
+from functools import cache
+from importlib import resources
 from typing import Any
 
 import psycopg
@@ -18,6 +20,14 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 """A psycopg connection returning tuple rows."""
 
 SESSION_OPTIONS = "-c jit=off"  # the batch statements pass jit_above_cost; compiling costs more
+
+
+@cache
+def named_query(package: str, name: str) -> str:
+    """The text of ``{name}.sql`` in ``package``, a line ``--@other`` replaced by ``other.sql``."""
+    text = resources.files(package).joinpath(f"{name}.sql").read_text(encoding="utf-8")
+    return "".join(named_query(package, line.strip()[3:]) if line.startswith("--@") else line
+                   for line in text.splitlines(keepends=True))
 
 
 class Database:
@@ -53,6 +63,4 @@ class Database:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
 
-    def close(self) -> None:
-        """Close the connection for good."""
-        self.reset()
+    close = reset  # nothing reconnects unless connection() is called again

@@ -51,15 +51,9 @@ _MIN_PRODUCER_LIMIT = 1_000  # librdkafka's range for message.max.bytes ...
 _MAX_PRODUCER_LIMIT = 100_000_000  # ... capped at receive.message.max.bytes' default
 
 _UNREACHABLE_CODES = frozenset({
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._TIMED_OUT,
-    KafkaError._MSG_TIMED_OUT,
-    KafkaError._RESOLVE,
-    KafkaError._WAIT_COORD,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError.NETWORK_EXCEPTION,
-})
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+    KafkaError._MSG_TIMED_OUT, KafkaError._RESOLVE, KafkaError._WAIT_COORD,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION})
 """Codes meaning the cluster could not be reached: the limit lookup retries, nothing else."""
 
 
@@ -148,7 +142,9 @@ class DeadLetterPublisher:
         """Each letter's result and whether it went with others (one in flight: waited for)."""
         fresh = [p for p in group if p.sent is None]
         if fresh:
-            sending = producer.send([self._record(p, limit) for p in fresh])
+            rendered = [p.letter.render(p.form, limit) for p in fresh]
+            sending = producer.send([OutgoingRecord(self._topic, r.key, r.value, r.headers)
+                                     for r in rendered])
             for index, p in enumerate(fresh):
                 p.sent = (sending, index)
         deadline = time.monotonic() + SEND_TIMEOUT_SECONDS
@@ -158,16 +154,11 @@ class DeadLetterPublisher:
             assert p.sent is not None
             sending, index = p.sent
             if id(sending) not in results:
-                results[id(sending)] = producer.wait(
-                    sending, max(0.0, deadline - time.monotonic()))
+                results[id(sending)] = producer.wait(sending, max(0.0, deadline - time.monotonic()))
             if sending.settled[index]:
                 p.sent = None  # its report came: a retry sends it anew
             out.append((results[id(sending)][index], len(sending.settled) > 1))
         return out
-
-    def _record(self, p: _Pending, limit: int) -> OutgoingRecord:
-        rendered = p.letter.render(p.form, limit)
-        return OutgoingRecord(self._topic, rendered.key, rendered.value, rendered.headers)
 
     def _reduce(self, p: _Pending, err: KafkaError, limit: int) -> bool:
         """Move ``p`` to its next form after ``err``; False when there is none left."""
@@ -190,9 +181,10 @@ class DeadLetterPublisher:
                 self._limit = self._read_topic_limit()
             # no message timeout: a letter in flight is never given up (see _deliver)
             overrides: dict[str, Any] = {"compression.type": "zstd", "message.timeout.ms": 0,
-                                         "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit)}
-            self._producer = KafkaProducer(self._settings, "dlq", exact_reports=True,
-                                           stopping=self._process.stopping, **overrides)
+                                         "message.max.bytes": max(_MIN_PRODUCER_LIMIT, self._limit),
+                                         "delivery.report.only.error": False}  # send() and wait()
+            self._producer = KafkaProducer(self._settings, "dlq", stopping=self._process.stopping,
+                                           **overrides)
         return self._producer
 
     def _read_topic_limit(self) -> int:
@@ -221,8 +213,7 @@ class DeadLetterPublisher:
         log_event(logger, "dlq-limit", dlq_topic=self._topic, limit=limit)
         return limit
 
-    def _retry(self, attempt: Callable[[], T], is_transient: Callable[[BaseException], bool]
-               ) -> T:
+    def _retry(self, attempt: Callable[[], T], is_transient: Callable[[BaseException], bool]) -> T:
         """``attempt()``, retried forever with back-off while ``is_transient`` (Kafka paused)."""
         return retry_forever(attempt, is_transient=is_transient, backoff=self._backoff,
                              on_retry=self._on_retry,

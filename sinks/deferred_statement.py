@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import psycopg
 from psycopg import errors, generators
 from psycopg.pq import ExecStatus, Format
 from psycopg.pq.abc import PGresult
 
+from sinks.binary_codec import BinaryArray
 from sinks.db import Connection
 
 _NAMED = re.compile(r"%\((\w+)\)b")
@@ -46,17 +46,7 @@ class Positional:
         return cls(text.encode(), tuple(names))
 
 
-class BinaryParameter(Protocol):
-    """What :func:`send` needs of a parameter: its binary ``data`` and its type's ``array_oid``."""
-
-    @property
-    def data(self) -> bytes | bytearray: ...  # noqa: D102
-
-    @property
-    def array_oid(self) -> int: ...  # noqa: D102
-
-
-def send(conn: Connection, statement: Positional, params: dict[str, BinaryParameter]) -> None:
+def send(conn: Connection, statement: Positional, params: dict[str, BinaryArray]) -> None:
     """Send ``statement`` with binary ``params`` and return without waiting for the answer.
 
     ``conn`` must be idle and in autocommit mode (one statement = one transaction).

@@ -32,20 +32,15 @@ class Tally:
             return dict(self._counts)
 
 
-class DryRunDeadLetterSink(DynamicSink[DeadLetter]):
-    """Tallies would-be dead letters by reason (``dead-letter:<reason>``)."""
+class DryRunDeadLetterSink(DynamicSink[DeadLetter], StatelessSinkPartition[DeadLetter]):
+    """Tallies would-be dead letters by reason; its one partition (itself) is shared."""
 
     def __init__(self, tally: Tally) -> None:
         self._tally = tally
 
     @override
-    def build(self, step_id: str, worker_index: int, worker_count: int) -> _DryRunDlqPartition:
-        return _DryRunDlqPartition(self._tally)
-
-
-class _DryRunDlqPartition(StatelessSinkPartition[DeadLetter]):
-    def __init__(self, tally: Tally) -> None:
-        self._tally = tally
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> DryRunDeadLetterSink:
+        return self
 
     @override
     def write_batch(self, items: list[DeadLetter]) -> None:

@@ -52,30 +52,17 @@ RECORD_ERROR_CODES = frozenset(
 """librdkafka codes that reject one record; all others are service errors."""
 
 
-TOPIC_ERROR_CODES = frozenset({
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_TOPIC,
-})
+TOPIC_ERROR_CODES = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                               KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 """Service errors that refuse one topic (its ACL, its absence), not the broker (module doc)."""
 
 
 class DeliveryFailedError(Exception):
     """The broker did not acknowledge a produced record; :attr:`error` drives the classification."""
 
-    def __init__(self, reason: str | KafkaError = "", error: KafkaError | None = None) -> None:
-        if isinstance(reason, KafkaError):
-            error, reason = reason, reason.name()
-        super().__init__(reason)
-        self.error = error
-
-
-class RecordRejectedError(Exception):
-    """Kafka refused one record for what it is (a record error): the caller dead-letters it."""
-
-    def __init__(self, error: KafkaError, where: str | None = None) -> None:
-        super().__init__(error.name() if where is None else f"{error.name()} for {where}")
-        self.error = error
-        self.where = where
+    def __init__(self, error: KafkaError | str) -> None:
+        super().__init__(error.name() if isinstance(error, KafkaError) else error)
+        self.error = error if isinstance(error, KafkaError) else None
 
 
 def is_record_error(err: KafkaError) -> bool:
@@ -90,24 +77,15 @@ def is_topic_error(err: KafkaError) -> bool:
 
 def kafka_error_of(exc: BaseException) -> KafkaError | None:
     """The ``KafkaError`` carried by a Kafka exception of ours or confluent-kafka's, or None."""
-    if isinstance(exc, (DeliveryFailedError, RecordRejectedError)):
+    if isinstance(exc, DeliveryFailedError):
         return exc.error
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None
 
 
-def sqlstate_of(exc: BaseException) -> str | None:
-    """The SQLSTATE of a psycopg error, or None."""
-    if isinstance(exc, psycopg.Error):
-        return exc.sqlstate
-    return None
-
-
 def is_infrastructure_error(exc: BaseException) -> bool:
     """True for failures that another attempt later can cure: retry forever, never DLQ."""
-    if isinstance(exc, RecordRejectedError):
-        return False
     if isinstance(exc, (KafkaException, DeliveryFailedError)):
         err = kafka_error_of(exc)
         return err is None or not is_record_error(err)
@@ -123,5 +101,5 @@ def is_infrastructure_error(exc: BaseException) -> bool:
 
 def is_data_error(exc: BaseException) -> bool:
     """True when PostgreSQL rejected the data itself (SQLSTATE class 22 or 23)."""
-    state = sqlstate_of(exc)
+    state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
     return state is not None and state[:2] in DATA_SQLSTATE_CLASSES

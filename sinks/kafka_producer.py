@@ -112,10 +112,8 @@ def produce_and_wait(producer: Producer, records: Sequence[Producible], timeout:
     return results
 
 
-def _hand_over(
-    producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
-    refused: Callable[[int, KafkaError], None],
-) -> None:
+def _hand_over(producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
+               refused: Callable[[int, KafkaError], None]) -> None:
     """``produce()`` each record; one refused before queueing goes to ``refused(index, error)``."""
     produce = producer.produce
     for index, record in enumerate(records):
@@ -160,17 +158,15 @@ class Sending:
 class KafkaProducer:
     """A producer built on first use; its fatal state requests a restart (module doc).
 
-    ``exact_reports``: success reports on, for :meth:`send` and :meth:`wait` (the DLQ).
+    :meth:`send` and :meth:`wait` need success reports (``delivery.report.only.error`` off).
     """
 
     def __init__(self, settings: Settings, client_suffix: str, *, stopping: Shutdown,
-                 exact_reports: bool = False, **overrides: Any) -> None:
+                 **overrides: Any) -> None:
         self._settings = settings
         self._stopping = stopping
         self._suffix = client_suffix
-        self._overrides = dict(overrides)
-        if exact_reports:
-            self._overrides["delivery.report.only.error"] = False
+        self._overrides = overrides
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
 
@@ -195,7 +191,7 @@ class KafkaProducer:
         return [err if err is not None and is_record_error(err) else retry for err in results]
 
     def send(self, records: Sequence[Producible]) -> Sending:
-        """Hand ``records`` over (``exact_reports`` only); :meth:`wait` for their reports."""
+        """Hand ``records`` over (success reports on); :meth:`wait` for their reports."""
         producer = self.producer
         count = len(records)
         sending = Sending(producer, [None] * count, [False] * count)
@@ -204,8 +200,7 @@ class KafkaProducer:
             sending.results[index] = err
             sending.settled[index] = True
 
-        _hand_over(producer, records, lambda index: functools.partial(on_report, index),
-                   on_report)
+        _hand_over(producer, records, lambda index: functools.partial(on_report, index), on_report)
         return sending
 
     def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:
@@ -214,12 +209,10 @@ class KafkaProducer:
         A record with no report yet is ``_TIMED_OUT`` and stays unsettled (wait again); after
         a fatal error it is settled as ``_FATAL`` (send it again, after the restart).
         """
-        producer = sending.producer
-        if producer is not None and not sending.done:
-            deadline = time.monotonic() + timeout
-            while (not sending.done and
-                   (rest := self._stopping.time_left(deadline - time.monotonic())) > 0):
-                producer.flush(min(rest, 1.0))
+        producer, deadline = sending.producer, time.monotonic() + timeout
+        while (producer is not None and not sending.done
+               and (rest := self._stopping.time_left(deadline - time.monotonic())) > 0):
+            producer.flush(min(rest, 1.0))
         if self._fatal is not None and not sending.done:
             retry = KafkaError(KafkaError._FATAL, f"producer died ({self._fatal.name()})")
             for index, done in enumerate(sending.settled):

@@ -36,20 +36,15 @@ def write_isolating_poison(items: Sequence[T], write: Callable[[Sequence[T]], R]
 
 def _write_halving(batch: Sequence[T], write: Callable[[Sequence[T]], R], attempts: int,
                    results: list[R], poisoned: list[Poisoned[T]]) -> None:
-    try:
-        results.append(write(batch))
-        return
-    except Exception as exc:  # noqa: BLE001 - any failure of a lone item is poison
-        if len(batch) > 1:
-            middle = len(batch) // 2
-            _write_halving(batch[:middle], write, attempts, results, poisoned)
-            _write_halving(batch[middle:], write, attempts, results, poisoned)
-            return
-        last: BaseException = exc
-    for _ in range(attempts - 1):
+    for attempt in range(1, attempts + 1):
         try:
             results.append(write(batch))
             return
-        except Exception as exc:  # noqa: BLE001
-            last = exc
-    poisoned.append(Poisoned(batch[0], last, attempts))
+        except Exception as exc:  # noqa: BLE001 - any failure of a lone item is poison
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                _write_halving(batch[:middle], write, attempts, results, poisoned)
+                _write_halving(batch[middle:], write, attempts, results, poisoned)
+                return
+            if attempt == attempts:
+                poisoned.append(Poisoned(batch[0], exc, attempts))

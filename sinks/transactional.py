@@ -11,11 +11,11 @@ paused); a data error or an unexpected exception bisects the batch, and a messag
 from __future__ import annotations
 
 import logging
+import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
-from uuid import UUID
 
 import psycopg
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
@@ -34,6 +34,7 @@ from schemas.outbox import OutboxRow
 from sinks.db import Connection, Database
 from sinks.dead_letters import DeadLetterPublisher
 from sinks.errors import is_data_error, is_infrastructure_error
+from sinks.outbox.publisher import OutboxPublisher
 from sinks.poison import Poisoned, write_isolating_poison
 
 
@@ -60,23 +61,20 @@ class FlowLag(Protocol):
     def finished(self, flow: str, part: str, newest: datetime | None) -> None: ...  # noqa: D102
 
 
-class Publishing(Protocol):
-    """What a sink needs of the outbox publisher (:class:`sinks.outbox.OutboxPublisher`)."""
-
-    def offer(self, rows: Sequence[OutboxRow]) -> None:
-        """Committed rows, to send from memory at once (never blocks)."""
-
-    def expect(self, ids: Iterable[UUID]) -> None:
-        """Rows a statement sent will write (offered once it committed)."""
-
-
+Publishing = OutboxPublisher  # what a sink offers its committed outbox rows to
 M = TypeVar("M", bound=FromRecord)
 R = TypeVar("R")
 T = TypeVar("T")
 
 
-class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
-    """``sink_partitions`` fixed partitions; ``publisher`` None: another process's publishes."""
+class PartitionedSink(FixedPartitionedSink[M, None], Generic[M]):
+    """``sink_partitions`` fixed partitions; ``publisher`` None: another process's publishes.
+
+    Shard ``i`` goes to partition ``i % n``; a key that is no shard (from a recovery store keyed
+    by device) is hashed. Subclasses name their ``partition`` class.
+    """
+
+    partition: Callable[[Settings, Process, Publishing | None, str], TransactionalPartition[M, Any]]
 
     def __init__(self, settings: Settings, process: Process,
                  publisher: Publishing | None = None) -> None:
@@ -89,13 +87,13 @@ class PartitionedSink(FixedPartitionedSink[M, None], ABC, Generic[M]):
         return [str(i) for i in range(self._settings.sink_partitions)]
 
     @override
+    def part_fn(self, item_key: str) -> int:
+        return int(item_key) if item_key.isdigit() else zlib.adler32(item_key.encode())
+
+    @override
     def build_part(self, step_id: str, for_part: str, resume_state: None
                    ) -> TransactionalPartition[M, Any]:
-        return self.build_partition(for_part)
-
-    @abstractmethod
-    def build_partition(self, part: str) -> TransactionalPartition[M, Any]:
-        """The partition named ``part``."""
+        return self.partition(self._settings, self._process, self._publisher, for_part)
 
 
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
@@ -136,8 +134,20 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
 
     @override
     def write_batch(self, values: list[M]) -> None:
-        """Commit ``values`` (module doc); return after the commit."""
-        self._write_now(values)
+        """Commit ``values`` (module doc): transactions, DLQ, outbox offer, report; in order."""
+        self.track_held(values)
+        size = self._settings.sink_batch_max
+        for start in range(0, len(values), size):
+            results, poisoned = write_isolating_poison(values[start : start + size], lambda b: (
+                self._write_retrying(lambda: self.write(self._db.connection(), b))),
+                self._settings.poison_attempts)
+            for result in results:
+                if self._publisher is not None:
+                    self._publisher.offer(self.outbox_rows(result))
+                self.report(result)
+            if poisoned:
+                self._dead_letter(poisoned)
+        self.track_finished(values)
         self._health.beat()
 
     @override
@@ -147,8 +157,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
     def track_held(self, messages: Sequence[M]) -> None:
         """``messages`` are in this partition's hands until :meth:`track_finished` (lag)."""
         if messages and self._lag is not None:
-            self._lag.holding(self._flow, self._name,
-                              min(m.envelope.created_at for m in messages))
+            self._lag.holding(self._flow, self._name, min(m.envelope.created_at for m in messages))
 
     def track_finished(self, messages: Sequence[M]) -> None:
         """Everything this partition held is finished, ``messages`` the last of it."""
@@ -156,36 +165,13 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
             self._lag.finished(self._flow, self._name, max(
                 (m.envelope.created_at for m in messages), default=None))
 
-    def _write_now(self, messages: list[M]) -> None:
-        """Transactions, DLQ, outbox offer, report (in this order)."""
-        self.track_held(messages)
-        self._write_all(messages)
-        self.track_finished(messages)
-
-    def _write_all(self, messages: list[M]) -> None:
-        size = self._settings.sink_batch_max
-        for start in range(0, len(messages), size):
-            batch = messages[start : start + size]
-            results, poisoned = write_isolating_poison(batch, self._write_retrying,
-                                                       self._settings.poison_attempts)
-            for result in results:
-                if self._publisher is not None:
-                    self._publisher.offer(self.outbox_rows(result))
-                self.report(result)
-            if poisoned:
-                self._dead_letter(poisoned)
-        self._health.beat()
-
     @override
     def close(self) -> None:
         self._health.resumed(waiter=self._name)  # a closed partition waits for nothing
         self._dlq.close()
         self._db.close()
 
-    def _write_retrying(self, batch: Sequence[M]) -> R:
-        return self._write_retrying_call(lambda: self.write(self._db.connection(), batch))
-
-    def _write_retrying_call(self, call: Callable[[], T]) -> T:
+    def _write_retrying(self, call: Callable[[], T]) -> T:
         """``call`` (a write on this partition's connection), infrastructure failures retried."""
         def once() -> T:
             try:
@@ -203,8 +189,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         self._retries.inc()
         self._health.paused("postgres", attempt, type(exc).__name__, waiter=self._name)
         log_event(self._logger, "postgres-retry", logging.WARNING, error=type(exc).__name__,
-                  sqlstate=getattr(exc, "sqlstate", None), attempt=attempt,
-                  delay_s=round(delay, 2))
+                  sqlstate=getattr(exc, "sqlstate", None), attempt=attempt, delay_s=round(delay, 2))
 
     def _on_recovered(self, attempts: int) -> None:
         self._health.resumed(waiter=self._name)

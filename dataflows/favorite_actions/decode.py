@@ -37,10 +37,8 @@ class SkipReason(StrEnum):
 
 
 SKIP_OUTCOMES: Mapping[SkipReason, str] = {
-    SkipReason.INVALID_OWNER: "invalid-owner",
-    SkipReason.DUPLICATE: "skipped-duplicate",
-    SkipReason.NO_SESSION: "skipped-no-session",
-}
+    SkipReason.INVALID_OWNER: "invalid-owner", SkipReason.DUPLICATE: "skipped-duplicate",
+    SkipReason.NO_SESSION: "skipped-no-session"}
 """The log ``outcome`` of each skip reason (SPEC §6)."""
 
 
@@ -61,30 +59,16 @@ class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
     envelope: FavoriteWire
     idempotency_key: str
     dedup_id: bytes
-    owner_key: str  # anonymous:{AnonymousId}, else user:{UserId}
     trace: MessageTrace | None = None  # set when sampled for tracing
 
     @classmethod
-    def of(
-        cls, record: SourceRecord, action_type: ActionType, envelope: FavoriteWire,
-        trace: MessageTrace | None = None,
-    ) -> FavoriteMessage:
+    def of(cls, record: SourceRecord, action_type: ActionType, envelope: FavoriteWire,
+           trace: MessageTrace | None = None) -> FavoriteMessage:
         """The message of ``envelope`` decoded from ``record``, its keys computed."""
         message_id = envelope.message_id
-        payload = envelope.payload
-        anonymous_id = payload.anonymous_id
-        if anonymous_id is not None:
-            owner_key = "anonymous:" + uuid_text(anonymous_id)
-        elif payload.user_id is not None:
-            owner_key = "user:" + uuid_text(payload.user_id)
-        else:  # no owner: never built by decode_favorite (an invalid-owner skip)
-            owner_key = "user:None"
-        return cls(
-            record, action_type, envelope,
-            _IDEMPOTENCY_PREFIXES[action_type] + uuid_text(message_id),
-            _DEDUP_PREFIXES[action_type] + message_id.int.to_bytes(16, "big"),
-            owner_key, trace,
-        )
+        return cls(record, action_type, envelope,
+                   _IDEMPOTENCY_PREFIXES[action_type] + uuid_text(message_id),
+                   _DEDUP_PREFIXES[action_type] + message_id.int.to_bytes(16, "big"), trace)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its record, action type and trace; decoded again when unpickled."""
@@ -102,19 +86,18 @@ class FavoriteMessage(msgspec.Struct, frozen=True, gc=False):
 
 
 _IDEMPOTENCY_PREFIXES = {action: f"{IDEMPOTENCY_PREFIX}:{action.value}:" for action in ActionType}
-_DEDUP_PREFIXES = {
-    action: b"A" if action is ActionType.ADD_TO_FAVORITES else b"R" for action in ActionType
-}
+_DEDUP_PREFIXES = {action: b"A" if action is ActionType.ADD_TO_FAVORITES else b"R"
+                   for action in ActionType}
 
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A message acknowledged without a row; ``message`` is set when it decoded."""
+    """A decoded message acknowledged without a row (``invalid-owner``)."""
 
     record: SourceRecord
     reason: SkipReason
-    message: FavoriteWire | None = None
-    action_type: ActionType | None = None
+    message: FavoriteWire
+    action_type: ActionType
 
 
 Decoded = FavoriteMessage | Skipped | DeadLetter
@@ -166,13 +149,8 @@ def decode_favorite(record: SourceRecord, action_types: Mapping[str, ActionType]
         elif payload.user_id is not None:
             owner = None  # both set
         # not exactly one owner, or an empty GUID (``.int == 0``) among the ids
-        if (
-            owner is None
-            or not owner.int
-            or not payload.favorite_id.int
-            or not payload.property_object_id.int
-            or not envelope.message_id.int
-        ):
+        if owner is None or not (owner.int and payload.favorite_id.int
+                                 and payload.property_object_id.int and envelope.message_id.int):
             return Skipped(record, SkipReason.INVALID_OWNER, envelope, action_type)
         return FavoriteMessage.of(record, action_type, envelope, sample(record))
     except Exception as exc:  # noqa: BLE001 - a pure step must turn anything into a dead letter

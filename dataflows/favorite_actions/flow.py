@@ -45,11 +45,7 @@ from dataflows.operators import (
 )
 from runtime.bytewax_0_21.steps import sink_step_id
 from runtime.logs import log_event
-from runtime.metrics import (
-    FAVORITES_DLQ,
-    FAVORITES_RETRIES,
-    FAVORITES_SKIPPED,
-)
+from runtime.metrics import FAVORITES_DLQ, FAVORITES_RETRIES, FAVORITES_SKIPPED
 from runtime.process import Process
 from runtime.settings import Settings
 from runtime.ticks import TickSource
@@ -77,14 +73,11 @@ def _log_duplicate(message: FavoriteMessage) -> None:
 
 
 def _log_skipped(skipped: Skipped) -> None:
-    fields: dict[str, Any] = {"source": skipped.record.where()}
-    if skipped.message is not None:
-        fields["MessageId"] = str(skipped.message.message_id)
-        fields["FavoriteId"] = str(skipped.message.payload.favorite_id)
-        fields["PropertyObjectId"] = str(skipped.message.payload.property_object_id)
-    if skipped.action_type is not None:
-        fields["ActionType"] = skipped.action_type.value
-    _log_skip(skipped.reason, fields)
+    payload = skipped.message.payload
+    _log_skip(skipped.reason, {
+        "source": skipped.record.where(), "MessageId": str(skipped.message.message_id),
+        "FavoriteId": str(payload.favorite_id), "PropertyObjectId": str(payload.property_object_id),
+        "ActionType": skipped.action_type.value})
     trace_skipped(skipped)
 
 
@@ -107,15 +100,12 @@ def owner_shard(message: FavoriteMessage, shards: Sequence[str]) -> str:
     return shards[owner.int % len(shards)] if owner is not None else shards[0]
 
 
-def decoder(
-    action_types: Mapping[str, ActionType], shards: Sequence[str],
-) -> Callable[[list[InputItem]], list[Routed]]:
+def decoder(action_types: Mapping[str, ActionType], shards: Sequence[str]
+            ) -> Callable[[list[InputItem]], list[Routed]]:
     """The ``decode_favorites`` batch step: dead letters and ``(owner_shard, message)`` pairs.
 
     Consumer errors, invalid-owner skips and version mismatches are logged; order is kept.
     """
-    count = len(shards)
-
     def decode_batch(items: list[InputItem]) -> list[Routed]:
         routed: list[Routed] = []
         append = routed.append
@@ -129,11 +119,7 @@ def decoder(
             if isinstance(decoded, FavoriteMessage):
                 if decoded.version_mismatch:
                     warn_version_mismatch(decoded, message_fields)
-                payload = decoded.envelope.payload  # owner_shard, inline (once per message):
-                owner = payload.anonymous_id
-                if owner is None:
-                    owner = payload.user_id
-                append((shards[owner.int % count] if owner is not None else shards[0], decoded))
+                append((owner_shard(decoded, shards), decoded))
             elif isinstance(decoded, Skipped):
                 _log_skipped(decoded)
             else:
@@ -162,11 +148,8 @@ class FavoritesSinks:
     def of(cls, settings: Settings, process: Process,
            publisher: Publishing | None = None) -> FavoritesSinks:
         """PostgreSQL (one transaction per batch, outbox) and the favorites DLQ topic."""
-        return cls(
-            ActionHistorySink(settings, process, publisher),
-            DeadLetterSink(settings, settings.topic_favorites_dlq, FAVORITES_DLQ,
-                           FAVORITES_RETRIES, process),
-        )
+        return cls(ActionHistorySink(settings, process, publisher), DeadLetterSink(
+            settings, settings.topic_favorites_dlq, FAVORITES_DLQ, FAVORITES_RETRIES, process))
 
     @classmethod
     def dry_run(cls, settings: Settings, tally: Tally) -> FavoritesSinks:
@@ -174,12 +157,10 @@ class FavoritesSinks:
         return cls(DryRunActionSink(settings, tally), DryRunDeadLetterSink(tally))
 
 
-def build_flow(
-    settings: Settings, *, source: Source[InputItem] | None = None,
-    sinks: FavoritesSinks | None = None, start: StartPosition | None = None,
-    topics: Sequence[str] | None = None, process: Process | None = None,
-    publisher: Publishing | None = None,
-) -> Dataflow:
+def build_flow(settings: Settings, *, source: Source[InputItem] | None = None,
+               sinks: FavoritesSinks | None = None, start: StartPosition | None = None,
+               topics: Sequence[str] | None = None, process: Process | None = None,
+               publisher: Publishing | None = None) -> Dataflow:
     """The favorites dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the Kafka inputs, ``sinks`` the PostgreSQL and DLQ sinks. ``start``
@@ -190,33 +171,23 @@ def build_flow(
     if source is not None:
         consumed: Stream[InputItem] = op.input("favorites_input", flow, source)
     else:
-        inputs = [
-            (step_id, topic)
-            for step_id, topic in (
-                ("favorite_added_input", settings.topic_favorite_added),
-                ("favorite_removed_input", settings.topic_favorite_removed),
-            )
-            if topics is None or topic in topics
-        ]
-        consumed = kafka_inputs(
-            flow, settings, inputs, start or configured_start(settings), FAVORITES_RETRIES,
-            flow_name="favorites", consumer_group=settings.consumer_group_favorites,
-            process=process,
-        )
+        inputs = [(step_id, topic) for step_id, topic in (
+            ("favorite_added_input", settings.topic_favorite_added),
+            ("favorite_removed_input", settings.topic_favorite_removed),
+        ) if topics is None or topic in topics]
+        consumed = kafka_inputs(flow, settings, inputs, start or configured_start(settings),
+                                FAVORITES_RETRIES, flow_name="favorites",
+                                consumer_group=settings.consumer_group_favorites, process=process)
     outputs = sinks or FavoritesSinks.of(settings, process, publisher)
-    action_types = {
-        settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
-        settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES,
-    }
+    action_types = {settings.topic_favorite_added: ActionType.ADD_TO_FAVORITES,
+                    settings.topic_favorite_removed: ActionType.REMOVE_FROM_FAVORITES}
     shards = owner_shards(settings.sink_partitions)
     routed = op.flat_map_batch("decode_favorites", consumed, decoder(action_types, shards))
     by_kind = op.branch("route_poison", routed, is_keyed)
     op.output("dead_letter_poison", by_kind.falses, outputs.dead_letters)  # type: ignore[misc]
     keyed: Stream[tuple[str, FavoriteMessage]] = by_kind.trues  # type: ignore[assignment]
-    fresh = deduplicated(
-        "dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
-        DedupBound("favorites", settings.dedup_max_ids, len(shards)),
-    )
+    fresh = deduplicated("dedup_by_message_id", keyed, settings.dedup_ttl_seconds, _log_duplicate,
+                         DedupBound("favorites", settings.dedup_max_ids, len(shards)))
     if source is None and settings.tail:  # each sink partition ticks (runtime.ticks)
         ticks = op.input("sink_ticks", flow, TickSource(
             [str(i) for i in range(settings.sink_partitions)], timedelta(seconds=0.1),

@@ -38,11 +38,6 @@ class RecordedAction(NamedTuple):
     event: ActionEventRow
     outbox: OutboxRow
 
-    @property
-    def idempotency_key(self) -> str:
-        """The message's idempotency mark."""
-        return self.message.idempotency_key
-
 
 def _copy(data: bytes) -> bytes:
     """A new bytes object with the content of ``data`` (``bytes(data)`` would return ``data``)."""
@@ -62,27 +57,24 @@ class ActionRowBuilder:
         self._topic = topic
         self._created_at = rendered_created_at(now)
 
-    def build_resolved(
-        self, message: FavoriteMessage, resolved: tuple[UUID, UUID, UUID | None],
-        action_event_id: UUID, outbox_message_id: UUID, headers: dict[str, str],
-    ) -> RecordedAction:
+    def build_resolved(self, message: FavoriteMessage, resolved: tuple[UUID, UUID, UUID | None],
+                       action_event_id: UUID, outbox_message_id: UUID,
+                       headers: dict[str, str]) -> RecordedAction:
         """The rows for ``message``; ``resolved``: SessionId, AnonymousId and the row's UserId."""
         session_id, anonymous_id, user_id = resolved
         envelope = message.envelope
         payload = envelope.payload
         action_type = _ACTION_NAMES[message.action_type]
         # a right-sized copy: holding orjson's outputs makes every later dumps cost about twice
-        value = _copy(action_tracked_value(
-            outbox_message_id, self._created_at, action_event_id, envelope.correlation_id,
-            action_type, session_id, anonymous_id, user_id, payload.occurred_at,
-            payload.property_object_id, payload.favorite_id,
-        ))
+        value = _copy(action_tracked_value(outbox_message_id, self._created_at, action_event_id,
+                                           envelope.correlation_id, action_type, session_id,
+                                           anonymous_id, user_id, payload.occurred_at,
+                                           payload.property_object_id, payload.favorite_id))
         event = _new_row(ActionEventRow, (
             action_event_id, action_type, session_id, anonymous_id, user_id,
             payload.occurred_at, payload.property_object_id, payload.favorite_id,
             envelope.message_id,
         ))
-        outbox = OutboxRow(
-            outbox_message_id, self._topic, action_tracked_key(action_event_id), value, headers,
-        )
+        outbox = OutboxRow(outbox_message_id, self._topic, action_tracked_key(action_event_id),
+                           value, headers)
         return _new_row(RecordedAction, (message, event, outbox))

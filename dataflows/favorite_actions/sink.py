@@ -15,13 +15,7 @@ import psycopg
 from typing_extensions import override
 
 from dataflows.favorite_actions.decode import SKIP_OUTCOMES, FavoriteMessage, SkipReason
-from dataflows.favorite_actions.records import RecordedAction
-from dataflows.favorite_actions.store import (
-    BatchOutcome,
-    FavoritesStore,
-    SentBatch,
-    WaitingSwept,
-)
+from dataflows.favorite_actions.store import BatchOutcome, FavoritesStore, SentBatch, WaitingSwept
 from dataflows.favorite_actions.traces import trace_batch
 from runtime.logs import log_event, log_events
 from runtime.metrics import (
@@ -54,25 +48,10 @@ _received_at = attrgetter("record.received_at")
 def message_fields(message: FavoriteMessage) -> dict[str, Any]:
     """The SPEC §6 log fields of a message (ids only: no note, no PII)."""
     payload = message.envelope.payload
-    return {  # UUIDs as objects: the JSON formatter (orjson) renders them natively, cheaply
-        "MessageId": message.envelope.message_id,
-        "FavoriteId": payload.favorite_id,
-        "PropertyObjectId": payload.property_object_id,
-        "ActionType": message.action_type,
-        "source": message.record.where(),
-    }
-
-
-class ActionHistorySink(PartitionedSink[FavoriteMessage]):
-    """Records ``(owner_shard, FavoriteMessage)`` items; shard ``i`` goes to partition ``i % n``."""
-
-    @override
-    def part_fn(self, item_key: str) -> int:
-        return int(item_key)
-
-    @override
-    def build_partition(self, part: str) -> _ActionHistoryPartition:
-        return _ActionHistoryPartition(self._settings, self._process, self._publisher, part)
+    # UUIDs as objects: the JSON formatter (orjson) renders them natively, cheaply
+    return {"MessageId": message.envelope.message_id, "FavoriteId": payload.favorite_id,
+            "PropertyObjectId": payload.property_object_id, "ActionType": message.action_type,
+            "source": message.record.where()}
 
 
 class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutcome]):
@@ -86,12 +65,10 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
 
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
-        super().__init__(
-            settings, process, publisher, name=f"user-activity-favorites-{part}",
-            dlq_topic=settings.topic_favorites_dlq, dlq_counter=FAVORITES_DLQ,
-            retries_counter=FAVORITES_RETRIES, logger=logger, flow="favorites",
-            lag=INPUT_PROGRESS,
-        )
+        super().__init__(settings, process, publisher, name=f"user-activity-favorites-{part}",
+                         dlq_topic=settings.topic_favorites_dlq, dlq_counter=FAVORITES_DLQ,
+                         retries_counter=FAVORITES_RETRIES, logger=logger, flow="favorites",
+                         lag=INPUT_PROGRESS)
         waits = settings.favorites_session_wait_seconds if settings.tail else 0
         self._store = FavoritesStore(settings.topic_action_tracked, wait_seconds=waits)
         self._sweeps = waits > 0
@@ -150,7 +127,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """
         while True:
             self._swept_at = time.monotonic()
-            swept = self._write_retrying_call(
+            swept = self._write_retrying(
                 lambda: self._store.sweep_waiting(self._db.connection(), _SWEEP_PAGE))
             _report_swept(swept)
             if len(swept) < _SWEEP_PAGE:
@@ -177,7 +154,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             self._db.reset()  # a statement may still be in flight on it
         log_event(logger, "deferred-write-failed", logging.WARNING, error=type(exc).__name__,
                   sqlstate=getattr(exc, "sqlstate", None), messages=len(values))
-        self._write_now(values)
+        super().write_batch(values)
 
     def write(self, conn: Connection, batch: Sequence[FavoriteMessage]) -> BatchOutcome:
         """One transaction: sessions, rows, marks, outbox (:class:`FavoritesStore`)."""
@@ -210,15 +187,15 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             for action_type, counter in _RECORDED.items():
                 if count := action_types.count(action_type):
                     counter.inc(count)
-            log_events(logger, "recorded", [_recorded_fields(action) for action in recorded])
+            log_events(logger, "recorded", [
+                {"outcome": "recorded", "SessionId": action.event.session_id,
+                 **message_fields(action.message)} for action in recorded])
         if outcome.waiting:
             _WAITS_STARTED.inc(len(outcome.waiting))
             log_events(logger, "waiting-for-session", [
                 {"outcome": "waiting-for-session", **message_fields(m)} for m in outcome.waiting])
-        for reason, skipped in (
-            (SkipReason.DUPLICATE, outcome.duplicates),
-            (SkipReason.NO_SESSION, outcome.no_session),
-        ):
+        for reason, skipped in ((SkipReason.DUPLICATE, outcome.duplicates),
+                                (SkipReason.NO_SESSION, outcome.no_session)):
             if not skipped:
                 continue
             observe_durations_ms(FAVORITES_CONSUME_DURATION_MS, now_mono,
@@ -226,6 +203,12 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             _SKIPPED[reason].inc(len(skipped))
             event = SKIP_OUTCOMES[reason]
             log_events(logger, event, [{"outcome": event, **message_fields(m)} for m in skipped])
+
+
+class ActionHistorySink(PartitionedSink[FavoriteMessage]):
+    """Records ``(owner_shard, FavoriteMessage)`` items (:class:`_ActionHistoryPartition`)."""
+
+    partition = _ActionHistoryPartition
 
 
 _SWEEP_PAGE = 500
@@ -236,16 +219,13 @@ _WAITS_SKIPPED = FAVORITES_SESSION_WAITS.labels(outcome="skipped")
 
 def _report_swept(swept: list[WaitingSwept]) -> None:
     for action in swept:
-        fields: dict[str, Any] = {
-            "MessageId": action.message_id, "FavoriteId": action.favorite_id,
-            "PropertyObjectId": action.property_object_id, "ActionType": action.action_type,
-            "waited": True,
-        }
+        fields: dict[str, Any] = {"MessageId": action.message_id, "FavoriteId": action.favorite_id,
+                                  "PropertyObjectId": action.property_object_id,
+                                  "ActionType": action.action_type, "waited": True}
         if action.session_id is not None and action.inserted:
             _RECORDED[ActionType(action.action_type)].inc()
             _WAITS_RECORDED.inc()
-            log_event(logger, "recorded", outcome="recorded", SessionId=action.session_id,
-                      **fields)
+            log_event(logger, "recorded", outcome="recorded", SessionId=action.session_id, **fields)
         elif action.session_id is not None:
             _SKIPPED[SkipReason.DUPLICATE].inc()
             log_event(logger, "skipped-duplicate", outcome="skipped-duplicate", **fields)
@@ -253,17 +233,3 @@ def _report_swept(swept: list[WaitingSwept]) -> None:
             _SKIPPED[SkipReason.NO_SESSION].inc()
             _WAITS_SKIPPED.inc()
             log_event(logger, "skipped-no-session", outcome="skipped-no-session", **fields)
-
-
-def _recorded_fields(action: RecordedAction) -> dict[str, Any]:
-    message = action.message
-    payload = message.envelope.payload
-    return {
-        "outcome": "recorded",
-        "SessionId": action.event.session_id,
-        "MessageId": message.envelope.message_id,
-        "FavoriteId": payload.favorite_id,
-        "PropertyObjectId": payload.property_object_id,
-        "ActionType": message.action_type,
-        "source": message.record.where(),
-    }

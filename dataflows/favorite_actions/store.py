@@ -77,10 +77,9 @@ _NO_HEADERS = frame(b"{}")
 class FavoritesStore:
     """Writes batches of favorites messages to PostgreSQL, one transaction each."""
 
-    def __init__(
-        self, action_tracked_topic: str, new_id: Callable[[], UUID] = uuid_compat.uuid7,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC), *, wait_seconds: int = 0,
-    ) -> None:
+    def __init__(self, action_tracked_topic: str, new_id: Callable[[], UUID] = uuid_compat.uuid7,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), *,
+                 wait_seconds: int = 0) -> None:
         """``wait_seconds``: how long a message without a session waits for one (0: skipped)."""
         self._topic = action_tracked_topic
         self._wait = Int4Array([int4_element(wait_seconds)], 1)
@@ -89,9 +88,7 @@ class FavoritesStore:
         self._clock = clock
         self._guess = ConflictGuess()
 
-    def record_batch(
-        self, conn: Connection, messages: Sequence[FavoriteMessage]
-    ) -> BatchOutcome:
+    def record_batch(self, conn: Connection, messages: Sequence[FavoriteMessage]) -> BatchOutcome:
         """Record ``messages`` in one transaction; return what happened to each of them."""
         outcome, batch = _unique(messages)
         if not batch:
@@ -150,9 +147,8 @@ class FavoritesStore:
                   constraint=exc.diag.constraint_name,
                   next_batches_with_on_conflict=self._guess.left)
 
-    def statement(
-        self, messages: Sequence[FavoriteMessage], outcome: BatchOutcome,
-    ) -> tuple[PendingBatch, dict[str, Any]]:
+    def statement(self, messages: Sequence[FavoriteMessage],
+                  outcome: BatchOutcome) -> tuple[PendingBatch, dict[str, Any]]:
         """The ``record_actions`` parameters for ``messages`` (distinct keys); pure."""
         now = self._clock()
         new_id = self._new_id
@@ -182,8 +178,7 @@ class FavoritesStore:
             event_ids.append(event_id)
             outbox_ids.append(outbox_id)
             key = message.idempotency_key.encode()
-            keys.append(len(key).to_bytes(4, "big"))
-            keys.append(key)
+            keys += (len(key).to_bytes(4, "big"), key)
             ids.append((UUID_FRAME | event_id.int).to_bytes(20, "big"))
             action_types.append(_ACTION_TYPES[message.action_type])
             anonymous_id, user_id = owner_of(message)  # the one the statement resolves
@@ -198,8 +193,7 @@ class FavoritesStore:
             else:
                 owner_user_ids.append((UUID_FRAME | user_id.int).to_bytes(20, "big"))
             occurred_at = payload.occurred_at
-            occurred_ats.append(LENGTH_8)
-            occurred_ats.append(timestamptz(occurred_at))
+            occurred_ats += (LENGTH_8, timestamptz(occurred_at))
             property_object_ids.append(
                 (UUID_FRAME | payload.property_object_id.int).to_bytes(20, "big"))
             favorite_ids.append((UUID_FRAME | payload.favorite_id.int).to_bytes(20, "big"))
@@ -211,8 +205,7 @@ class FavoritesStore:
                 correlations_null = True
             else:
                 data = correlation_id.encode()
-                correlation_ids.append(len(data).to_bytes(4, "big"))
-                correlation_ids.append(data)
+                correlation_ids += (len(data).to_bytes(4, "big"), data)
             zone = occurred_at.tzinfo
             offset = offset_of.get(zone)
             if offset is None:
@@ -224,14 +217,12 @@ class FavoritesStore:
             headers_of.append(headers)
             if headers:
                 encoded = orjson.dumps(headers)
-                outbox_headers.append(len(encoded).to_bytes(4, "big"))
-                outbox_headers.append(encoded)
+                outbox_headers += (len(encoded).to_bytes(4, "big"), encoded)
             else:
                 outbox_headers.append(_NO_HEADERS)
         count = len(messages)
         params = {
-            "idempotency_keys": TextArray(keys, count),
-            "ids": UuidArray(ids, count),
+            "idempotency_keys": TextArray(keys, count), "ids": UuidArray(ids, count),
             "action_types": TextArray(action_types, count),
             "owner_anonymous_ids": UuidArray(owner_anonymous_ids, count, anonymous_null),
             "owner_user_ids": UuidArray(owner_user_ids, count, users_null),
@@ -244,12 +235,10 @@ class FavoritesStore:
             "outbox_headers": TextArray(outbox_headers, count),
             "correlation_ids": ByteaArray(correlation_ids, count, correlations_null),
             "occurred_offsets": Int4Array(occurred_offsets, count),
-            "outbox_created_ats": TimestamptzArray([LENGTH_8 + bytes(timestamptz(now))] * count,
-                                                   count),
-            "wait_seconds": self._wait,
-        }
-        pending = PendingBatch(outcome, list(messages), event_ids, outbox_ids, headers_of, now)
-        return pending, params
+            "outbox_created_ats": TimestamptzArray(
+                [LENGTH_8 + bytes(timestamptz(now))] * count, count),
+            "wait_seconds": self._wait}
+        return PendingBatch(outcome, list(messages), event_ids, outbox_ids, headers_of, now), params
 
     def settle(self, pending: PendingBatch, rows: Sequence[tuple[Any, ...]]) -> BatchOutcome:
         """The outcome of a committed ``record_actions`` from its answer ``rows``."""
@@ -322,27 +311,22 @@ class ConflictGuess:
 
     MAX_WAIT = 1024
 
-    __slots__ = ("_left", "_wait")
+    __slots__ = ("_wait", "left")
 
     def __init__(self) -> None:
         self._wait = 1
-        self._left = 0
-
-    @property
-    def left(self) -> int:
-        """How many of the next batches go with ``ON CONFLICT`` at once."""
-        return self._left
+        self.left = 0  # how many of the next batches go with ``ON CONFLICT`` at once
 
     def fresh(self) -> bool:
         """True: send the next batch without ``ON CONFLICT``."""
-        if self._left:
-            self._left -= 1
+        if self.left:
+            self.left -= 1
             return False
         return True
 
     def conflicted(self) -> None:
         """A fresh batch conflicted: the next ones go with ``ON CONFLICT`` for a while."""
-        self._left = self._wait
+        self.left = self._wait
         self._wait = min(self._wait * 2, self.MAX_WAIT)
 
     def passed(self, fresh: bool) -> None:

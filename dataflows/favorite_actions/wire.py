@@ -110,38 +110,16 @@ def decode_fast(value: bytes) -> FavoriteWire | None:
     occurred_at = _timestamp(payload.occurred_at)
     if created_at is None or occurred_at is None:
         return None
-    return FavoriteWire(
-        raw.message_id,
-        created_at,
-        raw.version,
-        raw.aggregate_id,
-        raw.aggregate_type,
-        FavoritePayloadWire(
-            payload.favorite_id,
-            payload.property_object_id,
-            occurred_at,
-            payload.user_id,
-            payload.anonymous_id,
-        ),
-        raw.correlation_id,
-    )
+    return FavoriteWire(raw.message_id, created_at, raw.version, raw.aggregate_id,
+                        raw.aggregate_type, FavoritePayloadWire(
+                            payload.favorite_id, payload.property_object_id, occurred_at,
+                            payload.user_id, payload.anonymous_id), raw.correlation_id)
 
 
 def from_model(envelope: FavoriteEnvelope) -> FavoriteWire:
     """A pydantic-decoded envelope (the slow path) as the flow's message type."""
     payload = envelope.payload
-    return FavoriteWire(
-        envelope.message_id,
-        envelope.created_at,
-        envelope.version,
-        envelope.aggregate_id,
-        envelope.aggregate_type,
-        FavoritePayloadWire(
-            payload.favorite_id,
-            payload.property_object_id,
-            payload.occurred_at,
-            payload.user_id,
-            payload.anonymous_id,
-        ),
-        envelope.correlation_id,
-    )
+    return FavoriteWire(envelope.message_id, envelope.created_at, envelope.version,
+                        envelope.aggregate_id, envelope.aggregate_type, FavoritePayloadWire(
+                            payload.favorite_id, payload.property_object_id, payload.occurred_at,
+                            payload.user_id, payload.anonymous_id), envelope.correlation_id)

@@ -59,11 +59,6 @@ class SignInMessage:
         return self.envelope.payload.signed_in_at if adjusted is None else adjusted
 
     @property
-    def device_key(self) -> str:
-        """The AnonymousId as text."""
-        return str(self.envelope.payload.anonymous_id)
-
-    @property
     def idempotency_key(self) -> str:
         """``user-activity-signed-in:{MessageId}``."""
         return f"{IDEMPOTENCY_PREFIX}:{self.envelope.message_id}"
@@ -90,16 +85,15 @@ class InvalidSignIn:
 DecodedSignIn = SignInMessage | InvalidSignIn | DeadLetter
 
 
-def sign_in_fields(record: SourceRecord, envelope: UserSignedInEnvelope) -> dict[str, Any]:
+def sign_in_fields(sign_in: SignInMessage | InvalidSignIn) -> dict[str, Any]:
     """The log fields of a sign-in: ids and where it came from (no IP, no user agent)."""
-    payload = envelope.payload
+    envelope, payload = sign_in.envelope, sign_in.envelope.payload
     return {"MessageId": str(envelope.message_id), "AnonymousId": str(payload.anonymous_id),
-            "UserId": str(payload.user_id), "source": record.where()}
+            "UserId": str(payload.user_id), "source": sign_in.record.where()}
 
 
-def decode_sign_in(
-    record: SourceRecord, now: datetime | None = None, max_skew: timedelta = timedelta(0),
-) -> DecodedSignIn:
+def decode_sign_in(record: SourceRecord, now: datetime | None = None,
+                   max_skew: timedelta = timedelta(0)) -> DecodedSignIn:
     """Decode ``record`` from the user-signed-in topic, read at ``now`` (None: never adjusted).
 
     Poison is a dead letter (:func:`dataflows.envelopes.parse_envelope`, else
@@ -128,6 +122,4 @@ def signed_in_time(value: bytes | None, now: float | None = None,
         moment = datetime.fromisoformat(orjson.loads(value)["Payload"]["SignedInAt"]).timestamp()
     except Exception:  # noqa: BLE001 - anything unreadable has no event time
         return None
-    if now is not None and moment > now + max_skew:
-        return now
-    return moment
+    return now if now is not None and moment > now + max_skew else moment

@@ -18,13 +18,9 @@ from runtime.settings import Settings
 from sinks.db import Database
 from sinks.dry_run import Tally
 
-_MARKED = """
-SELECT key FROM user_activity.consumer_idempotency_marks WHERE key = ANY(%s)
-"""
-_ACTIVE = """
-SELECT anonymous_id, id, user_id FROM user_activity.sessions
- WHERE anonymous_id = ANY(%s) AND status = 'Active'
-"""
+_MARKED = "SELECT key FROM user_activity.consumer_idempotency_marks WHERE key = ANY(%s)"
+_ACTIVE = ("SELECT anonymous_id, id, user_id FROM user_activity.sessions"
+           " WHERE anonymous_id = ANY(%s) AND status = 'Active'")
 _NEW_SESSION = UUID(int=0)  # the session a sign-in would start
 
 
@@ -62,8 +58,7 @@ class _DryRunLinks(StatelessSinkPartition[tuple[str, SignInMessage]]):
             found = {row[0]: ActiveSession(row[1], row[2])
                      for row in conn.execute(_ACTIVE, (new_devices,)).fetchall()}
         self._keys_read.update(new_keys)
-        for device in new_devices:
-            self._active[device] = found.get(device)
+        self._active.update((device, found.get(device)) for device in new_devices)
         marked, active = self._marked, self._active
         for message in messages:
             if message.idempotency_key in marked:

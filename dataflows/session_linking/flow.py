@@ -62,16 +62,15 @@ from sources.kafka_input import StartPosition
 logger = logging.getLogger(__name__)
 
 
-def _log_outcome(outcome: LinkOutcome, record: SourceRecord,
-                 message: SignInMessage | InvalidSignIn) -> None:
+def _log_outcome(outcome: LinkOutcome, message: SignInMessage | InvalidSignIn) -> None:
     SESSION_LINKING_OUTCOMES.labels(outcome=outcome.value).inc()
     event = LOG_EVENTS[outcome]
     level = logging.WARNING if outcome is LinkOutcome.INVALID else logging.INFO
-    log_event(logger, event, level, outcome=event, **sign_in_fields(record, message.envelope))
+    log_event(logger, event, level, outcome=event, **sign_in_fields(message))
 
 
 def _log_invalid(_step_id: str, invalid: InvalidSignIn) -> None:
-    _log_outcome(LinkOutcome.INVALID, invalid.record, invalid)
+    _log_outcome(LinkOutcome.INVALID, invalid)
     trace_invalid(invalid)
 
 
@@ -83,8 +82,7 @@ def _decoder(max_skew: timedelta) -> Callable[[SourceRecord], DecodedSignIn]:
         elif isinstance(decoded, SignInMessage) and decoded.adjusted_at is not None:
             log_event(logger, "sign-in-from-the-future", logging.WARNING,
                       SignedInAt=decoded.envelope.payload.signed_in_at.isoformat(),
-                      used=decoded.adjusted_at.isoformat(),
-                      **sign_in_fields(record, decoded.envelope))
+                      used=decoded.adjusted_at.isoformat(), **sign_in_fields(decoded))
         return decoded
 
     return decode
@@ -100,12 +98,11 @@ def device_shard(message: SignInMessage) -> str:
 
 
 def _warn_version(message: SignInMessage) -> SignInMessage:
-    return warn_version_mismatch(  # type: ignore[no-any-return]
-        message, lambda m: sign_in_fields(m.record, m.envelope))
+    return warn_version_mismatch(message, sign_in_fields)  # type: ignore[no-any-return]
 
 
 def _log_duplicate(message: SignInMessage) -> None:
-    _log_outcome(LinkOutcome.DUPLICATE, message.record, message)
+    _log_outcome(LinkOutcome.DUPLICATE, message)
     trace_duplicate(message)
 
 
@@ -143,8 +140,7 @@ class SessionLinkingSinks:
 
 def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None,
                sinks: SessionLinkingSinks | None = None, start: StartPosition | None = None,
-               process: Process | None = None, publisher: Publishing | None = None,
-               ) -> Dataflow:
+               process: Process | None = None, publisher: Publishing | None = None) -> Dataflow:
     """The session-linking dataflow for ``settings``; building it has no side effects.
 
     ``source`` replaces the Kafka input, ``sinks`` the PostgreSQL and DLQ sinks; ``start``
@@ -172,10 +168,8 @@ def build_flow(settings: Settings, *, source: Source[SourceRecord] | None = None
 
     messages = op.map("warn_version_mismatch", valid.trues, _warn_version)  # type: ignore[arg-type]
     sharded = op.key_on("key_by_device_shard", messages, device_shard)
-    fresh = deduplicated(
-        "dedup_by_message_id", sharded, settings.dedup_ttl_seconds, _log_duplicate,
-        DedupBound("session-linking", settings.dedup_max_ids, len(DEVICE_SHARDS)),
-    )
+    fresh = deduplicated("dedup_by_message_id", sharded, settings.dedup_ttl_seconds, _log_duplicate,
+                         DedupBound("session-linking", settings.dedup_max_ids, len(DEVICE_SHARDS)))
     lateness, bounded = settings.session_linking_lateness_seconds, not settings.tail
     per_shard = -(-settings.session_linking_max_pending // len(DEVICE_SHARDS))
     in_order = op.stateful_batch(  # keyed by the device's shard too: see reorder.py

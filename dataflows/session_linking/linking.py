@@ -46,15 +46,9 @@ class LinkOutcome(StrEnum):
 
 
 LOG_EVENTS: Mapping[LinkOutcome, str] = {
-    LinkOutcome.LINKED: "linked",
-    LinkOutcome.ALREADY_LINKED: "already-linked",
-    LinkOutcome.RELINKED: "relinked",
-    LinkOutcome.STARTED: "started",
-    LinkOutcome.DUPLICATE: "skipped-duplicate",
-    LinkOutcome.INVALID: "invalid-sign-in",
-    LinkOutcome.LATE_CONFLICT: "late-conflict",
-    LinkOutcome.SUPERSEDED: "skipped-superseded",
-}
+    **{outcome: outcome.value for outcome in LinkOutcome},
+    LinkOutcome.DUPLICATE: "skipped-duplicate", LinkOutcome.INVALID: "invalid-sign-in",
+    LinkOutcome.SUPERSEDED: "skipped-superseded"}
 """The log event (and ``outcome`` field) of each outcome."""
 
 
@@ -73,9 +67,7 @@ def decide(active: ActiveSession | None, user_id: UUID) -> LinkOutcome:
         return LinkOutcome.STARTED
     if active.user_id is None:
         return LinkOutcome.LINKED
-    if active.user_id == user_id:
-        return LinkOutcome.ALREADY_LINKED
-    return LinkOutcome.RELINKED
+    return LinkOutcome.ALREADY_LINKED if active.user_id == user_id else LinkOutcome.RELINKED
 
 
 class ConflictReason(StrEnum):
@@ -99,10 +91,9 @@ class LastSignIn:
     """A sign-in of the deciding sign-in's user at or after it was applied on the device."""
 
 
-def late_verdict(
-    outcome: LinkOutcome, user_id: UUID, signed_in_at: datetime, last: LastSignIn | None,
-    active_started_at: datetime | None, *, stale: bool = True,
-) -> LinkOutcome | ConflictReason | None:
+def late_verdict(outcome: LinkOutcome, user_id: UUID, signed_in_at: datetime,
+                 last: LastSignIn | None, active_started_at: datetime | None, *,
+                 stale: bool = True) -> LinkOutcome | ConflictReason | None:
     """What a sign-in of ``user_id`` does instead of ``outcome`` (:func:`decide`); None: apply it.
 
     ``last`` is the device's last applied sign-in; ``stale``: older than clock skew plus
@@ -133,13 +124,6 @@ class SessionEventKind(StrEnum):
     LINKED = "session-linked"
     STARTED = "session-started"
     ENDED = "session-ended"
-
-
-_TIMESTAMP_FIELD: Mapping[SessionEventKind, str] = {
-    SessionEventKind.LINKED: "LinkedAt",
-    SessionEventKind.STARTED: "StartedAt",
-    SessionEventKind.ENDED: "EndedAt",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,18 +164,13 @@ class LinkResult:
 
 def session_payload(change: SessionChange) -> dict[str, Any]:
     """The event payload of ``change``: SessionId, AnonymousId, UserId and one timestamp."""
-    return {
-        "SessionId": str(change.session_id),
-        "AnonymousId": str(change.anonymous_id),
-        "UserId": None if change.user_id is None else str(change.user_id),
-        _TIMESTAMP_FIELD[change.kind]: utc_iso(change.at.astimezone(UTC)),
-    }
+    return {"SessionId": str(change.session_id), "AnonymousId": str(change.anonymous_id),
+            "UserId": None if change.user_id is None else str(change.user_id),
+            f"{change.kind.name.title()}At": utc_iso(change.at.astimezone(UTC))}  # LinkedAt...
 
 
-def build_session_event(
-    change: SessionChange, message: SignInMessage, *, message_id: UUID, topics: SessionTopics,
-    now: datetime,
-) -> OutboxRow:
+def build_session_event(change: SessionChange, message: SignInMessage, *, message_id: UUID,
+                        topics: SessionTopics, now: datetime) -> OutboxRow:
     """The outbox row announcing ``change`` (caused by ``message``), keyed by SessionId.
 
     ``message_id`` is the outbox row's id, so stable across re-publication; the sign-in's

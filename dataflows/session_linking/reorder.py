@@ -36,16 +36,14 @@ class ReorderState:
 class ReorderBuffer:
     """The pure buffer of one device (see the module doc); times are epoch seconds."""
 
-    def __init__(
-        self, lateness: float, state: ReorderState | None = None, now: float | None = None
-    ) -> None:
+    def __init__(self, lateness: float, state: ReorderState | None = None,
+                 now: float | None = None) -> None:
         """Restored from ``state``; the watermark stood still while the job was down (``now``)."""
         self._lateness = lateness
         self._pending: list[SignInMessage] = list(state.pending) if state else []
         self._watermark = state.watermark if state else float("-inf")
-        self._at = state.at if state else 0.0
-        if state is not None and now is not None:
-            self._at = now  # the watermark goes on from where the last newest sign-in set it
+        # restored at ``now``: the watermark goes on from where the last newest sign-in set it
+        self._at = (state.at if now is None else now) if state else 0.0
 
     def watermark(self, now: float | None) -> float:
         """The device's watermark at wall time ``now`` (None: in event time only)."""
@@ -128,7 +126,7 @@ class ShardReorder:
         """Take ``messages``; return those now due (and released early), in order per device."""
         by_device: dict[str, list[SignInMessage]] = {}
         for message in messages:
-            by_device.setdefault(message.device_key, []).append(message)
+            by_device.setdefault(str(message.anonymous_id), []).append(message)
         released: list[SignInMessage] = []
         for device, added in by_device.items():
             buffer = self._buffers.get(device)
@@ -222,8 +220,8 @@ class ReorderLogic(
                  reading: Callable[[], bool] = lambda: False) -> None:
         self._reading = reading
         if isinstance(state, ReorderState):
-            state = ShardReorderState(
-                {state.pending[0].device_key: state} if state.pending else {})
+            pending = state.pending
+            state = ShardReorderState({str(pending[0].anonymous_id): state} if pending else {})
         self._shard = ShardReorder(lateness, max_pending, state, now=time.time())
         self._flush_on_eof = flush_on_eof
 
@@ -242,9 +240,7 @@ class ReorderLogic(
 
     def on_eof(self) -> tuple[list[SignInMessage], bool]:
         """A bounded run ends: apply what is pending, in order."""
-        if self._flush_on_eof:
-            return self._shard.flush(), True
-        return [], len(self._shard) == 0
+        return (self._shard.flush(), True) if self._flush_on_eof else ([], len(self._shard) == 0)
 
     def notify_at(self) -> datetime | None:
         """When the first pending sign-in becomes due (reading a backlog: a second from now)."""

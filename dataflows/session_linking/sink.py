@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from typing_extensions import override
-
 from dataflows.session_linking.decode import SignInMessage, sign_in_fields
-from dataflows.session_linking.linking import (
-    LOG_EVENTS,
-    LinkOutcome,
-    LinkResult,
-    SessionTopics,
-)
+from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome, LinkResult, SessionTopics
 from dataflows.session_linking.store import SessionLinksStore
 from dataflows.session_linking.traces import trace_batch
 from runtime.logs import log_event
@@ -40,26 +32,10 @@ from sources.progress import INPUT_PROGRESS
 logger = logging.getLogger(__name__)
 
 
-class SessionLinkSink(PartitionedSink[SignInMessage]):
-    """Links ``(device shard, SignInMessage)`` items; shard ``i`` goes to partition ``i % n``.
-
-    A key that is no shard (from a recovery store keyed by device) is hashed.
-    """
-
-    @override
-    def part_fn(self, item_key: str) -> int:
-        return int(item_key) if item_key.isdigit() else zlib.adler32(item_key.encode())
-
-    @override
-    def build_partition(self, part: str) -> _SessionLinkPartition:
-        return _SessionLinkPartition(self._settings, self._process, self._publisher, part)
-
-
 class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResult]]):
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
-        super().__init__(settings, process, publisher,
-                         name=f"user-activity-session-linking-{part}",
+        super().__init__(settings, process, publisher, name=f"user-activity-session-linking-{part}",
                          dlq_topic=settings.topic_session_linking_dlq,
                          dlq_counter=SESSION_LINKING_DLQ, retries_counter=SESSION_LINKING_RETRIES,
                          logger=logger, flow="session-linking", lag=INPUT_PROGRESS)
@@ -80,7 +56,7 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
 
     def fields(self, message: SignInMessage) -> dict[str, Any]:
         """Ids of the sign-in and where it came from."""
-        return sign_in_fields(message.record, message.envelope)
+        return sign_in_fields(message)
 
     def outbox_rows(self, result: list[LinkResult]) -> list[OutboxRow]:
         """The session events of the batch."""
@@ -104,4 +80,10 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
                       reason=None if result.conflict is None else result.conflict.value,
                       SignedInAt=message.signed_in_at.isoformat()
                       if late or result.outcome is LinkOutcome.SUPERSEDED else None,
-                      **sign_in_fields(message.record, message.envelope))
+                      **sign_in_fields(message))
+
+
+class SessionLinkSink(PartitionedSink[SignInMessage]):
+    """Links ``(device shard, SignInMessage)`` items (:class:`_SessionLinkPartition`)."""
+
+    partition = _SessionLinkPartition

@@ -53,14 +53,14 @@ class SessionLinksStore:
 
     def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
         """Apply ``messages`` in order in one transaction (nothing written on an exception)."""
-        results: list[LinkResult] = []
         with conn.transaction():
             now = self._clock()
-            for message in messages:
-                results.append(self._link_one(conn, message, now))
-            outbox = [row for result in results for row in result.outbox]
-            if outbox:
-                _insert_outbox(conn, outbox)
+            results = [self._link_one(conn, message, now) for message in messages]
+            if rows := [row for result in results for row in result.outbox]:
+                conn.execute(query("link_session_outbox"), {
+                    "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
+                    "keys": [r.key for r in rows], "values": [r.value for r in rows],
+                    "headers": [orjson.dumps(r.headers).decode() for r in rows]})
         return results
 
     def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
@@ -78,13 +78,11 @@ class SessionLinksStore:
         """One decision on the locked Active session; None when a concurrent writer won."""
         device = {"anonymous_id": message.anonymous_id}
         locked = conn.execute(query("link_session_lock_active"), device).fetchone()
-        active = None if locked is None else ActiveSession(
-            cast(UUID, locked[0]), cast("UUID | None", locked[1]), cast(datetime, locked[2]))
+        active = None if locked is None else ActiveSession(*locked)
         signed_in_at = message.signed_in_at
         last_row = conn.execute(query("link_session_device_last"), {
             **device, "user_id": message.user_id, "signed_in_at": signed_in_at}).fetchone()
-        last = None if last_row is None else LastSignIn(
-            cast(datetime, last_row[0]), cast("UUID | None", last_row[1]), bool(last_row[2]))
+        last = None if last_row is None else LastSignIn(last_row[0], last_row[1], bool(last_row[2]))
         outcome = decide(active, message.user_id)
         verdict = late_verdict(outcome, message.user_id, signed_in_at, last,
                                None if active is None else active.started_at,
@@ -98,8 +96,7 @@ class SessionLinksStore:
                 "session_id": None if active is None else active.session_id,
                 "session_user_id": None if active is None else active.user_id,
                 "sign_in_user_id": message.user_id, "signed_in_at": message.signed_in_at,
-                "device_last_signed_in_at": last.signed_in_at, "reason": verdict.value,
-            })
+                "device_last_signed_in_at": last.signed_in_at, "reason": verdict.value})
             return LinkResult(message, LinkOutcome.LATE_CONFLICT,
                               None if active is None else active.session_id, conflict=verdict)
         if outcome is LinkOutcome.ALREADY_LINKED:
@@ -109,21 +106,20 @@ class SessionLinksStore:
             return LinkResult(message, outcome, active.session_id)
         if outcome is LinkOutcome.LINKED:
             assert active is not None
-            linked_at = _returned(conn, "link_session_link_guest", {
-                "session_id": active.session_id, "user_id": message.user_id,
-                "signed_in_at": signed_in_at})
+            linked_at = _returned(conn, "link_session_link_guest", {"session_id": active.session_id,
+                                  "user_id": message.user_id, "signed_in_at": signed_in_at})
             if linked_at is None:
                 return None
-            change = self._change(SessionEventKind.LINKED, active.session_id, message, linked_at)
+            change = SessionChange(SessionEventKind.LINKED, active.session_id,
+                                   message.anonymous_id, message.user_id, linked_at)
             return LinkResult(message, outcome, active.session_id,
                               outbox=(self._event(change, message, now),))
         changes: list[SessionChange] = []
         ended_id = None
         if outcome is LinkOutcome.RELINKED:
             assert active is not None
-            ended_at = _returned(conn, "link_session_end", {
-                "session_id": active.session_id, "user_id": active.user_id,
-                "signed_in_at": signed_in_at})
+            ended_at = _returned(conn, "link_session_end", {"session_id": active.session_id,
+                                 "user_id": active.user_id, "signed_in_at": signed_in_at})
             if ended_at is None:
                 return None
             ended_id = active.session_id
@@ -137,15 +133,11 @@ class SessionLinksStore:
             if ended_id is not None:  # cannot happen: we hold the only Active row's lock
                 raise psycopg.errors.SerializationFailure("an Active session appeared")
             return None
-        changes.append(self._change(SessionEventKind.STARTED, session_id, message, started_at))
+        changes.append(SessionChange(SessionEventKind.STARTED, session_id, message.anonymous_id,
+                                     message.user_id, started_at))
         return LinkResult(message, outcome, session_id, ended_id,
                           tuple(self._event(change, message, now) for change in changes
                                 if self._lifecycle))
-
-    @staticmethod
-    def _change(kind: SessionEventKind, session_id: UUID, message: SignInMessage, at: datetime
-                ) -> SessionChange:
-        return SessionChange(kind, session_id, message.anonymous_id, message.user_id, at)
 
     def _event(self, change: SessionChange, message: SignInMessage, now: datetime) -> OutboxRow:
         return build_session_event(change, message, message_id=self._new_id(),
@@ -156,12 +148,5 @@ def _returned(conn: Connection, name: str, params: dict[str, Any]) -> datetime |
     """The timestamp the named statement returned, or None if it changed no row."""
     row = conn.execute(query(name), params).fetchone()
     return None if row is None else cast(datetime, row[0])
-
-
-def _insert_outbox(conn: Connection, rows: Sequence[OutboxRow]) -> None:
-    conn.execute(query("link_session_outbox"), {
-        "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
-        "keys": [r.key for r in rows], "values": [r.value for r in rows],
-        "headers": [orjson.dumps(r.headers).decode() for r in rows]})
 
 

@@ -21,9 +21,8 @@ def _handled(result: LinkResult) -> Handled | None:
     attributes = {"user_activity.anonymous_id": str(message.anonymous_id)}
     if result.session_id is not None:
         attributes["user_activity.session_id"] = str(result.session_id)
-    error = None
-    if result.outcome is LinkOutcome.LATE_CONFLICT:
-        error = "late" if result.conflict is None else result.conflict.value
+    late = result.outcome is LinkOutcome.LATE_CONFLICT
+    error = None if not late else "late" if result.conflict is None else result.conflict.value
     return Handled(trace, message.record, result.outcome.value, str(message.message_id), error,
                    attributes)
 

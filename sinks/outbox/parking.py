@@ -26,16 +26,13 @@ from sinks.outbox.sql import query
 _Row = tuple[Any, ...]  # (txid, id, topic, key, value, headers, created_at): window.Row
 
 
-def park(cur: Cursor[Any], refused: Sequence[tuple[_Row, str]]) -> None:
-    """Park ``refused`` rows (with their error's name); a row parked before gets attempts + 1."""
-    cur.executemany(query("park"), [(r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6], error)
-                                    for r, error in refused])
+def set_aside(cur: Cursor[Any], how: str, rows: Sequence[tuple[_Row, str]]) -> None:
+    """Park (``how`` "park") or hold back for their topics ("hold") ``rows``, with their errors.
 
-
-def hold(cur: Cursor[Any], held: Sequence[tuple[_Row, str]]) -> None:
-    """Hold ``held`` rows back for their topics, in this order (a row held already stays)."""
-    cur.executemany(query("hold"), [(r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6], error)
-                                    for r, error in held])
+    A row parked before gets attempts + 1; a row held already stays where it is.
+    """
+    cur.executemany(query(how), [(r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6], error)
+                                 for r, error in rows])
 
 
 def held_topics(conn: Connection) -> list[str]:
@@ -55,7 +52,7 @@ def settle_held(conn: Connection, sent: Sequence[UUID],
         if sent:
             cur.execute(query("held_sent"), {"ids": list(sent)})
         if refused:
-            park(cur, refused)
+            set_aside(cur, "park", refused)
             cur.execute(query("unhold"), ([r[1] for r, _ in refused],))
 
 

@@ -80,24 +80,18 @@ def outgoing_record(topic: str, key: bytes | None, value: bytes,
                           [(name, str(v).encode()) for name, v in (headers or {}).items()])
 
 
-class _RecentIds:
+class _RecentIds(collections.OrderedDict[UUID, None]):
     """The last ``size`` ids added, for membership tests (oldest forgotten first)."""
 
     def __init__(self, size: int) -> None:
-        self._order: collections.deque[UUID] = collections.deque()
-        self._ids: set[UUID] = set()
+        super().__init__()
         self._size = size
 
     def extend(self, ids: Iterable[UUID]) -> None:
         for row_id in ids:
-            if row_id not in self._ids:
-                self._ids.add(row_id)
-                self._order.append(row_id)
-        while len(self._order) > self._size:
-            self._ids.discard(self._order.popleft())
-
-    def __contains__(self, row_id: object) -> bool:
-        return row_id in self._ids
+            self.setdefault(row_id)
+        while len(self) > self._size:
+            self.popitem(last=False)
 
 
 @dataclass
@@ -167,8 +161,9 @@ class OutboxPublisher:
             while not stop.is_set():
                 self._wake.clear()
                 count = retry_forever(
-                    self._cycle, is_transient=_is_transient, backoff=self._backoff,
-                    on_retry=self._on_retry,
+                    self._cycle, backoff=self._backoff, on_retry=self._on_retry,
+                    is_transient=lambda e: isinstance(e, LeaseLostError)
+                    or is_infrastructure_error(e),
                     on_recovered=lambda _n: self._health.resumed(waiter=self._name),
                     sleep=self._sleep)
                 if not count:
@@ -187,9 +182,8 @@ class OutboxPublisher:
         ``publish_seconds`` (then :class:`TimeoutError`, the progress recorded). As a standby:
         waits up to ``wait_seconds`` until the holder published them. Raises on an outage.
         """
-        row = self._db.connection().execute("SELECT pg_current_snapshot()::text").fetchone()
-        assert row is not None
-        committed = str(row[0])
+        conn = self._db.connection()
+        committed = conn.execute("SELECT pg_current_snapshot()::text").fetchall()[0][0]
         deadline = time.monotonic() + wait_seconds
         while not self._take_lease(force=True):
             pending = self._db.connection().execute(query("pending_in"), (committed,)).fetchone()
@@ -307,8 +301,7 @@ class OutboxPublisher:
             last = cut is None and sent == len(keys) and len(keys) < limit
             if sent or last:
                 cursor = None if last else (keys[sent - 1] if sent else after)
-                generation = advance(conn, window, cursor, generation, parked=parked,
-                                     held=held)
+                generation = advance(conn, window, cursor, generation, parked=parked, held=held)
                 _set_aside(parked, held)
             delivered += sent - len(parked) - len(held)
             _count_published(rows[i][2] for i in send if i < sent and errors[i] is None)
@@ -491,12 +484,12 @@ class OutboxPublisher:
                       seconds=round(now - drain.began, 1), rows_per_s=rate)
         elif now - drain.logged >= _DRAIN_LOG_SECONDS:
             drain.logged = now
-            log_event(logger, "outbox-draining", logging.WARNING, sent=drain.sent,
-                      rows_per_s=rate)
+            log_event(logger, "outbox-draining", logging.WARNING, sent=drain.sent, rows_per_s=rate)
 
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()
-        self._health.paused(_dependency_of(exc), attempt, type(exc).__name__, waiter=self._name)
+        dependency = "postgres" if isinstance(exc, (psycopg.Error, LeaseLostError)) else "kafka"
+        self._health.paused(dependency, attempt, type(exc).__name__, waiter=self._name)
         log_event(logger, "outbox-publish-retry", logging.WARNING, error=type(exc).__name__,
                   reason=str(exc)[:200], attempt=attempt, delay_s=round(delay, 2))
 
@@ -531,15 +524,6 @@ def _set_aside(parked: Sequence[tuple[Row, str]], held: Sequence[tuple[Row, str]
                   error=error)
     for row, _ in held:
         OUTBOX_HELD.labels(topic=row[2]).inc()
-
-
-def _dependency_of(exc: BaseException) -> str:
-    """The service a transient failure of the publish cycle waits for."""
-    return "postgres" if isinstance(exc, (psycopg.Error, LeaseLostError)) else "kafka"
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, LeaseLostError) or is_infrastructure_error(exc)
 
 
 def _count_published(topics: Iterable[str]) -> None:

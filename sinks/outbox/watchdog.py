@@ -58,12 +58,11 @@ class OutboxWatchdog:
         except psycopg.Error:
             self._db.reset()
             return
-        for topic in self._held - {topic for topic, _, _ in held}:
-            OUTBOX_HELD_SECONDS.labels(topic=topic).set(0)
-        self._held = {topic for topic, _, _ in held}
-        for topic, seconds, _ in held:
-            OUTBOX_HELD_SECONDS.labels(topic=topic).set(max(0.0, seconds))
-        age = max([0.0, *(float(r[1]) for r in held)])
+        ages = {topic: max(0.0, float(seconds)) for topic, seconds, _ in held}
+        for topic in self._held | ages.keys():  # a topic released: its gauge back to 0
+            OUTBOX_HELD_SECONDS.labels(topic=topic).set(ages.get(topic, 0.0))
+        self._held = set(ages)
+        age = max([0.0, *ages.values()])
         if row is not None and row[0] is not None:
             age = max(age, float(row[0]))
         self._measured = (time.monotonic(), age)

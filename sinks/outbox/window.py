@@ -12,6 +12,7 @@ skipped. A crash before the UPDATE leaves the rows after the watermark: sent aga
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +71,7 @@ def page_start(delivered: str, after: tuple[str, UUID]) -> tuple[str, UUID]:
     ``(txid, id) > start`` is ``txid >= xmax``): the scan starts there, not at the cursor.
     """
     xmax = int(delivered.split(":")[1])
-    if int(after[0]) >= xmax:
-        return after
-    return (str(xmax - 1), _MAX_UUID)
+    return after if int(after[0]) >= xmax else (str(xmax - 1), _MAX_UUID)
 
 
 def read_page(conn: Connection, window: Window, after: tuple[str, UUID], limit: int
@@ -111,12 +110,11 @@ def _rendered(row: Row, created: dict[Any, str]) -> Row:
     created_text = created.get(created_at)
     if created_text is None:
         created_text = created[created_at] = rendered_created_at(created_at)
-    value = action_tracked_value(
-        row_id, created_text, action_event_id,
-        None if correlation_id is None else bytes(correlation_id).decode(), action_type,
-        session_id, anonymous_id, user_id, with_offset(occurred_local, offset),
-        property_object_id, favorite_id,
-    )
+    value = action_tracked_value(row_id, created_text, action_event_id,
+                                 None if correlation_id is None else bytes(correlation_id).decode(),
+                                 action_type, session_id, anonymous_id, user_id,
+                                 with_offset(occurred_local, offset), property_object_id,
+                                 favorite_id)
     return (txid, row_id, topic, action_tracked_key(action_event_id), value, headers, created_at)
 
 
@@ -133,9 +131,8 @@ def visible_in(snapshot: str) -> Callable[[Any], bool]:
     return visible
 
 
-def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, generation: int,
-            *, parked: Sequence[tuple[Row, str]] = (), held: Sequence[tuple[Row, str]] = (),
-            ) -> int:
+def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, generation: int, *,
+            parked: Sequence[tuple[Row, str]] = (), held: Sequence[tuple[Row, str]] = ()) -> int:
     """Move the watermark past the window (``cursor`` None) or up to ``cursor``; the generation.
 
     ``parked`` and ``held`` are set aside in the same transaction. Raises
@@ -146,18 +143,10 @@ def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, ge
         state = (window.delivered, window.target, str(cursor[0]), cursor[1])
     params = {"delivered": state[0], "target": state[1], "after_txid": state[2],
               "after_id": state[3], "generation": generation}
-    if not parked and not held:
-        _require_moved(conn.execute(query("advance"), params).rowcount)
-        return generation + 1
-    with conn.transaction(), conn.cursor() as cur:
-        if parked:
-            parking.park(cur, parked)
-        if held:
-            parking.hold(cur, held)
-        _require_moved(cur.execute(query("advance"), params).rowcount)  # else all rolled back
+    with conn.transaction() if parked or held else contextlib.nullcontext(), conn.cursor() as cur:
+        for how, rows in (("park", parked), ("hold", held)):
+            if rows:
+                parking.set_aside(cur, how, rows)
+        if cur.execute(query("advance"), params).rowcount != 1:  # a transaction: all rolled back
+            raise LeaseLostError("the outbox watermark was moved by another publisher")
     return generation + 1
-
-
-def _require_moved(rowcount: int) -> None:
-    if rowcount != 1:
-        raise LeaseLostError("the outbox watermark was moved by another publisher")

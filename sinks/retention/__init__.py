@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from functools import cache
-from importlib import resources
+from functools import partial
 
 import psycopg
 from psycopg import sql
@@ -25,7 +24,7 @@ from psycopg import sql
 from runtime.logs import log_event
 from runtime.metrics import STORAGE_EXPIRED_PARTITIONS, STORAGE_PARTITION_DAYS_READY
 from runtime.settings import Settings
-from sinks.db import Connection, Database
+from sinks.db import Connection, Database, named_query
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +34,7 @@ DELETE_CHUNK_ROWS = 5_000
 PARENTS = ("consumer_idempotency_marks", "outbox")  # daily-partitioned, in ``user_activity``
 
 _DAY = re.compile(r"_p(\d{8})$")
-
-
-@cache
-def _query(name: str) -> str:
-    return resources.files(__name__).joinpath(f"{name}.sql").read_text(encoding="utf-8")
+_query = partial(named_query, __name__)
 
 
 @dataclass(frozen=True)
@@ -68,15 +63,13 @@ def run_maintenance(settings: Settings, conn: Connection | None = None, *,
 
     Raises psycopg errors (PostgreSQL down): the caller runs it again at its next interval.
     """
-    own = Database(settings, "user-activity-maintenance") if conn is None else None
+    own = Database(settings, "user-activity-maintenance")  # connects only if used
     try:
-        target = own.connection() if own is not None else conn
-        assert target is not None
+        target = conn if conn is not None else own.connection()
         report = maintain(target, settings.retention_days, today)
         report.census = storage_census(target, settings.retention_days, today)
     finally:
-        if own is not None:
-            own.close()
+        own.close()
     for parent, counted in report.census.items():
         STORAGE_EXPIRED_PARTITIONS.labels(parent).set(counted.expired)
         STORAGE_PARTITION_DAYS_READY.labels(parent).set(counted.days_ready)
@@ -96,8 +89,7 @@ def maintenance_task(settings: Settings) -> Callable[[], None]:
     return run_when_due
 
 
-def maintain(conn: Connection, retention_days: int, today: date | None = None
-             ) -> MaintenanceReport:
+def maintain(conn: Connection, retention_days: int, today: date | None = None) -> MaintenanceReport:
     """One maintenance run on the autocommit ``conn`` (module doc); ``today`` in UTC."""
     today = today or datetime.now(UTC).date()
     report = MaintenanceReport()
@@ -113,10 +105,8 @@ def maintain(conn: Connection, retention_days: int, today: date | None = None
                 day = _day_of(name)
                 if day is None or day > newest_expired:
                     continue
-                if _drop(conn, parent, name, check_published=parent == "outbox"):
-                    report.dropped.append(name)
-                else:
-                    report.kept.append(name)
+                dropped = _drop(conn, parent, name, check_published=parent == "outbox")
+                (report.dropped if dropped else report.kept).append(name)
         report.deleted_rows = _delete_expired_rows(conn, today - timedelta(days=retention_days))
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MAINTENANCE_KEY,))

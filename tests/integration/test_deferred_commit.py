@@ -31,6 +31,7 @@ from runtime.ticks import TICK
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
 from sinks import deferred_statement
+from sinks.binary_codec import Int4Array, int4_element
 from tests.chaos import outbox_locked as lock_outbox
 
 pytestmark = pytest.mark.integration
@@ -229,22 +230,9 @@ def test_a_broken_deferred_insert_is_written_again_synchronously(
 
 def test_a_failed_statement_raises_its_sqlstate(database_url: str) -> None:
     statement = deferred_statement.Positional.of("SELECT 1 / (%(zero)b::int[])[1]")
-    zero = _IntArray(0)
+    zero = Int4Array([int4_element(0)], 1)
     with psycopg.connect(database_url, autocommit=True) as conn:
         deferred_statement.send(conn, statement, {"zero": zero})
         with pytest.raises(psycopg.errors.DivisionByZero):
             deferred_statement.finish(conn)
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the connection is usable again
-
-
-class _IntArray:
-    """A one-element int4[] in PostgreSQL's binary format."""
-
-    array_oid = 1007
-
-    def __init__(self, value: int) -> None:
-        self.data = (
-            (1).to_bytes(4, "big") + (0).to_bytes(4, "big") + (23).to_bytes(4, "big")
-            + (1).to_bytes(4, "big") + (1).to_bytes(4, "big")
-            + (4).to_bytes(4, "big") + value.to_bytes(4, "big", signed=True)
-        )

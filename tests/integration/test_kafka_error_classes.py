@@ -21,7 +21,6 @@ from runtime.settings import Settings
 from runtime.shutdown import Shutdown
 from sinks.errors import (
     DeliveryFailedError,
-    RecordRejectedError,
     is_infrastructure_error,
     is_record_error,
 )
@@ -50,7 +49,6 @@ def _assert_record_error(err: KafkaError | None, code: int) -> None:
     assert err.code() == code, err.name()
     assert is_record_error(err)
     assert not is_infrastructure_error(DeliveryFailedError(err))
-    assert not is_infrastructure_error(RecordRejectedError(err))
 
 
 def test_a_record_over_the_producers_message_max_bytes_is_a_record_error_raised_locally(

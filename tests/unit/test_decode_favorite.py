@@ -20,6 +20,7 @@ from dataflows.favorite_actions.decode import (
     decode_favorite,
     uuid_text,
 )
+from dataflows.favorite_actions.store import owner_of
 from dataflows.favorite_actions.wire import decode_fast
 from schemas.dlq import DlqReason
 from schemas.dlq_letter import DeadLetter
@@ -117,7 +118,7 @@ def test_guest_like_without_user_id_is_a_valid_owner() -> None:
 
     assert isinstance(decoded, FavoriteMessage)
     assert decoded.envelope.payload.user_id is None
-    assert decoded.owner_key == f"anonymous:{ANONYMOUS_ID}"
+    assert owner_of(decoded) == (ANONYMOUS_ID, None)
 
 
 def test_signed_in_like_without_anonymous_id_is_owned_by_the_user() -> None:
@@ -126,7 +127,7 @@ def test_signed_in_like_without_anonymous_id_is_owned_by_the_user() -> None:
     decoded = decode_favorite(record(encoded(value)), ACTION_TYPES)
 
     assert isinstance(decoded, FavoriteMessage)
-    assert decoded.owner_key == f"user:{USER_ID}"
+    assert owner_of(decoded) == (None, USER_ID)
 
 
 def test_owner_fields_may_be_absent_rather_than_null() -> None:
@@ -136,7 +137,7 @@ def test_owner_fields_may_be_absent_rather_than_null() -> None:
     decoded = decode_favorite(record(encoded(value)), ACTION_TYPES)
 
     assert isinstance(decoded, FavoriteMessage)
-    assert decoded.owner_key == f"anonymous:{ANONYMOUS_ID}"
+    assert owner_of(decoded) == (ANONYMOUS_ID, None)
 
 
 @pytest.mark.parametrize(
@@ -190,7 +191,7 @@ def test_keys_use_the_canonical_text_of_any_uuid_however_it_was_written(
     assert isinstance(decoded, FavoriteMessage)
     action_type = ACTION_TYPES[topic].value
     assert decoded.idempotency_key == f"user-activity-favorites:{action_type}:{message_id}"
-    assert decoded.owner_key == (f"user:{owner}" if by_user else f"anonymous:{owner}")
+    assert owner_of(decoded) == ((None, owner) if by_user else (owner, None))
     prefix = b"A" if topic == ADDED_TOPIC else b"R"
     assert decoded.dedup_id == prefix + message_id.bytes
 
@@ -609,6 +610,6 @@ def test_a_message_pickled_to_another_worker_arrives_equal_with_its_record_and_t
     assert arrived == message
     assert arrived.trace == trace
     assert arrived.record == message.record and arrived.record.headers == message.record.headers
-    assert (arrived.idempotency_key, arrived.dedup_id, arrived.owner_key) == (
-        message.idempotency_key, message.dedup_id, message.owner_key)
+    assert (arrived.idempotency_key, arrived.dedup_id) == (
+        message.idempotency_key, message.dedup_id)
     assert arrived.envelope.payload.occurred_at == message.envelope.payload.occurred_at

@@ -15,6 +15,7 @@ from bytewax.testing import TestingSink, TestingSource, cluster_main, run_main
 
 from dataflows.favorite_actions.decode import FavoriteMessage
 from dataflows.favorite_actions.flow import decoder, is_keyed, owner_shard, owner_shards
+from dataflows.favorite_actions.store import owner_of
 from dataflows.operators import deduplicated
 from schemas.dlq_letter import DeadLetter
 from schemas.favorites import ActionType
@@ -67,7 +68,9 @@ def _ignore(_message: FavoriteMessage) -> None:
 def _owner_and_key(item: tuple[str, FavoriteMessage]) -> tuple[str, str]:
     shard, message = item
     assert shard == owner_shard(message, SHARDS)
-    return message.owner_key, message.idempotency_key.split(":", 1)[1]
+    anonymous, user = owner_of(message)
+    owner = f"anonymous:{anonymous}" if anonymous is not None else f"user:{user}"
+    return owner, message.idempotency_key.split(":", 1)[1]
 
 
 def _flow(records: list[InputItem], out: list[Any], rejected: list[Any]) -> Dataflow:

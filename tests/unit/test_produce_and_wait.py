@@ -295,6 +295,9 @@ class Factory:
         return producer
 
 
+_EXACT_REPORTS: dict[str, Any] = {"delivery.report.only.error": False}
+
+
 def _producer(monkeypatch: pytest.MonkeyPatch, make: Callable[[int], FakeProducer], **kw: Any
               ) -> tuple[KafkaProducer, Factory, Shutdown]:
     factory, stopping = Factory(make), Shutdown()
@@ -337,7 +340,7 @@ def test_with_exact_reports_records_acknowledged_before_a_fatal_error_count_as_d
 ) -> None:
     fatal = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
     producer, factory, stopping = _producer(
-        monkeypatch, lambda _n: ReportingProducer(stuck={2}), exact_reports=True)
+        monkeypatch, lambda _n: ReportingProducer(stuck={2}), **_EXACT_REPORTS)
 
     sending = producer.send(_records(3))
     factory.overrides[0]["error_cb"](fatal)
@@ -353,7 +356,7 @@ def test_a_record_with_no_report_yet_stays_unsettled_to_be_waited_for_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     producer, factory, _ = _producer(
-        monkeypatch, lambda _n: ReportingProducer(stuck={2}), exact_reports=True)
+        monkeypatch, lambda _n: ReportingProducer(stuck={2}), **_EXACT_REPORTS)
 
     sending = producer.send(_records(4))
     errors = producer.wait(sending, _WAIT)

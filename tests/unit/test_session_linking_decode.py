@@ -66,7 +66,6 @@ def test_a_valid_sign_in_decodes_to_a_message_keyed_by_its_device() -> None:
     assert (decoded.message_id, decoded.user_id, decoded.anonymous_id) == (
         MESSAGE_ID, USER_ID, ANONYMOUS_ID,
     )
-    assert decoded.device_key == str(ANONYMOUS_ID)
     assert decoded.idempotency_key == f"user-activity-signed-in:{MESSAGE_ID}"
     assert decoded.dedup_id == MESSAGE_ID.bytes
     assert not decoded.version_mismatch
@@ -158,7 +157,7 @@ def test_log_fields_are_ids_and_the_source_only() -> None:
     decoded = decode(sign_in_value(Payload__UserAgent="Mozilla/5.0"))
     assert isinstance(decoded, SignInMessage)
 
-    fields = sign_in_fields(decoded.record, decoded.envelope)
+    fields = sign_in_fields(decoded)
 
     assert fields == {
         "MessageId": str(MESSAGE_ID),

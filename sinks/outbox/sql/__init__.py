@@ -1,12 +1,7 @@
 """Named SQL queries of the outbox, kept in ``.sql`` files next to this module."""
 
-from __future__ import annotations
+from functools import partial
 
-from functools import cache
-from importlib import resources
+from sinks.db import named_query
 
-
-@cache
-def query(name: str) -> str:
-    """The text of ``{name}.sql``."""
-    return resources.files(__name__).joinpath(f"{name}.sql").read_text(encoding="utf-8")
+query = partial(named_query, __name__)
