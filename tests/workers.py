@@ -77,8 +77,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return  # one process: the files' order
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        group = _shared_scope(item)
-        if group is not None:
+        named = item.get_closest_marker("xdist_group")  # a group the test names wins
+        group = str(named.args[0]) if named is not None and named.args else _shared_scope(item)
+        if group is not None and named is None:
             item.add_marker(pytest.mark.xdist_group(group))
         units.setdefault(group or item.nodeid, []).append(item)
     known = _load()
