@@ -53,13 +53,17 @@ def error_name(exc: KafkaException) -> str:
     return error.name() if isinstance(error, KafkaError) else type(exc).__name__
 
 
+_LEFT_OPEN: list[Consumer] = []
+"""Consumers left open by :meth:`SharedConsumer.leave` while Kafka was down."""
+
+
 class SharedConsumer:
     """The consumer of one worker thread, one client configuration and one consumer group."""
 
     def __init__(self, config: Mapping[str, Any], *, fetch_wait_ms: int, process: Process,
                  backoff: Backoff, count_retry: Callable[[], None],
                  forget: Callable[[], None]) -> None:
-        self._health = process.health
+        self._health, self._stopping = process.health, process.stopping
         self._backoff = backoff
         self._count_retry = count_retry
         self._forget = forget
@@ -150,7 +154,11 @@ class SharedConsumer:
                     self.consumer.incremental_unassign([TopicPartition(*key)])
         if not self.users:
             self._forget()
-            self.consumer.close()
+            if self.down_attempts:  # librdkafka's close (and destroy) waits for Kafka: exit 75
+                _LEFT_OPEN.append(self.consumer)  # never destroyed before the process ends
+                self._stopping.unfinished("the Kafka consumer could not leave: Kafka is down")
+            else:
+                self.consumer.close()
 
     def check_reachable(self, *, fetched: bool) -> None:
         """While down, when due: one metadata call; answered, every member resumes.

@@ -456,7 +456,8 @@ class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):
 
     def _commit(self, offset: int | None) -> None:
         """Commit ``offset`` to the flow's group, without a start count (never waits)."""
-        if self._src.commits and offset is not None:
+        # none while Kafka is down: a commit waiting for its coordinator would hold the close
+        if self._src.commits and offset is not None and not self._shared.down_attempts:
             self._committed = offset
             try:
                 self._shared.consumer.commit(offsets=[Tp(*self._key, offset)], asynchronous=True)
