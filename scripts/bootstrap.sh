@@ -53,15 +53,6 @@ if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then
     >/dev/null || fail "apt-get install iptables failed"
 fi
 
-# gcc: the wall-clock e2e test builds its clock shim (tests/e2e/wallshift.c).
-if ! command -v gcc >/dev/null 2>&1; then
-  echo "bootstrap: installing Debian's gcc" >&2
-  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends gcc libc6-dev \
-    >/dev/null || fail "apt-get install gcc failed"
-fi
-
 if [ -z "${USER_ACTIVITY_TEST_KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
   command -v java >/dev/null 2>&1 || fail "Java 17+ is required for the local Kafka broker"
   .venv/bin/python -m devenv.kafka_broker fetch >/dev/null || fail "cannot fetch the Kafka jars (Maven Central unreachable?)"
