@@ -70,7 +70,10 @@ def test_create_topics_makes_three_replicas_and_two_in_sync_and_a_dry_run_change
            " min.insync.replicas 2" in out
     assert err == ("user-activity create-topics: replication factor 1 on a cluster of 3 brokers"
                    " loses data with one broker; pass --allow-single-replica to do it anyway\n")
-    kafka_cluster.wait_leaders_available(ours)  # created: known to every broker soon after
+    # created: known to every broker soon after (the one asked may not have applied it yet)
+    wait_until(lambda: set(ours) <= set(admin.list_topics(timeout=10).topics), 30,
+               "the new topics in the metadata")
+    kafka_cluster.wait_leaders_available(ours)
     metadata = admin.list_topics(timeout=10).topics
     assert [sorted(len(p.replicas) for p in metadata[t].partitions.values()) for t in ours] == [
         [3] * 6] * 6
