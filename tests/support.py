@@ -22,6 +22,7 @@ from bytewax.testing import cluster_main, run_main
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from cli.migrate import apply_migrations
 from runtime.process import Process
 from runtime.settings import Settings
 from sinks.outbox import OutboxPublisher
@@ -201,13 +202,16 @@ def with_database(url: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def scratch_database(database_url: str, prefix: str = "scratch") -> Iterator[str]:
-    """A brand-new, empty database on the suite's server (its URL), dropped afterwards."""
+def scratch_database(database_url: str, prefix: str = "scratch", *, migrated: bool = False
+                     ) -> Iterator[str]:
+    """A new database on the suite's server (its URL; empty or ``migrated``), dropped after."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = with_database(database_url, "postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
+        if migrated:
+            apply_migrations(with_database(database_url, name))
         yield with_database(database_url, name)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:

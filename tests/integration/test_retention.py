@@ -17,7 +17,6 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from cli.migrate import apply_migrations
 from runtime.settings import Settings
 from sinks.retention import (
     MAINTENANCE_KEY,
@@ -64,8 +63,7 @@ def _at(day: date) -> datetime:
 @pytest.fixture
 def fresh(database_url: str) -> Iterator[str]:
     """A migrated database of this test alone (dropped afterwards)."""
-    with scratch_database(database_url, "retention") as dsn:
-        apply_migrations(dsn)
+    with scratch_database(database_url, "retention", migrated=True) as dsn:
         yield dsn
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from cli.migrate import apply_migrations
 from devenv.kafka_cluster import KafkaCluster
 from runtime.settings import Settings
 from tests.support import scratch_database
@@ -57,8 +56,7 @@ def kafka_cluster(shared_kafka_cluster: KafkaCluster) -> Iterator[KafkaCluster]:
 @pytest.fixture
 def own_database(database_url: str) -> Iterator[str]:
     """A migrated database of the test's own (the cluster's topics exist nowhere else)."""
-    with scratch_database(database_url, "cluster") as dsn:
-        apply_migrations(dsn)
+    with scratch_database(database_url, "cluster", migrated=True) as dsn:
         yield dsn
 
 
