@@ -99,18 +99,13 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
             or os.geteuid() != 0:
         return (yield)
     before = os.getpriority(os.PRIO_PROCESS, 0), _group_nice()
-    servers = _children()  # this worker's brokers and PostgreSQL, each in a session of its own
     os.setpriority(os.PRIO_PROCESS, 0, _PRIORITY)
     _set_group_nice(_PRIORITY)
-    for pid in servers:
-        _set_group_nice(_PRIORITY, Path(f"/proc/{pid}/autogroup"))
     try:
-        return (yield)  # a job it starts shares the priority (devenv.harness.jobs)
+        return (yield)
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before[0])
         _set_group_nice(before[1])
-        for pid in servers:
-            _set_group_nice(0, Path(f"/proc/{pid}/autogroup"))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -137,20 +132,10 @@ def _group_nice() -> int | None:
         return None
 
 
-def _set_group_nice(nice: int | None, autogroup: Path = _AUTOGROUP) -> None:
+def _set_group_nice(nice: int | None) -> None:
     if nice is not None:
         with contextlib.suppress(OSError):
-            autogroup.write_text(f"{nice}\n")
-
-
-def _children() -> list[int]:
-    """The pids whose parent is this process."""
-    me, found = os.getpid(), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
-                found.append(int(stat.parent.name))
-    return found
+            _AUTOGROUP.write_text(f"{nice}\n")
 
 
 def _shared_scope(item: pytest.Item) -> str | None:

@@ -131,7 +131,6 @@ class JobProcess:
                 [*prefix, *self.command()], cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.pids.append(self._proc.pid)
-        _share_priority(self._proc.pid)
         if wait_http:
             self.wait_until(lambda: self.get("/livez") is not None, wait_http, "/livez to answer")
 
@@ -376,11 +375,3 @@ def _read_lines(path: Path, tail_bytes: int | None = None) -> list[bytes]:
             return fh.read().splitlines()
     except OSError:
         return []
-
-
-def _share_priority(pid: int) -> None:
-    """A job in a session of its own gets our session's raised priority (a ``timing`` test's)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        nice = int(Path("/proc/self/autogroup").read_text().rsplit("nice", 1)[1])
-        if nice < 0:
-            Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")

@@ -78,7 +78,6 @@ def _restarted_exactly_once(settings: Settings, job: JobProcess, stream: Stream,
     return assert_exact_outcome(settings, database_url, stream, deliveries)
 
 
-@pytest.mark.timing  # its bound (the stop within the grace, before the kill) counts process time
 @pytest.mark.parametrize("down", ["postgres", "kafka"])
 def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_loses_nothing(
     make_settings: SettingsFactory, jobs: JobSupervisor, record_property: Any, down: str,
