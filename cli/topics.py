@@ -1,10 +1,10 @@
 """Create the topics this service owns, and nothing else.
 
-Ours: the outbox's outputs (session-started/-ended only while published) and the two
-dead-letter topics, made with the USER_ACTIVITY_TOPIC_* partitions, replication factor and
-min.insync.replicas (1 and 1 on a one-broker cluster). An existing topic is never changed: one
-that differs is named (exit 2). Replication factor 1 on several brokers is refused unless
---allow-single-replica.
+Ours: the outbox's outputs (session-started/-ended only while published), the two dead-letter
+topics and the outbox's progress topic (one partition, compacted, no retention), made with the
+USER_ACTIVITY_TOPIC_* partitions, replication factor and min.insync.replicas (1 and 1 on a
+one-broker cluster). An existing topic is never changed: one that differs is named (exit 2).
+Replication factor 1 on several brokers is refused unless --allow-single-replica.
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ def outbox_topics(settings: Settings) -> list[str]:
 
 
 def own_topics(settings: Settings) -> list[str]:
-    """The topics this service writes and owns: the outbox's outputs and the dead letters."""
+    """The topics this service writes and owns: the outbox's, and the dead letters."""
     return [*outbox_topics(settings), settings.topic_favorites_dlq,
-            settings.topic_session_linking_dlq]
+            settings.topic_session_linking_dlq, settings.topic_outbox_progress]
+
+
+PROGRESS_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"}
+"""The progress topic keeps its stream's last record for ever (one partition)."""
 
 
 def input_topics(settings: Settings) -> list[str]:
@@ -114,15 +118,17 @@ def create_topics(settings: Settings, *, dry_run: bool = False,
     found_isr = _min_isr(admin, list(existing))
     rows: list[tuple[str, int, int, object, str]] = []
     differing = []
+    progress = settings.topic_outbox_progress
     for topic in own_topics(settings):
+        want = (1, *wanted[1:]) if topic == progress else wanted
         if topic not in existing:
             action = "would create" if dry_run or refusal else "create"
-            rows.append((topic, *wanted, action))
+            rows.append((topic, *want, action))
             continue
         parts = existing[topic].partitions
         has = (len(parts), len(parts[0].replicas) if 0 in parts else 0, found_isr.get(topic))
         diff = [f"{name} {h} (want {w})" for name, h, w
-                in zip(("partitions", "RF", "min ISR"), has, wanted, strict=True)
+                in zip(("partitions", "RF", "min ISR"), has, want, strict=True)
                 if h is not None and h != w]
         rows.append((topic, has[0], has[1], "?" if has[2] is None else has[2],
                      f"exists, differs: {', '.join(diff)}; left as is" if diff else "exists"))
@@ -134,8 +140,12 @@ def create_topics(settings: Settings, *, dry_run: bool = False,
         return 2
     missing = [row[0] for row in rows if row[4] == "create"]
     if missing and not dry_run:
-        ensure_topics(settings.kafka_client_config(), missing, wanted[0], replicas,
-                      config={MIN_ISR: str(min_isr)})
+        if progress in missing:
+            ensure_topics(settings.kafka_client_config(), [progress], 1, replicas,
+                          config={MIN_ISR: str(min_isr), **PROGRESS_CONFIG})
+        if rest := [topic for topic in missing if topic != progress]:
+            ensure_topics(settings.kafka_client_config(), rest, wanted[0], replicas,
+                          config={MIN_ISR: str(min_isr)})
     for line in differing:
         print(f"user-activity create-topics: {line}: an existing topic is never changed (change"
               " it by hand, or the settings)", file=sys.stderr)

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
                           " is always sent); `false`: no outbox row for them.")
     topic_session_linking_dlq: str = Field(
         "pin.user-activity.session-linking-dlq.v1", description="Dead letters of session linking.")
+    topic_outbox_progress: str = Field(
+        "pin.user-activity.outbox-progress.v1",
+        description="The outbox stream's progress, committed in each of its Kafka transactions:"
+                    " one partition, compacted, the stream's own (`create-topics`).")
     topic_partitions: int = Field(6, ge=1, description="Partitions `create-topics` makes.")
     topic_replication_factor: int = Field(
         3, ge=1, le=32,
@@ -194,7 +198,24 @@ class Settings(BaseSettings):
     # Outbox publisher.
     outbox_enabled: bool = Field(
         True, description="Run the outbox publisher (and its stall watchdog) in this process.")
-    outbox_batch_size: int = Field(1000, ge=1, description="Rows per publish cycle.")
+    outbox_batch_size: int = Field(
+        1000, ge=1, description="Rows a window reads back per page (one Kafka transaction).")
+    outbox_transactional_id: str = Field(
+        "user-activity-outbox", min_length=1,
+        description="The outbox stream's Kafka `transactional.id`: whichever process holds the"
+                    " lease publishes with it, fencing any earlier one.")
+    outbox_transaction_timeout_ms: int = Field(
+        30_000, ge=1_000, le=900_000,
+        description="`transaction.timeout.ms`: the broker aborts a transaction open this long"
+                    " (a holder that died and has no successor yet).")
+    outbox_message_timeout_ms: int = Field(
+        10_000, ge=1_000, le=300_000,
+        description="`message.timeout.ms` of the outbox producer: a transaction waiting this"
+                    " long for a partition's leader is aborted and sent again.")
+    outbox_lease_seconds: float = Field(
+        30.0, ge=1,
+        description="A lease holder whose PostgreSQL session stays idle this long (frozen, or"
+                    " waiting out an outage) loses the lease to a standby.")
     outbox_idle_poll_seconds: float = Field(
         0.25, gt=0,
         description="How often the lease holder looks for other processes' rows, and a"

@@ -1,11 +1,11 @@
-"""A confluent-kafka producer that reports, per record, whether the broker acknowledged it.
+"""Confluent-kafka producers that report, per record, whether the broker acknowledged it.
 
 Idempotent, ``acks=all`` (a retried send never duplicates on the broker), never creates a topic:
 a deleted output topic is a service error until ``create-topics`` makes it again. Not Bytewax's
-``KafkaSink``, which drops failed deliveries. :func:`produce_and_wait` never raises for one
-record: a record ``produce()`` refuses gets that error as its result. librdkafka's fatal state of
-the idempotent producer is a restart (exit 75): :class:`KafkaProducer` reports every record of
-the call not refused for itself failed with ``_FATAL`` and requests the stop.
+``KafkaSink``, which drops failed deliveries. :func:`hand_over` never raises for one record: a
+record ``produce()`` refuses gets that error as its result. librdkafka's fatal state of the
+idempotent producer is a restart (exit 75): :class:`KafkaProducer` settles every record still
+waiting as ``_FATAL`` and requests the stop.
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
 from runtime.shutdown import Shutdown
-from schemas.outbox import OutboxRow
-from sinks.errors import is_record_error, kafka_error_of
+from sinks.errors import kafka_error_of
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +37,20 @@ class OutgoingRecord:
     headers: Sequence[tuple[str, bytes]] = ()
 
 
-Producible = OutgoingRecord | OutboxRow
-"""What :func:`produce_and_wait` sends (an outbox row as it is; ``str`` header values UTF-8)."""
+class Producible(Protocol):
+    """What :func:`hand_over` sends: an outbox row as it is (``str`` header values UTF-8)."""
+
+    @property
+    def topic(self) -> str: ...  # noqa: D102
+
+    @property
+    def key(self) -> bytes | None: ...  # noqa: D102
+
+    @property
+    def value(self) -> bytes | None: ...  # noqa: D102
+
+    @property
+    def headers(self) -> Any: ...  # noqa: D102
 
 
 def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> Producer:
@@ -75,15 +86,13 @@ def build_producer(settings: Settings, client_suffix: str, **overrides: Any) -> 
     return Producer(config)
 
 
-def produce_and_wait(producer: Producer, records: Sequence[Producible], timeout: float = 35.0,
-                     *, stopping: Shutdown | None = None) -> list[KafkaError | None]:
-    """Produce ``records`` and wait until all are settled; the i-th result is i's error (or None).
+def failure_reporter(records: Sequence[Producible], results: list[KafkaError | None]
+                     ) -> Callable[[KafkaError | None, Message], None]:
+    """One delivery callback for ``records``: a failure's error goes to ``results[i]``.
 
-    Failures only are reported (one callback, a report mapped back by ``(topic, key, value)``):
-    equal records, or a report that matches none, fail together (a retry, the safe direction).
-    Anything in flight after ``timeout`` (less past a stop's grace) fails every record.
+    A report is mapped back by ``(topic, key, value)``: equal records, or a report that matches
+    none, fail together (a retry, the safe direction).
     """
-    results: list[KafkaError | None] = [None] * len(records)
     by_content: dict[tuple[str | None, bytes | None, bytes | None], list[int]] | None = None
 
     def on_failure(err: KafkaError | None, msg: Message) -> None:
@@ -100,19 +109,10 @@ def produce_and_wait(producer: Producer, records: Sequence[Producible], timeout:
         for index in range(len(records)) if indices is None else indices:
             results[index] = err
 
-    _hand_over(producer, records, lambda _index: on_failure, results.__setitem__)
-    deadline = time.monotonic() + timeout
-    left = producer.flush(min(timeout, 1.0))
-    time_left = stopping.time_left if stopping is not None else (lambda t: t)
-    while left > 0 and (rest := time_left(deadline - time.monotonic())) > 0:
-        left = producer.flush(min(rest, 1.0))
-    if left > 0:
-        timed_out = KafkaError(KafkaError._TIMED_OUT)
-        return [err or timed_out for err in results]
-    return results
+    return on_failure
 
 
-def _hand_over(producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
+def hand_over(producer: Producer, records: Sequence[Producible], callback_of: Callable[[int], Any],
                refused: Callable[[int, KafkaError], None]) -> None:
     """``produce()`` each record; one refused before queueing goes to ``refused(index, error)``."""
     produce = producer.produce
@@ -178,18 +178,6 @@ class KafkaProducer:
                                             error_cb=self._on_error, **self._overrides)
         return self._producer
 
-    def produce_and_wait(self, records: Sequence[Producible], timeout: float = 35.0
-                         ) -> list[KafkaError | None]:
-        """:func:`produce_and_wait`; after a fatal error every result but a record error is it."""
-        results = produce_and_wait(self.producer, records, timeout, stopping=self._stopping)
-        fatal = self._fatal or next(
-            (e for e in results if e is not None and e.code() == KafkaError._FATAL), None)
-        if fatal is None:
-            return results
-        self._died(fatal)
-        retry = KafkaError(KafkaError._FATAL, f"producer died ({fatal.name()}): send again")
-        return [err if err is not None and is_record_error(err) else retry for err in results]
-
     def send(self, records: Sequence[Producible]) -> Sending:
         """Hand ``records`` over (success reports on); :meth:`wait` for their reports."""
         producer = self.producer
@@ -200,7 +188,7 @@ class KafkaProducer:
             sending.results[index] = err
             sending.settled[index] = True
 
-        _hand_over(producer, records, lambda index: functools.partial(on_report, index), on_report)
+        hand_over(producer, records, lambda index: functools.partial(on_report, index), on_report)
         return sending
 
     def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:

@@ -129,8 +129,8 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
         """The log fields that name ``message`` (ids only)."""
 
     @abstractmethod
-    def outbox_rows(self, result: R) -> list[OutboxRow]:
-        """The outbox rows a committed batch wrote (offered to the publisher at once)."""
+    def committed_outbox(self, result: R) -> tuple[int, list[OutboxRow]]:
+        """A committed batch's transaction and every outbox row it wrote (offered at once)."""
 
     @override
     def write_batch(self, values: list[M]) -> None:
@@ -143,7 +143,7 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                 self._settings.poison_attempts)
             for result in results:
                 if self._publisher is not None:
-                    self._publisher.offer(self.outbox_rows(result))
+                    self._publisher.offer(*self.committed_outbox(result))
                 self.report(result)
             if poisoned:
                 self._dead_letter(poisoned)

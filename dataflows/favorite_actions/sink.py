@@ -101,8 +101,6 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             else:
                 self._in_flight = (messages, sent)
                 sent.outcome.written_ns = (started_ns, 0)
-                if self._publisher is not None and sent.pending is not None:
-                    self._publisher.expect(sent.pending.outbox_ids)  # offered once finished
             self._health.beat()
             return
         super().write_batch(messages)
@@ -145,7 +143,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             return
         outcome.written_ns = ((sent.outcome.written_ns or (0, 0))[0], time.time_ns())
         if self._publisher is not None:
-            self._publisher.offer(self.outbox_rows(outcome))
+            self._publisher.offer(*self.committed_outbox(outcome))
         self.report(outcome)
         self.track_finished(values)
 
@@ -167,9 +165,9 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
         """SPEC §6 log fields."""
         return message_fields(message)
 
-    def outbox_rows(self, result: BatchOutcome) -> list[OutboxRow]:
-        """The action-tracked rows of the recorded actions."""
-        return [action.outbox for action in result.recorded]
+    def committed_outbox(self, result: BatchOutcome) -> tuple[int, list[OutboxRow]]:
+        """The action-tracked rows of the recorded actions, and their transaction."""
+        return result.txid, [action.outbox for action in result.recorded]
 
     def report(self, outcome: BatchOutcome) -> None:
         """Metrics, spans and one log line per message of a committed batch."""

@@ -60,6 +60,7 @@ class BatchOutcome:
     no_session: list[FavoriteMessage] = field(default_factory=list)
     waiting: list[FavoriteMessage] = field(default_factory=list)  # in waiting_actions
     written_ns: tuple[int, int] | None = None  # wall-clock start and commit (ns), for spans
+    txid: int = 0  # the transaction that wrote the outbox rows of ``recorded``
 
 
 def owner_of(message: FavoriteMessage) -> tuple[UUID | None, UUID | None]:
@@ -247,6 +248,8 @@ class FavoritesStore:
         build = ActionRowBuilder(self._topic, pending.now).build_resolved
         recorded, duplicates, no_session = outcome.recorded, outcome.duplicates, outcome.no_session
         event_ids, outbox_ids, headers = pending.event_ids, pending.outbox_ids, pending.headers
+        if rows:
+            outcome.txid = rows[0][5]
         for index, message in enumerate(pending.messages):
             row = by_position.get(index + 1)
             if row is None:

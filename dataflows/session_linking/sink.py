@@ -12,8 +12,8 @@ from datetime import timedelta
 from typing import Any
 
 from dataflows.session_linking.decode import SignInMessage, sign_in_fields
-from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome, LinkResult, SessionTopics
-from dataflows.session_linking.store import SessionLinksStore
+from dataflows.session_linking.linking import LOG_EVENTS, LinkOutcome, SessionTopics
+from dataflows.session_linking.store import LinkedBatch, SessionLinksStore
 from dataflows.session_linking.traces import trace_batch
 from runtime.logs import log_event
 from runtime.metrics import (
@@ -32,7 +32,7 @@ from sources.progress import INPUT_PROGRESS
 logger = logging.getLogger(__name__)
 
 
-class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResult]]):
+class _SessionLinkPartition(TransactionalPartition[SignInMessage, LinkedBatch]):
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
         super().__init__(settings, process, publisher, name=f"user-activity-session-linking-{part}",
@@ -47,27 +47,27 @@ class _SessionLinkPartition(TransactionalPartition[SignInMessage, list[LinkResul
             lifecycle=settings.publish_session_lifecycle)
         self._written: dict[int, tuple[int, int]] = {}  # id(results) -> write start, commit (ns)
 
-    def write(self, conn: Connection, batch: Sequence[SignInMessage]) -> list[LinkResult]:
+    def write(self, conn: Connection, batch: Sequence[SignInMessage]) -> LinkedBatch:
         """One transaction: marks, session changes, outbox rows (:class:`SessionLinksStore`)."""
         started_ns = time.time_ns()
-        results = self._store.link_batch(conn, batch)
-        self._written[id(results)] = (started_ns, time.time_ns())
-        return results
+        linked = self._store.link_batch(conn, batch)
+        self._written[id(linked)] = (started_ns, time.time_ns())
+        return linked
 
     def fields(self, message: SignInMessage) -> dict[str, Any]:
         """Ids of the sign-in and where it came from."""
         return sign_in_fields(message)
 
-    def outbox_rows(self, result: list[LinkResult]) -> list[OutboxRow]:
-        """The session events of the batch."""
-        return [row for link in result for row in link.outbox]
+    def committed_outbox(self, result: LinkedBatch) -> tuple[int, list[OutboxRow]]:
+        """The session events of the batch, and its transaction."""
+        return result.txid, [row for link in result.results for row in link.outbox]
 
-    def report(self, results: list[LinkResult]) -> None:
+    def report(self, linked: LinkedBatch) -> None:
         """Metrics, one log line per sign-in and the spans of the sampled ones."""
-        started_ns, ended_ns = self._written.pop(id(results), (0, 0))
-        trace_batch(results, started_ns or None, ended_ns or None)
+        started_ns, ended_ns = self._written.pop(id(linked), (0, 0))
+        trace_batch(linked.results, started_ns or None, ended_ns or None)
         now_mono = time.monotonic()
-        for result in results:
+        for result in linked.results:
             message = result.message
             SESSION_LINKING_OUTCOMES.labels(outcome=result.outcome.value).inc()
             SESSION_LINKING_DURATION_MS.observe((now_mono - message.record.received_at) * 1000)

@@ -9,6 +9,7 @@ concurrently). Marks, session changes and outbox rows commit together or not at 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from uuid import UUID
@@ -38,6 +39,14 @@ from sinks.db import Connection
 DECISION_ROUNDS = 5  # races lost by one sign-in before its batch fails as a serialization failure
 
 
+@dataclass(frozen=True, slots=True)
+class LinkedBatch:
+    """What one committed batch did, and its transaction (the txid of its outbox rows)."""
+
+    results: list[LinkResult]
+    txid: int
+
+
 class SessionLinksStore:
     """Applies sign-ins to ``user_activity.sessions`` in one transaction per batch."""
 
@@ -51,17 +60,18 @@ class SessionLinksStore:
         self._clock = clock
         self._live_within = live_within
 
-    def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> list[LinkResult]:
+    def link_batch(self, conn: Connection, messages: Sequence[SignInMessage]) -> LinkedBatch:
         """Apply ``messages`` in order in one transaction (nothing written on an exception)."""
+        txid = 0
         with conn.transaction():
             now = self._clock()
             results = [self._link_one(conn, message, now) for message in messages]
             if rows := [row for result in results for row in result.outbox]:
-                conn.execute(query("link_session_outbox"), {
+                txid = conn.execute(query("link_session_outbox"), {
                     "ids": [r.id for r in rows], "topics": [r.topic for r in rows],
                     "keys": [r.key for r in rows], "values": [r.value for r in rows],
-                    "headers": [orjson.dumps(r.headers).decode() for r in rows]})
-        return results
+                    "headers": [orjson.dumps(r.headers).decode() for r in rows]}).fetchall()[0][0]
+        return LinkedBatch(results, txid)
 
     def _link_one(self, conn: Connection, message: SignInMessage, now: datetime) -> LinkResult:
         marked = conn.execute(query("link_session_mark"), {"key": message.idempotency_key})

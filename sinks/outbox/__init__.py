@@ -1,11 +1,14 @@
 """The outbox: every event we emit is a row committed with the change it announces, then sent.
 
-The publisher (:mod:`.publisher`), the watermark (:mod:`.window`), parked and held rows
-(:mod:`.parking`), the stall watchdog (:mod:`.watchdog`); SQL in ``sql/*.sql``. No thread here.
+The publisher (:mod:`.publisher`) and its pieces: the lease (:mod:`.lease`), the Kafka stream
+(:mod:`.stream`) and its progress (:mod:`.progress`), the fast path (:mod:`.fast_path`), windows
+and the watermark cache (:mod:`.window`), parked and held rows (:mod:`.parking`); the stall
+watchdog (:mod:`.watchdog`); SQL in ``sql/*.sql``. No thread here.
 """
 
+from sinks.outbox.lease import LEASE_KEY
 from sinks.outbox.parking import parked_rows, requeue_parked
-from sinks.outbox.publisher import LEASE_KEY, OutboxPublisher
+from sinks.outbox.publisher import OutboxPublisher
 from sinks.outbox.watchdog import OutboxWatchdog
 from sinks.outbox.window import LeaseLostError
 

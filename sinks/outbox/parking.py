@@ -3,36 +3,62 @@
 Parked (``outbox_parked``): the broker refused the record itself (confirmed by sending it alone);
 kept until an operator requeues it (``user-activity outbox parked | requeue``). Held
 (``outbox_held``): the broker refuses the row's topic, so that topic's rows wait there in order
-while the other topics go on; each held topic is retried with back-off (:class:`HeldTopics`), its
-rows deleted once acknowledged. A requeued row is held for its topic. Rows are set aside in the
-transaction that moves the watermark past them.
+(``seq``) while the other topics go on; each held topic is retried with back-off
+(:class:`HeldTopics`). A row is set aside in PostgreSQL before the Kafka transaction whose
+progress passes it commits; a window never sends a row set aside (``rows.sql``), so a crash in
+between sends nothing twice. Held rows are deleted once a progress past their ``seq`` committed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
-from psycopg import Cursor
 from psycopg.types.json import Jsonb
 
 from runtime.backoff import Backoff
 from sinks.db import Connection
 from sinks.outbox.sql import query
 
-_Row = tuple[Any, ...]  # (txid, id, topic, key, value, headers, created_at): window.Row
+
+class HeldRow(NamedTuple):
+    """A row of ``outbox_held``, in its topic's order."""
+
+    seq: int
+    id: UUID
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, Any]
+    created_at: datetime
 
 
-def set_aside(cur: Cursor[Any], how: str, rows: Sequence[tuple[_Row, str]]) -> None:
-    """Park (``how`` "park") or hold back for their topics ("hold") ``rows``, with their errors.
+class AsideRow(NamedTuple):
+    """What setting a row aside keeps of it."""
 
-    A row parked before gets attempts + 1; a row held already stays where it is.
+    id: UUID
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, Any]
+    created_at: datetime
+
+
+def set_aside(conn: Connection, how: str, rows: Sequence[tuple[AsideRow, str]]) -> None:
+    """Park (``how`` "park") or hold for their topics ("hold") ``rows``, with their errors.
+
+    One transaction. A row parked before gets attempts + 1; a row held already stays where it
+    is; a held row parked leaves the held rows.
     """
-    cur.executemany(query(how), [(r[1], r[2], r[3], r[4], Jsonb(r[5] or {}), r[6], error)
-                                 for r, error in rows])
+    with conn.transaction(), conn.cursor() as cur:
+        cur.executemany(query(how), [(r.id, r.topic, r.key, r.value, Jsonb(r.headers),
+                                      r.created_at, error) for r, error in rows])
+        if how == "park":
+            cur.execute(query("unhold"), ([r.id for r, _ in rows],))
 
 
 def held_topics(conn: Connection) -> list[str]:
@@ -40,20 +66,16 @@ def held_topics(conn: Connection) -> list[str]:
     return [topic for (topic,) in conn.execute(query("held_topics")).fetchall()]
 
 
-def held_rows(conn: Connection, topic: str, limit: int) -> list[_Row]:
-    """The first ``limit`` held rows of ``topic``, in order, as whole rows (no txid)."""
-    return [(None, *row) for row in conn.execute(query("held_page"), (topic, limit)).fetchall()]
+def held_rows(conn: Connection, topic: str, after: int, limit: int) -> list[HeldRow]:
+    """The first ``limit`` held rows of ``topic`` after seq ``after``, in order."""
+    return [HeldRow(*row) for row in conn.execute(query("held_page"), {
+        "topic": topic, "after": after, "limit": limit}).fetchall()]
 
 
-def settle_held(conn: Connection, sent: Sequence[UUID],
-                refused: Sequence[tuple[_Row, str]]) -> None:
-    """Held rows acknowledged (``sent``) or refused for good (parked), in one transaction."""
-    with conn.transaction(), conn.cursor() as cur:
-        if sent:
-            cur.execute(query("held_sent"), {"ids": list(sent)})
-        if refused:
-            set_aside(cur, "park", refused)
-            cur.execute(query("unhold"), ([r[1] for r, _ in refused],))
+def forget_held(conn: Connection, held: Mapping[str, int]) -> None:
+    """Held rows published (per topic, up to a seq Kafka committed) leave the side table."""
+    for topic, seq in held.items():
+        conn.execute(query("held_sent"), {"topic": topic, "seq": seq})
 
 
 def requeue_parked(conn: Connection, ids: Sequence[UUID] | None) -> int:

@@ -1,21 +1,19 @@
-"""The publication watermark: which committed outbox rows are published (migration 0006).
+"""Reading the outbox in PostgreSQL: windows of committed rows, and the watermark cache.
 
-Each ``user_activity.outbox`` row keeps ``txid``, the transaction that wrote it; the one-row
-``outbox_watermark`` keeps ``delivered``, a ``pg_current_snapshot()`` such that every committed
-row whose txid is visible in it was acknowledged by the broker, parked or held. A window is the
-rows visible in a later snapshot ``target`` and not in ``delivered``, read in ``(txid, id)`` order
-a page at a time. The watermark moves by ONE UPDATE, conditional on the generation it was read
-at, which also records a long window's progress (``target``, the last row sent): no write per
-row. Sink transactions commit in any order; a snapshot lists those still in progress, so none is
-skipped. A crash before the UPDATE leaves the rows after the watermark: sent again, never lost.
+Each ``user_activity.outbox`` row keeps ``txid``, the transaction that wrote it. A window is the
+rows of the transactions a later snapshot ``target`` sees and the progress's ``delivered`` does
+not, read in ``(txid, id)`` order a page at a time (:func:`read_page`). Sink transactions commit
+in any order; a snapshot lists those still in progress, so none is skipped. ``outbox_watermark``
+is a cache of a progress Kafka committed (:mod:`sinks.outbox.progress`): it may lag Kafka, never
+lead it; the watchdog, retention and the operator commands read it. Its one UPDATE is
+conditional on the generation the lease holder read, so a former holder cannot move it.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from schemas.action_tracked import (
@@ -25,128 +23,133 @@ from schemas.action_tracked import (
     with_offset,
 )
 from sinks.db import Connection
-from sinks.outbox import parking
+from sinks.outbox.progress import Progress
 from sinks.outbox.sql import query
 
-Row = tuple[Any, ...]
-"""A whole outbox row: ``(txid, id, topic, key, value, headers, created_at)``."""
-
-_NO_ROW = ("0", UUID(int=0))
 _MAX_UUID = UUID(int=(1 << 128) - 1)
+_NO_ROW = (0, UUID(int=0))
 
 
 class LeaseLostError(Exception):
     """The watermark was moved by someone else: this publisher no longer holds the lease."""
 
 
-@dataclass(frozen=True, slots=True)
-class Window:
-    """The watermark as read: the window (delivered, target] and the last row sent of it."""
+class Key(NamedTuple):
+    """A committed outbox row's place in the stream."""
 
-    delivered: str
-    target: str
-    after: tuple[str, UUID]
+    txid: int
+    id: UUID
+
+
+class StoredRow(NamedTuple):
+    """A committed outbox row, rendered (a thin action-tracked row's key and value too)."""
+
+    txid: int
+    id: UUID
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, Any]
+    created_at: datetime
+    set_aside: bool
+    """Parked or held already: never sent by a window."""
+
+
+class Cache(NamedTuple):
+    """``outbox_watermark`` as stored: a progress (without ``sent``), and its generation."""
+
+    progress: Progress
     generation: int
-    resumed: bool
-    """A window of several pages was under way (its cursor ``after``)."""
-    current: str
-    """The current snapshot when it was read."""
 
 
-def read_window(conn: Connection) -> Window:
-    """The window to send: the one under way (from its cursor), else up to the current snapshot."""
-    row = conn.execute(query("watermark")).fetchone()
-    if row is None:
-        raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
-    delivered, target, after_txid, after_id, generation, current = row
-    if target is not None:
-        return Window(delivered, target, (after_txid, after_id), generation, True, current)
-    return Window(delivered, current, _NO_ROW, generation, False, current)
+def current_snapshot(conn: Connection) -> str:
+    """``pg_current_snapshot()``: what has committed by now."""
+    row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
-def page_start(delivered: str, after: tuple[str, UUID]) -> tuple[str, UUID]:
+def page_start(delivered: str, after: tuple[int, UUID]) -> tuple[int, UUID]:
     """The lower bound, in ``(txid, id)`` order, of a window's rows past ``delivered``'s xmax.
 
     The cursor ``after`` when it is past that xmax, else the last possible row before it (so
     ``(txid, id) > start`` is ``txid >= xmax``): the scan starts there, not at the cursor.
     """
     xmax = int(delivered.split(":")[1])
-    return after if int(after[0]) >= xmax else (str(xmax - 1), _MAX_UUID)
+    return after if after[0] >= xmax else (xmax - 1, _MAX_UUID)
 
 
-def read_page(conn: Connection, window: Window, after: tuple[str, UUID], limit: int
-              ) -> list[tuple[Any, Any]]:
-    """The next ``limit`` rows of ``window`` after ``after``, as ``(txid, id)`` pairs."""
-    start = page_start(window.delivered, after)
-    return conn.execute(query("page"), {
-        "delivered": window.delivered, "target": window.target, "after_txid": after[0],
-        "after_id": after[1], "start_txid": start[0], "start_id": start[1], "limit": limit,
-    }).fetchall()
+def read_page(conn: Connection, progress: Progress, target: str, limit: int) -> list[Key]:
+    """The next ``limit`` rows of the window from ``progress`` to ``target``, as keys.
+
+    Past the cursor when ``progress`` has a window under way (to this ``target``).
+    """
+    after = progress.after if progress.after is not None else _NO_ROW
+    start = page_start(progress.delivered, after)
+    return [Key(int(txid), row_id) for txid, row_id in conn.execute(query("page"), {
+        "delivered": progress.delivered, "target": target, "after_txid": str(after[0]),
+        "after_id": after[1], "start_txid": str(start[0]), "start_id": start[1], "limit": limit,
+    }).fetchall()]
 
 
-def whole_rows(conn: Connection, keys: Sequence[tuple[Any, Any]]) -> list[Row]:
-    """The whole rows of ``keys`` (``(txid, id)`` pairs), in that order; a thin row rendered.
+def whole_rows(conn: Connection, keys: Sequence[Key]) -> list[StoredRow]:
+    """The rows of ``keys``, in that order, rendered; raises if one is missing.
 
-    A thin row's key and value are rendered from the action it announces; a missing row is an
-    error (only a published row's partition is ever dropped).
+    Only a published row's partition is ever dropped, so a missing row is an error.
     """
     if not keys:
         return []
-    stored: list[Row] = conn.execute(query("rows"), {
-        "txids": [str(k[0]) for k in keys], "ids": [k[1] for k in keys]}).fetchall()
+    stored = conn.execute(query("rows"), {
+        "txids": [str(k.txid) for k in keys], "ids": [k.id for k in keys]}).fetchall()
     if len(stored) != len(keys):
         raise RuntimeError(f"{len(keys) - len(stored)} outbox rows of the window are gone")
     created: dict[Any, str] = {}  # CreatedAt rendered once per batch of the writing sink
-    return [row[:7] if row[4] is not None else _rendered(row, created) for row in stored]
+    return [_whole(row, created) for row in stored]
 
 
-def _rendered(row: Row, created: dict[Any, str]) -> Row:
-    """A thin action-tracked row of ``rows.sql`` as a whole row, its key and value rendered."""
-    (txid, row_id, topic, _, _, headers, created_at, action_event_id, correlation_id, offset,
-     found, action_type, session_id, anonymous_id, user_id, occurred_local, property_object_id,
-     favorite_id) = row
-    if found is None:  # never: an action and its outbox row commit together, neither is deleted
-        raise RuntimeError(f"outbox row {row_id} names action {action_event_id}, which is missing")
-    created_text = created.get(created_at)
-    if created_text is None:
-        created_text = created[created_at] = rendered_created_at(created_at)
-    value = action_tracked_value(row_id, created_text, action_event_id,
-                                 None if correlation_id is None else bytes(correlation_id).decode(),
-                                 action_type, session_id, anonymous_id, user_id,
-                                 with_offset(occurred_local, offset), property_object_id,
-                                 favorite_id)
-    return (txid, row_id, topic, action_tracked_key(action_event_id), value, headers, created_at)
+def _whole(row: tuple[Any, ...], created: dict[Any, str]) -> StoredRow:
+    """A row of ``rows.sql``: a thin action-tracked row is rendered from its action."""
+    (txid, row_id, topic, key, value, headers, created_at, set_aside, action_event_id,
+     correlation_id, offset, found, action_type, session_id, anonymous_id, user_id,
+     occurred_local, property_object_id, favorite_id) = row
+    if value is None:
+        if found is None:  # never: an action and its row commit together, neither is deleted
+            raise RuntimeError(f"outbox row {row_id} names action {action_event_id}, which is"
+                               " missing")
+        created_text = created.get(created_at)
+        if created_text is None:
+            created_text = created[created_at] = rendered_created_at(created_at)
+        key = action_tracked_key(action_event_id)
+        value = action_tracked_value(
+            row_id, created_text, action_event_id,
+            None if correlation_id is None else bytes(correlation_id).decode(), action_type,
+            session_id, anonymous_id, user_id, with_offset(occurred_local, offset),
+            property_object_id, favorite_id)
+    return StoredRow(int(txid), row_id, topic, None if key is None else bytes(key), bytes(value),
+                     headers or {}, created_at, set_aside)
 
 
-def visible_in(snapshot: str) -> Callable[[Any], bool]:
-    """``pg_visible_in_snapshot(txid, snapshot)`` for a committed txid (``xmin:xmax:xip,...``)."""
-    xmin, xmax, xip = snapshot.split(":")
-    low, high = int(xmin), int(xmax)
-    running = frozenset(int(x) for x in xip.split(",") if x)
-
-    def visible(txid: Any) -> bool:
-        value = int(txid)
-        return value < low or (value < high and value not in running)
-
-    return visible
+def read_cache(conn: Connection) -> Cache:
+    """``outbox_watermark`` (raises if the migrations did not make its row)."""
+    row = conn.execute(query("watermark")).fetchone()
+    if row is None:
+        raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
+    delivered, target, after_txid, after_id, generation = row
+    after = None if after_txid is None else (int(after_txid), after_id)
+    return Cache(Progress(delivered, target=target, after=after), generation)
 
 
-def advance(conn: Connection, window: Window, cursor: tuple[Any, Any] | None, generation: int, *,
-            parked: Sequence[tuple[Row, str]] = (), held: Sequence[tuple[Row, str]] = ()) -> int:
-    """Move the watermark past the window (``cursor`` None) or up to ``cursor``; the generation.
+def write_cache(conn: Connection, progress: Progress, generation: int) -> int:
+    """Store ``progress`` (Kafka committed it) if the cache is still at ``generation``.
 
-    ``parked`` and ``held`` are set aside in the same transaction. Raises
-    :class:`LeaseLostError`, changing nothing, when another publisher moved it since ``generation``.
+    Returns the next generation; raises :class:`LeaseLostError`, changing nothing, if another
+    publisher moved it since.
     """
-    state: tuple[Any, ...] = (window.target, None, None, None)
-    if cursor is not None:
-        state = (window.delivered, window.target, str(cursor[0]), cursor[1])
-    params = {"delivered": state[0], "target": state[1], "after_txid": state[2],
-              "after_id": state[3], "generation": generation}
-    with conn.transaction() if parked or held else contextlib.nullcontext(), conn.cursor() as cur:
-        for how, rows in (("park", parked), ("hold", held)):
-            if rows:
-                parking.set_aside(cur, how, rows)
-        if cur.execute(query("advance"), params).rowcount != 1:  # a transaction: all rolled back
-            raise LeaseLostError("the outbox watermark was moved by another publisher")
+    after = progress.after
+    updated = conn.execute(query("advance"), {
+        "delivered": progress.delivered, "target": progress.target,
+        "after_txid": None if after is None else str(after[0]),
+        "after_id": None if after is None else after[1], "generation": generation}).rowcount
+    if updated != 1:
+        raise LeaseLostError("the outbox watermark was moved by another publisher")
     return generation + 1

@@ -13,7 +13,8 @@
 -- CorrelationId, OccurredAt's offset and CreatedAt; the publisher renders the event from them.
 -- Returns one row per message that has a session (its 1-based position, the session's id and
 -- AnonymousId, the row's UserId, whether its action_events row is new) and one per message that
--- waits (its position, three NULLs, whether it is new to waiting_actions).
+-- waits (its position, three NULLs, whether it is new to waiting_actions); each with the
+-- transaction's id (the outbox rows' txid, which the sink offers to the publisher).
 WITH input AS (
     SELECT *
       FROM unnest(
@@ -84,10 +85,12 @@ waiting AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING idempotency_key
 )
-SELECT r.position, r.session_id, r.anonymous_id, r.user_id, e.id IS NOT NULL AS inserted
+SELECT r.position, r.session_id, r.anonymous_id, r.user_id, e.id IS NOT NULL AS inserted,
+       pg_current_xact_id()::text::bigint AS txid
   FROM resolved r
   LEFT JOIN recorded e ON e.id = r.id
 UNION ALL
-SELECT u.position, NULL, NULL, NULL, w.idempotency_key IS NOT NULL
+SELECT u.position, NULL, NULL, NULL, w.idempotency_key IS NOT NULL,
+       pg_current_xact_id()::text::bigint
   FROM unresolved u
   LEFT JOIN waiting w ON w.idempotency_key = u.idempotency_key

@@ -3,7 +3,7 @@
 -- started after it. The latter are read from ONE lower bound (start_*: the cursor, or the last
 -- possible row before delivered's xmax): with two, the btree scan started at the cursor and a
 -- window's first page read every index entry of the table, published rows included.
-SELECT * FROM (
+SELECT txid::text, id FROM (
     (SELECT o.txid, o.id
        FROM user_activity.outbox o
       WHERE o.txid = ANY (ARRAY(SELECT x FROM pg_snapshot_xip(%(delivered)s::pg_snapshot) x

@@ -1,4 +1,3 @@
--- The watermark as stored, and the current snapshot (the target of a new window).
-SELECT delivered::text, target::text, after_txid::text, after_id, generation,
-       pg_current_snapshot()::text
+-- The watermark cache as stored (a progress Kafka committed) and its generation.
+SELECT delivered::text, target::text, after_txid::text, after_id, generation
   FROM user_activity.outbox_watermark WHERE id = 1

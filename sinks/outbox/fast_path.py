@@ -1,0 +1,52 @@
+"""The fast path's input: the transactions this process's sinks committed, with their rows.
+
+A sink offers each committed transaction's outbox rows, all of them, with its txid; the lease
+holder publishes them from memory, so no row is read back. The queue is bounded and never blocks
+a sink: an offer that does not fit is dropped, and the time of the drop tells the publisher to
+read everything committed by then from the table before it sends from memory again (a
+transaction's rows never overtake an earlier one's).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas.outbox import OutboxRow
+
+QUEUED_OFFERS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """Every outbox row transaction ``txid`` wrote (it committed)."""
+
+    txid: int
+    rows: Sequence[OutboxRow]
+
+
+class Offers:
+    """Offers from the sinks' threads to the publisher's thread (module doc)."""
+
+    def __init__(self, limit: int = QUEUED_OFFERS) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._offers: list[Offer] = []
+        self._dropped_at: float | None = None
+
+    def put(self, offer: Offer) -> None:
+        """Queue ``offer``, or drop it (and remember when) if the queue is full."""
+        with self._lock:
+            if len(self._offers) >= self._limit:
+                self._dropped_at = time.monotonic()
+            else:
+                self._offers.append(offer)
+
+    def take(self) -> tuple[list[Offer], float | None]:
+        """Every queued offer, in order, and when one was last dropped since the last take."""
+        with self._lock:
+            offers, self._offers = self._offers, []
+            dropped, self._dropped_at = self._dropped_at, None
+        return offers, dropped

@@ -1,0 +1,82 @@
+"""The outbox lease: one publishing process per database, a session advisory lock.
+
+The holder's PostgreSQL session holds the lock (on a primary only: a snapshot taken on a hot
+standby lists no transaction in progress). The session ends with the process, with a dead
+connection (``db_dead_connection_seconds``) or after ``outbox_lease_seconds`` idle (a frozen
+holder, or one waiting out an outage): a standby then takes the lease within
+``outbox_idle_poll_seconds``. The lease only keeps publishers from taking turns; Kafka's fencing
+of the stream's ``transactional.id`` keeps a former holder from publishing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from runtime.logs import log_event
+from runtime.settings import Settings
+from sinks.db import Connection, Database
+from sinks.outbox.sql import query
+
+logger = logging.getLogger(__name__)
+
+LEASE_KEY = 0x75615F6F7574626F
+"""The session advisory lock held by the one publishing process ('ua_outbo')."""
+
+
+class Lease:
+    """The process's claim on the lease, and the holder's connection."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self._settings = settings
+        self._db = Database(settings, f"user-activity-{name}")
+        self._conn: Connection | None = None
+        self._tried_at = -1e9
+
+    @property
+    def held(self) -> bool:
+        """True while this process's session holds the lease (as far as it knows)."""
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
+
+    def connection(self) -> Connection:
+        """The connection: the holder's session while held, else a fresh one."""
+        return self._conn if self.held and self._conn is not None else self._db.connection()
+
+    def take(self, *, force: bool = False) -> bool:
+        """Hold the lease, taking it if it is free (tried at most every poll interval).
+
+        Raises psycopg errors when PostgreSQL does not answer.
+        """
+        if self.held:
+            return True
+        if self._conn is not None:  # its session ended: the lease went with it
+            self.lost()
+        now = time.monotonic()
+        if not force and now - self._tried_at < self._settings.outbox_idle_poll_seconds:
+            return False
+        self._tried_at = now
+        conn = self._db.connection()
+        row = conn.execute(query("take_lease"), (LEASE_KEY,)).fetchone()
+        if row is None or not row[0]:
+            return False  # another process holds it, or this server is a standby
+        seconds = int(self._settings.outbox_lease_seconds * 1000)
+        conn.execute(f"SET idle_session_timeout = {seconds}")
+        conn.execute("SET synchronous_commit = off")  # a lost cache update only lags (window doc)
+        self._conn = conn
+        log_event(logger, "outbox-lease-taken", logging.INFO)
+        return True
+
+    def lost(self) -> None:
+        """The session (and the lease) is gone, or must be given up: a new one is opened."""
+        if self._conn is not None:
+            log_event(logger, "outbox-lease-lost", logging.WARNING)
+        self._conn = None
+        self._db.reset()
+
+    def close(self) -> None:
+        """Give the lease up (the session ends)."""
+        if self._conn is not None:
+            log_event(logger, "outbox-lease-released", logging.INFO)
+        self._conn = None
+        self._db.close()

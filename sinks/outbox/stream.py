@@ -1,0 +1,220 @@
+"""The outbox's Kafka side: one transactional producer for the stream, its progress read back.
+
+The ``transactional.id`` belongs to the stream (``outbox_transactional_id``), not the process.
+:meth:`TransactionalStream.open` makes a producer, calls ``init_transactions`` (which fences any
+earlier producer of the stream and ends its open transaction) and reads the last committed
+progress record of the progress topic (read_committed). :meth:`~TransactionalStream.publish`
+sends records and then the progress in one Kafka transaction: committed, or aborted with each
+record's refusal. A commit whose outcome is unknown (a time-out) drops the producer and raises
+:class:`OutcomeUnknownError`: the stream is opened again and its progress read, never continued
+(librdkafka has no KIP-890 part 2, confluentinc/librdkafka#5423). A fenced or fatal producer
+asks for a restart (exit 75) and raises :class:`StreamFencedError`. Kafka not answering raises
+``KafkaException`` (retried).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from runtime.logs import LIBRDKAFKA_LOGGER, log_event
+from runtime.settings import Settings
+from runtime.shutdown import Shutdown
+from sinks.kafka_producer import Producible, build_producer, failure_reporter, hand_over
+from sinks.outbox.progress import Progress
+
+logger = logging.getLogger(__name__)
+
+_READ_BACK = 64  # offsets read back from the end at first: a progress record and its marker each
+_OPEN_SECONDS = 10.0
+
+
+class StreamFencedError(Exception):
+    """Another producer of the stream took over, or the producer died: a restart was asked for."""
+
+
+class OutcomeUnknownError(Exception):
+    """A transaction's outcome is unknown: the stream is closed, to be opened again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one :meth:`TransactionalStream.publish` did."""
+
+    committed: bool
+    errors: Sequence[KafkaError | None]
+    """Per record: the client's or the broker's refusal (None: none seen)."""
+    error: KafkaError | None = None
+    """Why the transaction was aborted (None when committed or refused locally)."""
+
+
+class TransactionalStream:
+    """The stream's producer and progress topic (module doc); used by one thread."""
+
+    def __init__(self, settings: Settings, *, stopping: Shutdown) -> None:
+        self._settings = settings
+        self._stopping = stopping
+        self._key = settings.outbox_transactional_id.encode()
+        self._topic = settings.topic_outbox_progress
+        self._producer: Producer | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """A producer of the stream is initialized (and not known fenced)."""
+        return self._producer is not None
+
+    def open(self) -> Progress | None:
+        """A new producer (fencing the previous one), then the last committed progress.
+
+        None: the progress topic holds no record of this stream. Raises ``KafkaException``
+        when Kafka does not answer, :class:`StreamFencedError` on a fatal error.
+        """
+        self.close()
+        producer = build_producer(self._settings, "outbox", **self._transactional_config())
+        try:
+            producer.init_transactions(_OPEN_SECONDS)
+        except KafkaException as exc:
+            self._fail_if_fatal(exc.args[0])
+            raise
+        self._producer = producer
+        progress = read_progress(self._settings.kafka_client_config(), self._topic, self._key)
+        log_event(logger, "outbox-stream-opened", logging.INFO,
+                  transactional_id=self._key.decode(), progress_found=progress is not None)
+        return progress
+
+    def publish(self, records: Sequence[Producible], progress: Progress,
+                timeout: float = 30.0, *, abort: bool = False) -> Attempt:
+        """``records`` then ``progress`` in one transaction: committed, or aborted (module doc).
+
+        ``abort``: no progress; the records are flushed, then the transaction is aborted.
+        """
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("the outbox stream is not open")
+        errors: list[KafkaError | None] = [None] * len(records)
+        try:
+            producer.begin_transaction()
+            report = failure_reporter(records, errors)
+            hand_over(producer, records, lambda _index: report, errors.__setitem__)
+            if any(errors):  # refused before sending: no progress may claim the record
+                return self._aborted(errors, None)
+            if abort:
+                if producer.flush(self._stopping.time_left(timeout)) > 0:
+                    return self._unknown(KafkaError(KafkaError._TIMED_OUT, "probe"))
+                return self._aborted(errors, None)
+            producer.produce(self._topic, progress.encode(), self._key)
+            producer.commit_transaction(self._stopping.time_left(timeout))
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            self._fail_if_fatal(error)
+            if error.txn_requires_abort():
+                return self._aborted(errors, error)
+            return self._unknown(error)
+        return Attempt(True, errors)
+
+    def probe(self, record: Producible, timeout: float = 30.0) -> KafkaError | None:
+        """Whether the broker refuses ``record`` alone, in a transaction that is always aborted.
+
+        read_uncommitted consumers may see it; read_committed ones never do.
+        """
+        attempt = self.publish([record], Progress("1:1:"), timeout, abort=True)
+        return attempt.errors[0] or attempt.error
+
+    def close(self) -> None:
+        """Drop the producer: whatever it had open is aborted by the next one (never waits)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+
+    def _aborted(self, errors: list[KafkaError | None], error: KafkaError | None) -> Attempt:
+        producer = self._producer
+        assert producer is not None
+        try:
+            producer.abort_transaction(self._stopping.time_left(_OPEN_SECONDS * 3))
+        except KafkaException as exc:
+            self._fail_if_fatal(exc.args[0])
+            return self._unknown(exc.args[0])
+        return Attempt(False, errors, error)
+
+    def _unknown(self, error: KafkaError) -> Attempt:
+        log_event(logger, "outbox-transaction-outcome-unknown", logging.WARNING,
+                  error=error.name(), detail=error.str(),
+                  action="a new producer reads the progress Kafka committed")
+        self.close()
+        raise OutcomeUnknownError(f"a transaction's outcome is unknown ({error.name()})")
+
+    def _fail_if_fatal(self, error: KafkaError) -> None:
+        if not error.fatal():
+            return
+        self._producer = None
+        fenced = error.code() in _FENCED
+        log_event(logger, "outbox-stream-fenced" if fenced else "kafka-producer-fatal",
+                  logging.ERROR, transactional_id=self._key.decode(), error=error.name(),
+                  detail=error.str(), action="stopping cleanly (exit 75)")
+        self._stopping.restart("the outbox's producer was fenced by another" if fenced
+                               else f"the outbox's producer is in its fatal state ({error.name()})")
+        raise StreamFencedError(error.name())
+
+    def _transactional_config(self) -> dict[str, Any]:
+        settings = self._settings
+        return {"transactional.id": self._key.decode(),
+                "transaction.timeout.ms": settings.outbox_transaction_timeout_ms,
+                "message.timeout.ms": settings.outbox_message_timeout_ms,
+                # a missing topic is known after 5 s: its rows are held, not retried 30 s
+                "topic.metadata.propagation.max.ms": 5000}
+
+
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                     KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+def read_progress(client_config: dict[str, Any], topic: str, key: bytes,
+                  timeout: float = _OPEN_SECONDS) -> Progress | None:
+    """The last committed progress record of stream ``key`` on ``topic``'s one partition.
+
+    Reads read_committed from near the end, further back until a record of ``key`` is found or
+    the log's start is reached. Raises ``KafkaException`` when Kafka does not answer in
+    ``timeout``, ``ValueError`` for a record that is no progress.
+    """
+    consumer = Consumer({**client_config, "group.id": "user-activity-outbox-progress",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "logger": LIBRDKAFKA_LOGGER})
+    try:
+        partition = TopicPartition(topic, 0)
+        low, end = consumer.get_watermark_offsets(partition, timeout=timeout, cached=False)
+        start, last = max(low, end - _READ_BACK), None
+        while last is None and end > low:
+            last = _last_of(consumer, TopicPartition(topic, 0, start), key, end, timeout)
+            end, start = start, max(low, start - 16 * (end - start))
+        return None if last is None else Progress.decode(last)
+    finally:
+        consumer.close()
+
+
+def _last_of(consumer: Consumer, start: TopicPartition, key: bytes, end: int,
+             timeout: float) -> bytes | None:
+    """The value of the last record of ``key`` from ``start`` up to the committed end."""
+    consumer.assign([start])
+    last, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = consumer.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+        if msg is None:
+            continue
+        error = msg.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return last
+            raise KafkaException(error)
+        offset = msg.offset()
+        if offset is not None and offset >= end:
+            return last
+        if msg.key() == key:
+            last = msg.value()
+    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox progress"))
