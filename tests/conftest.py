@@ -77,9 +77,35 @@ def migrated_database(postgres_server: Any, suffix: str = "") -> str:
 
 
 @pytest.fixture(scope="session")
-def database_url(postgres_server: Any) -> str:
-    """A migrated database on a real PostgreSQL server (tests/integration have their own)."""
-    return migrated_database(postgres_server)
+def database_template(postgres_server: Any) -> str:
+    """A migrated database that nobody uses: each test's database is a copy of it."""
+    dsn = migrated_database(postgres_server, "_template")
+    with psycopg.connect(with_database(dsn, "postgres"), autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE datname = %s AND pid <> pg_backend_pid()",
+                     (conninfo_to_dict(dsn)["dbname"],))
+    return dsn
+
+
+@pytest.fixture
+def database_url(database_template: str) -> Iterator[str]:
+    """A migrated database of the test's own, dropped after it.
+
+    Its outbox, watermark and rows are no other test's: a row one test leaves unpublished
+    never reaches another's publisher.
+    """
+    template = conninfo_to_dict(database_template)["dbname"]
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin = with_database(database_template, "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+            sql.Identifier(name), sql.Identifier(template)))
+    try:
+        yield with_database(database_template, name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +162,8 @@ def make_settings(
             "topic_session_started": f"{prefix}.session-started",
             "topic_session_ended": f"{prefix}.session-ended",
             "topic_session_linking_dlq": f"{prefix}.session-linking-dlq",
+            "topic_outbox_progress": f"{prefix}.outbox-progress",
+            "outbox_transactional_id": f"{prefix}.outbox",
             "tail": False,
             "http_port": 0,
             "retry_initial_seconds": 0.2,

@@ -57,6 +57,7 @@ from sinks.outbox.progress import Progress, snapshot
 from sinks.outbox.sql import query
 from sinks.outbox.stream import Attempt, OutcomeUnknownError, StreamFencedError, TransactionalStream
 from sinks.outbox.window import (
+    Cache,
     Key,
     LeaseLostError,
     StoredRow,
@@ -228,15 +229,16 @@ class OutboxPublisher:
         return True
 
     def _resume(self, found: Progress | None) -> Progress:
-        """The progress to resume from: Kafka's; the cache's only when no row can be lost.
+        """The progress to resume from: Kafka's; the cache's only if nothing was ever published.
 
-        Raises :class:`ProgressMissingError` when Kafka has none and rows wait after the cache.
+        Raises :class:`ProgressMissingError` when Kafka has none and a publisher moved the
+        cache (a release without transactions, or the progress topic lost).
         """
         conn = self._conn()
         cache = read_cache(conn)
         self._generation = cache.generation
         current = current_snapshot(conn)
-        progress = found if found is not None else self._adopt(conn, cache.progress, current)
+        progress = found if found is not None else self._adopt(cache)
         if snapshot(progress.delivered).xmax > snapshot(current).xmax:
             log_event(logger, "outbox-watermark-reset", logging.ERROR,
                       delivered=progress.delivered, current=current,
@@ -251,24 +253,26 @@ class OutboxPublisher:
         self._snapshots.clear()
         self._suspended_at = time.monotonic()  # offered while a standby: the window sends them
         self._offers.take()
+        self._health.unstalled("outbox-progress")
+        self._missing_said = False
         return progress
 
-    def _adopt(self, conn: Any, cache: Progress, current: str) -> Progress:
-        """No progress in Kafka: start from the cache if no row waits after it, else refuse."""
-        row = conn.execute(query("pending_in"), (current,)).fetchone()
-        if row and row[0]:
+    def _adopt(self, cache: Cache) -> Progress:
+        """No progress in Kafka: the cache's if no publisher ever moved it, else refuse."""
+        if cache.generation > 0:
             if not self._missing_said:
                 self._missing_said = True
                 log_event(logger, "outbox-progress-missing", logging.ERROR,
                           topic=self._settings.topic_outbox_progress,
+                          transactional_id=self._settings.outbox_transactional_id,
                           action="publishing nothing: `user-activity outbox adopt-watermark`"
                                  " starts from the PostgreSQL watermark (at least once for the"
                                  " rows after it)")
             self._health.stalled("outbox-progress", "Kafka has no outbox progress; run"
                                                     " `user-activity outbox adopt-watermark`")
-            raise ProgressMissingError("no outbox progress in Kafka while rows wait")
-        self._health.unstalled("outbox-progress")
-        started = self._commit_progress(cache)
+            raise ProgressMissingError("no outbox progress in Kafka, and a publisher moved the"
+                                       " watermark")
+        started = self._commit_progress(cache.progress)
         log_event(logger, "outbox-progress-started", logging.INFO, delivered=started.delivered)
         return started
 

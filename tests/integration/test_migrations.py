@@ -38,9 +38,9 @@ def _apply_first(dsn: str, tmp_path: Path, count: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def empty_database(database_url: str) -> Iterator[str]:
+def empty_database(database_template: str) -> Iterator[str]:
     """A brand-new database on the suite's server, dropped afterwards."""
-    with scratch_database(database_url, "migrations") as dsn:
+    with scratch_database(database_template, "migrations") as dsn:
         yield dsn
 
 

@@ -80,6 +80,7 @@ def cluster_settings(kafka_cluster: KafkaCluster, own_database: str) -> Callable
             "database_url": own_database, **topics,
             "consumer_group_favorites": f"{prefix}.favorites",
             "consumer_group_session_linking": f"{prefix}.session-linking",
+            "outbox_transactional_id": f"{prefix}.outbox",
             "http_port": 0, "retry_initial_seconds": 0.2, "retry_max_seconds": 2.0,
             "outbox_idle_poll_seconds": 0.2, **overrides}
         return Settings(**values)
