@@ -138,18 +138,20 @@ class Consumed:
 
 def consume_all(
     settings: Settings, topic: str, *, expect_at_least: int = 0, timeout: float = 30.0,
-    settle: float = 1.0,
+    settle: float = 1.0, isolation: str = "read_committed",
 ) -> list[Consumed]:
-    """Everything on ``topic`` (all partitions, from the beginning).
+    """Everything on ``topic`` (all partitions, from the beginning), as CRM reads it.
 
     Waits until at least ``expect_at_least`` records arrived (or ``timeout``), then ``settle``
-    seconds more so that unexpected extra records are seen too.
+    seconds more so that unexpected extra records are seen too. ``isolation``
+    ``read_uncommitted`` also sees the records of aborted transactions.
     """
     consumer = Consumer({
         **settings.kafka_client_config(),
         "group.id": f"test-{uuid.uuid4()}",
         "enable.auto.commit": False,
         "enable.partition.eof": False,
+        "isolation.level": isolation,
     })
     try:
         metadata = consumer.list_topics(topic, timeout=10)

@@ -206,26 +206,28 @@ class OutboxPublisher:
     # -- one cycle -------------------------------------------------------------------------
 
     def _cycle(self) -> int:
-        if self._stop.is_set() or not self._ready():
+        if self._stop.is_set():
             return 0
-        count = self._publish_offered()
-        target = self._window_target()
-        if target is not None:
-            count += self._publish_window(target, _WINDOW_SLICE_SECONDS)
-        return count + self._publish_held()
+        try:
+            if not self._ready():
+                return 0
+            count = self._publish_offered()
+            target = self._window_target()
+            if target is not None:
+                count += self._publish_window(target, _WINDOW_SLICE_SECONDS)
+            return count + self._publish_held()
+        except (psycopg.Error, LeaseLostError) as exc:
+            if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
+                self._lose_lease()  # taken again, the stream opened anew, the cache rewritten
+            raise
 
     def _ready(self, *, force: bool = False) -> bool:
         """Hold the lease and know what Kafka committed (opening the stream if need be)."""
-        try:
-            if not self._lease.take(force=force):
-                return False
-            if self._progress is None or not self._stream.is_open:
-                self._progress = None
-                self._progress = self._resume(self._stream.open())
-        except (psycopg.Error, LeaseLostError) as exc:
-            if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
-                self._lose_lease()
-            raise
+        if not self._lease.take(force=force):
+            return False
+        if self._progress is None or not self._stream.is_open:
+            self._progress = None
+            self._progress = self._resume(self._stream.open())
         return True
 
     def _resume(self, found: Progress | None) -> Progress:

@@ -108,7 +108,7 @@ class TransactionalStream:
                 if producer.flush(self._stopping.time_left(timeout)) > 0:
                     return self._unknown(KafkaError(KafkaError._TIMED_OUT, "probe"))
                 return self._aborted(errors, None)
-            producer.produce(self._topic, progress.encode(), self._key)
+            producer.produce(self._topic, progress.encode(), self._key, partition=0)
             producer.commit_transaction(self._stopping.time_left(timeout))
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
@@ -187,8 +187,7 @@ def read_progress(client_config: dict[str, Any], topic: str, key: bytes,
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "enable.partition.eof": True, "logger": LIBRDKAFKA_LOGGER})
     try:
-        partition = TopicPartition(topic, 0)
-        low, end = consumer.get_watermark_offsets(partition, timeout=timeout, cached=False)
+        low, end = _watermarks(consumer, TopicPartition(topic, 0), time.monotonic() + timeout)
         start, last = max(low, end - _READ_BACK), None
         while last is None and end > low:
             last = _last_of(consumer, TopicPartition(topic, 0, start), key, end, timeout)
@@ -196,6 +195,20 @@ def read_progress(client_config: dict[str, Any], topic: str, key: bytes,
         return None if last is None else Progress.decode(last)
     finally:
         consumer.close()
+
+
+def _watermarks(consumer: Consumer, partition: TopicPartition, deadline: float
+                ) -> tuple[int, int]:
+    """The partition's log start and end, asked until ``deadline`` (a leader moving)."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                partition, timeout=max(0.1, deadline - time.monotonic()), cached=False)
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _last_of(consumer: Consumer, start: TopicPartition, key: bytes, end: int,
