@@ -189,6 +189,9 @@ class KafkaProducer:
             sending.settled[index] = True
 
         hand_over(producer, records, lambda index: functools.partial(on_report, index), on_report)
+        fatal = next((e for e in sending.results if e is not None and e.fatal()), None)
+        if fatal is not None:  # raised by produce() itself
+            self._died(fatal)
         return sending
 
     def wait(self, sending: Sending, timeout: float = 35.0) -> list[KafkaError | None]:

@@ -99,6 +99,9 @@ class PartitionedSink(FixedPartitionedSink[M, None], Generic[M]):
 class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R]):
     """One partition's connection, DLQ producer and share of the outbox publisher."""
 
+    ordered_outbox = True
+    """False when each outbox row's key is its own: its rows may overtake earlier ones."""
+
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None, *,
                  name: str, dlq_topic: str, dlq_counter: Counter, retries_counter: Counter,
                  logger: logging.Logger, flow: str, lag: FlowLag | None = None) -> None:
@@ -143,7 +146,8 @@ class TransactionalPartition(StatefulSinkPartition[M, None], ABC, Generic[M, R])
                 self._settings.poison_attempts)
             for result in results:
                 if self._publisher is not None:
-                    self._publisher.offer(*self.committed_outbox(result))
+                    self._publisher.offer(*self.committed_outbox(result),
+                                          ordered=self.ordered_outbox)
                 self.report(result)
             if poisoned:
                 self._dead_letter(poisoned)

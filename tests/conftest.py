@@ -94,7 +94,7 @@ def database_url(database_template: str) -> Iterator[str]:
     Its outbox, watermark and rows are no other test's: a row one test leaves unpublished
     never reaches another's publisher.
     """
-    template = conninfo_to_dict(database_template)["dbname"]
+    template = str(conninfo_to_dict(database_template)["dbname"])
     name = f"t_{uuid.uuid4().hex[:16]}"
     admin = with_database(database_template, "postgres")
     with psycopg.connect(admin, autocommit=True) as conn:

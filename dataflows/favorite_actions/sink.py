@@ -63,6 +63,8 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     A failed deferred statement is written again synchronously (idempotent).
     """
 
+    ordered_outbox = False  # an action-tracked row's key is its action's id
+
     def __init__(self, settings: Settings, process: Process, publisher: Publishing | None,
                  part: str) -> None:
         super().__init__(settings, process, publisher, name=f"user-activity-favorites-{part}",
@@ -143,7 +145,7 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
             return
         outcome.written_ns = ((sent.outcome.written_ns or (0, 0))[0], time.time_ns())
         if self._publisher is not None:
-            self._publisher.offer(*self.committed_outbox(outcome))
+            self._publisher.offer(*self.committed_outbox(outcome), ordered=self.ordered_outbox)
         self.report(outcome)
         self.track_finished(values)
 

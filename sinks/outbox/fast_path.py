@@ -3,8 +3,10 @@
 A sink offers each committed transaction's outbox rows, all of them, with its txid; the lease
 holder publishes them from memory, so no row is read back. The queue is bounded and never blocks
 a sink: an offer that does not fit is dropped, and the time of the drop tells the publisher to
-read everything committed by then from the table before it sends from memory again (a
-transaction's rows never overtake an earlier one's).
+read everything committed by then from the table before it sends an ordered offer from memory
+again. An offer is ordered when a later row may share a key with its rows (a session's events):
+it never overtakes an earlier transaction's rows. One whose every key is its own row's (an
+action's announcement) may.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Offer:
 
     txid: int
     rows: Sequence[OutboxRow]
+    ordered: bool = True
 
 
 class Offers:

@@ -115,13 +115,14 @@ class OutboxPublisher:
         self._wake = threading.Event()
         self._ran = self._running = False
 
-    def offer(self, txid: int, rows: Sequence[OutboxRow]) -> None:
+    def offer(self, txid: int, rows: Sequence[OutboxRow], *, ordered: bool = True) -> None:
         """A sink committed transaction ``txid``, whose outbox rows are ``rows``: hand them over.
 
-        Never blocks; ignored by a standby (the holder's window sends them).
+        ``ordered`` False: each row's key is its own (no later row shares it), so the rows may
+        overtake earlier ones. Never blocks; ignored by a standby (the holder's window sends them).
         """
         if rows and self.holds_lease:
-            self._offers.put(Offer(txid, rows))
+            self._offers.put(Offer(txid, rows, ordered))
             self._wake.set()
 
     @property
@@ -290,22 +291,25 @@ class OutboxPublisher:
     def _publish_offered(self) -> int:
         """Send the offered transactions from memory; how many rows went out.
 
-        Suspended until a window reads everything committed when an offer was dropped, a
-        transaction failed or held rows are due: a transaction never overtakes an earlier one.
+        An ordered offer waits for the windows (left to them) while one is under way, and after
+        an offer was dropped, a transaction failed or the lease was taken, until a window has
+        read everything committed by then: it never overtakes an earlier transaction's rows.
         """
         offers, dropped = self._offers.take()
         if dropped is not None:
             self._suspend(dropped)
         progress = self._progress
         assert progress is not None
+        behind = self._suspended_at is not None or progress.target is not None
         offers = [o for o in offers if not progress.covers(o.txid)]
-        if not offers or self._suspended_at is not None:
+        sendable = [o for o in offers if not (o.ordered and behind)
+                    and not any(row.topic in self._held for row in o.rows)]
+        if len(sendable) < len(offers):
+            self._suspend(time.monotonic())  # the rest is the windows'
+        if not sendable:
             return 0
-        rows = [row for offer in offers for row in offer.rows]
-        if any(row.topic in self._held for row in rows):
-            self._suspend(time.monotonic())
-            return 0
-        attempt = self._commit(rows, progress.with_sent(o.txid for o in offers))
+        rows = [row for offer in sendable for row in offer.rows]
+        attempt = self._commit(rows, progress.with_sent(o.txid for o in sendable))
         if not attempt.committed:
             self._suspend(time.monotonic())  # the window parks or holds what was refused
             return 0

@@ -186,7 +186,7 @@ def test_a_cache_update_lost_after_the_commit_sends_nothing_again(
     publisher = OutboxPublisher(settings, process=Process())
     from sinks.outbox import publisher as module
 
-    original, calls = module.write_cache, {"n": 0}
+    original, calls = module.write_cache, {"n": 0}  # type: ignore[attr-defined]
 
     def dying_once(*args: Any, **kwargs: Any) -> int:
         calls["n"] += 1

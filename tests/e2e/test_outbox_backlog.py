@@ -91,9 +91,11 @@ def test_rows_committed_during_a_backlog_drain_are_published_before_the_backlog_
         _wait(lambda: arrivals.backlog >= 5_000, 60, "the drain to begin")
         for index in range(3):  # a sink's commits while the backlog drains, offered as it does
             row = OutboxRow(uuid.uuid4(), topic, f"new-{index}".encode(), b"{}", {})
-            db.execute("INSERT INTO user_activity.outbox (id, topic, key, value)"
-                       " VALUES (%s, %s, %s, %s)", (row.id, row.topic, row.key, row.value))
-            publisher.offer([row])
+            txid = db.execute("INSERT INTO user_activity.outbox (id, topic, key, value)"
+                              " VALUES (%s, %s, %s, %s) RETURNING txid::text",
+                              (row.id, row.topic, row.key, row.value)).fetchone()
+            assert txid is not None
+            publisher.offer(int(txid[0]), [row], ordered=False)  # as the favorites sinks do
             new_rows.append(row)
             time.sleep(0.3)
         _wait(lambda: arrivals.backlog >= BACKLOG and len(arrivals.others) == 3, 90,
@@ -123,11 +125,11 @@ def test_a_window_first_page_reads_no_published_rows(
                        " FROM user_activity.outbox_watermark").fetchone()
     assert found is not None
     delivered, current = found
-    after = ("0", uuid.UUID(int=0))  # a new window: no row sent yet
+    after = (0, uuid.UUID(int=0))  # a new window: no row sent yet
     start = page_start(delivered, after)
     plan = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("page"), {
-        "delivered": delivered, "target": current, "after_txid": after[0],
-        "after_id": after[1], "start_txid": start[0], "start_id": start[1], "limit": 1000,
+        "delivered": delivered, "target": current, "after_txid": str(after[0]),
+        "after_id": after[1], "start_txid": str(start[0]), "start_id": start[1], "limit": 1000,
     }).fetchone()
     assert plan is not None
     buffers = plan[0][0]["Plan"]["Shared Hit Blocks"] + plan[0][0]["Plan"]["Shared Read Blocks"]

@@ -10,7 +10,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -25,7 +24,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from prometheus_client import REGISTRY
 
-from cli.migrate import apply_migrations
 from cli.topics import ensure_topics
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT
@@ -40,9 +38,9 @@ from sinks.outbox import (
     parked_rows,
     requeue_parked,
 )
-from sinks.outbox.window import Window, advance
+from sinks.outbox.window import read_cache, write_cache
 from tests.conftest import SettingsFactory
-from tests.support import consume_all, scratch_database, start_publisher
+from tests.support import consume_all, start_publisher
 
 pytestmark = pytest.mark.e2e
 
@@ -57,14 +55,20 @@ def _rows(topic: str, count: int, *, big: dict[int, int] | None = None) -> list[
     return rows
 
 
-def _insert(db: psycopg.Connection[Any], rows: list[OutboxRow], age_s: float = 60) -> None:
-    """Insert ``rows`` as committed ``age_s`` seconds ago (a crash left them unpublished)."""
-    with db.cursor() as cur:
+def _insert(db: psycopg.Connection[Any], rows: list[OutboxRow], age_s: float = 60) -> int:
+    """Insert ``rows`` as committed ``age_s`` seconds ago (a crash left them unpublished).
+
+    One transaction; its txid.
+    """
+    with db.transaction(), db.cursor() as cur:
         cur.executemany(
             """INSERT INTO user_activity.outbox (id, topic, key, value, headers, created_at)
                VALUES (%s, %s, %s, %s, '{}'::jsonb, now() - make_interval(secs => %s))""",
             [(r.id, r.topic, r.key, r.value, age_s) for r in rows],
         )
+        txid = cur.execute("SELECT pg_current_xact_id()::text").fetchone()
+    assert txid is not None
+    return int(txid[0])
 
 
 def _state(db: psycopg.Connection[Any], rows: list[OutboxRow]) -> dict[uuid.UUID, tuple[Any, ...]]:
@@ -135,54 +139,48 @@ def test_a_row_the_broker_refuses_is_parked_and_every_row_behind_it_is_published
     assert [row[0] for row in parked_rows(db) if row[1] == topic] == [rows[10].id]
 
 
-def test_an_advance_on_a_stale_generation_moves_nothing_and_sets_nothing_aside(
+def test_a_cache_update_on_a_stale_generation_moves_nothing(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    """The watermark update is conditional on the generation its window read.
+    """The watermark cache is written only on the generation its holder last wrote.
 
-    A publisher whose generation is stale (another one moved the watermark) gets
-    LeaseLostError: the watermark stays, and a row it meant to park or hold back is not (they
-    commit with the advance or not at all). On the current generation all take effect.
+    A former lease holder (another moved it since) gets LeaseLostError and changes nothing.
+    """
+    cache = read_cache(db)
+    ahead = cache.progress.window_done(cache.progress.delivered)
+    with pytest.raises(LeaseLostError):
+        write_cache(db, ahead, cache.generation - 1)
+    assert read_cache(db) == cache
+    assert write_cache(db, ahead, cache.generation) == cache.generation + 1
+    assert read_cache(db).generation == cache.generation + 1
+
+
+def test_a_row_set_aside_before_a_crash_is_never_sent_by_a_window(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any]
+) -> None:
+    """A row parked or held in PostgreSQL whose transaction never committed in Kafka.
+
+    The publisher died between setting the rows aside and its Kafka commit: the next window
+    reads them again, and sends neither (the held one goes from the held rows, once).
     """
     settings = make_settings()
     topic = settings.topic_action_tracked
-    big, behind = _rows(topic, 2)
-    now = datetime.now(UTC)
-    parked: list[tuple[tuple[Any, ...], str]] = [
-        ((None, big.id, topic, big.key, big.value, {}, now), "MSG_SIZE_TOO_LARGE")]
-    held: list[tuple[tuple[Any, ...], str]] = [
-        ((None, behind.id, topic, behind.key, behind.value, {}, now), "TOPIC_AUTHORIZATION_FAILED")]
-
-    def watermark() -> tuple[Any, ...]:
-        found = db.execute("SELECT delivered::text, target::text, generation"
-                           " FROM user_activity.outbox_watermark").fetchone()
-        assert found is not None
-        return tuple(found)
-
-    def set_aside() -> tuple[int, int]:
-        found = db.execute(
-            "SELECT (SELECT count(*) FROM user_activity.outbox_parked WHERE id = %s),"
-            " (SELECT count(*) FROM user_activity.outbox_held WHERE id = %s)",
-            (big.id, behind.id)).fetchone()
-        assert found is not None
-        return int(found[0]), int(found[1])
-
-    delivered, _target, generation = watermark()
-    # the same watermark: other tests' rows stay behind it
-    same = Window(delivered, delivered, ("0", uuid.UUID(int=0)), generation, False, delivered)
+    parked, held, plain = _rows(topic, 3)
+    _insert(db, [parked, held, plain])
+    db.execute("INSERT INTO user_activity.outbox_parked (id, topic, key, value, created_at,"
+               " attempts, last_error) VALUES (%s, %s, %s, %s, now(), 1, 'MSG_SIZE_TOO_LARGE')",
+               (parked.id, topic, parked.key, parked.value))
+    db.execute("INSERT INTO user_activity.outbox_held (id, topic, key, value, created_at,"
+               " last_error) VALUES (%s, %s, %s, %s, now(), 'TOPIC_AUTHORIZATION_FAILED')",
+               (held.id, topic, held.key, held.value))
+    publisher = OutboxPublisher(settings, process=Process())
     try:
-        for stale in ({}, {"parked": parked, "held": held}):
-            with pytest.raises(LeaseLostError):
-                advance(db, same, None, generation - 1, **stale)
-            assert watermark() == (delivered, _target, generation)
-            assert set_aside() == (0, 0)
-
-        assert advance(db, same, None, generation) == generation + 1
-        assert advance(db, same, None, generation + 1, parked=parked, held=held) == generation + 2
-        assert watermark() == (delivered, None, generation + 2)
-        assert set_aside() == (1, 1)
+        assert publisher.drain() == 2  # the plain row by a window, the held one from aside
     finally:
-        db.execute("DELETE FROM user_activity.outbox_held WHERE id = %s", (behind.id,))
+        publisher.close()
+
+    consumed = consume_all(settings, topic, expect_at_least=2, settle=2.0)
+    assert sorted(c.key or b"" for c in consumed) == sorted([held.key, plain.key])
 
 
 def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
@@ -191,11 +189,13 @@ def test_an_offered_row_the_broker_refuses_is_parked_on_the_fast_path(
     settings = make_settings(outbox_idle_poll_seconds=30)  # no poll in time: only the offer
     topic = settings.topic_action_tracked
     rows = _rows(topic, 5, big={2: 1_500_000})
-    _insert(db, rows, age_s=0)
+    txid = _insert(db, rows, age_s=0)
     publisher = OutboxPublisher(settings, process=Process())
 
     stop = start_publisher(publisher)
-    publisher.offer(rows)
+    _wait(lambda: publisher.holds_lease, 30, "the lease")
+    time.sleep(1.0)  # the start's window is done: the fast path is on
+    publisher.offer(txid, rows)
     consumed = consume_all(settings, topic, expect_at_least=4, timeout=30)
     _wait(lambda: _state(db, rows)[rows[2].id][1], 10, "the big row to be parked")
     stop()
@@ -270,10 +270,10 @@ def test_an_exception_inside_the_publish_loop_is_logged_once_and_restarts_the_jo
     stopping = Shutdown()
     publisher = OutboxPublisher(settings, process=Process(stopping=stopping))
 
-    def failing(grace: float = 0.0, *, slice_seconds: float | None = None) -> int:
+    def failing(target: str, slice_seconds: float) -> int:
         raise RuntimeError("injected fault inside the publish loop")
 
-    publisher.publish_committed = failing  # type: ignore[method-assign]
+    publisher._publish_window = failing  # type: ignore[method-assign]
     rows = _rows(topic, 20)
     _insert(db, rows)
 
@@ -302,7 +302,7 @@ def test_readyz_reports_the_stall_while_a_committed_row_waits_unpublished(
     try:
         _wait(lambda: _measured(watchdog, process) == "stalled", 10, "the stall to be reported")
         assert "oldest unpublished outbox row" in dict(process.health.snapshot().stalled)["outbox"]
-        # a publisher moves the watermark past it (and past other tests' waiting rows)
+        # a publisher moves the watermark past it
         db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
                    " target = NULL, after_txid = NULL, after_id = NULL,"
                    " generation = generation + 1")
@@ -353,37 +353,35 @@ def test_a_requeued_row_whose_topic_is_gone_does_not_stop_the_other_rows(
 
 
 def test_a_watermark_copied_from_another_cluster_is_reset_and_every_row_is_sent(
-    make_settings: SettingsFactory, database_url: str, caplog: pytest.LogCaptureFixture,
+    make_settings: SettingsFactory, db: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A watermark ahead of the server's transaction ids is reset: nothing is taken as sent.
 
     The database was copied logically (pg_dump and restore): the watermark came with it, the
-    transaction ids started again below it, and every new row would look published. On a
-    database of its own: the reset makes every row of the table unpublished.
+    transaction ids started again below it, and every new row would look published. The reset
+    makes every row of the table unpublished.
     """
-    with scratch_database(database_url, "outbox") as dsn:
-        apply_migrations(dsn)
-        settings = make_settings(database_url=dsn)
-        with psycopg.connect(dsn, autocommit=True) as db:
-            db.execute("UPDATE user_activity.outbox_watermark SET delivered ="
-                       " (x || ':' || x || ':')::pg_snapshot FROM (SELECT"
-                       " (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)::text"
-                       " AS x) ahead WHERE id = 1")
-            rows = _rows(settings.topic_action_tracked, 10)
-            _insert(db, rows)
-            publisher = OutboxPublisher(settings, process=Process())
-            try:
-                with caplog.at_level(logging.ERROR, logger="sinks.outbox"):
-                    stop = start_publisher(publisher)
-                    consumed = consume_all(settings, settings.topic_action_tracked,
-                                           expect_at_least=10, timeout=20)
-            finally:
-                stop()
-            state = _state(db, rows)
+    settings = make_settings()
+    db.execute("UPDATE user_activity.outbox_watermark SET delivered ="
+               " (x || ':' || x || ':')::pg_snapshot FROM (SELECT"
+               " (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)::text"
+               " AS x) ahead WHERE id = 1")
+    rows = _rows(settings.topic_action_tracked, 10)
+    _insert(db, rows)
+    publisher = OutboxPublisher(settings, process=Process())
+    try:
+        with caplog.at_level(logging.ERROR, logger="sinks.outbox"):
+            stop = start_publisher(publisher)
+            consumed = consume_all(settings, settings.topic_action_tracked,
+                                   expect_at_least=10, timeout=30)
+            _wait(lambda: all(published for published, *_ in _state(db, rows).values()), 30,
+                  "the rows behind the watermark")
+    finally:
+        stop()
     assert sorted(c.key or b"" for c in consumed) == sorted(r.key for r in rows)
     [line] = [r for r in caplog.records if r.getMessage() == "outbox-watermark-reset"]
     assert line.levelno == logging.ERROR
-    assert all(published for published, *_ in state.values())  # behind the watermark now
 
 
 def _oldest_unpublished_gauge() -> float:
@@ -404,9 +402,6 @@ def test_a_lock_that_blocks_the_watchdogs_query_is_reported_as_a_stall(
     Now its query has its own short timeout, and a blocked one reports the most the age can be.
     """
     settings = make_settings(outbox_stall_seconds=2)
-    # nothing pending: the watermark passes every row other tests left
-    db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
-               " target = NULL, after_txid = NULL, after_id = NULL, generation = generation + 1")
     process = Process()
     watchdog = OutboxWatchdog(settings, process=process)
     try:

@@ -388,7 +388,8 @@ def test_concurrent_sign_ins_on_one_guest_session_link_it_once(
         anonymous = guests[index][0]
         with psycopg.connect(database_url, autocommit=True) as conn:
             barrier.wait()
-            [result] = SessionLinksStore(topics).link_batch(conn, [message(anonymous, user)])
+            [result] = SessionLinksStore(topics).link_batch(
+                conn, [message(anonymous, user)]).results
             results[index].append(result.outcome)
 
     for index, (_anonymous, first_user, second_user) in enumerate(guests):

@@ -19,7 +19,7 @@ from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.outbox.window import whole_rows
+from sinks.outbox.window import Key, whole_rows
 
 pytestmark = pytest.mark.integration
 
@@ -81,8 +81,10 @@ def test_rows_written_are_exactly_the_recorded_actions(db: psycopg.Connection[An
         assert (row["outbox_id"], row["topic"], row["key"], row["value"], row["headers"]) == (
             outbox.id, TOPIC, None, None, outbox.headers)
         assert row["outbox_created_at"] == now
-        [whole] = whole_rows(db, [(row["txid"], row["outbox_id"])])
-        assert whole[1:6] == (outbox.id, TOPIC, outbox.key, outbox.value, outbox.headers)
+        [whole] = whole_rows(db, [Key(int(row["txid"]), row["outbox_id"])])
+        assert (whole.id, whole.topic, whole.key, whole.value, whole.headers) == (
+            outbox.id, TOPIC, outbox.key, outbox.value, outbox.headers)
+        assert outcome.txid == int(row["txid"])
         assert row["unpublished"]
         assert outbox.key == str(event.id).encode()
     assert stored[messages[0].message_id]["session_id"] == device_session
@@ -229,13 +231,13 @@ def test_a_thin_outbox_row_renders_to_the_bytes_the_sink_rendered(
 
     # (not e.*: psycopg cannot load an occurred_at before year 1 or after 9999 in UTC)
     keys = db.execute(
-        "SELECT o.txid, o.id FROM user_activity.outbox o JOIN user_activity.action_events e"
+        "SELECT o.txid::text, o.id FROM user_activity.outbox o JOIN user_activity.action_events e"
         " ON o.action_event_id = e.id WHERE e.source_message_id = %s", (message.message_id,),
     ).fetchall()
-    [whole] = whole_rows(db, keys)
+    [whole] = whole_rows(db, [Key(int(txid), row_id) for txid, row_id in keys])
     outbox = action.outbox
-    assert (whole[3], whole[4]) == (outbox.key, outbox.value)
-    wire = orjson.loads(whole[4])
+    assert (whole.key, whole.value) == (outbox.key, outbox.value)
+    wire = orjson.loads(whole.value)
     assert wire["Payload"]["OccurredAt"] == orjson.dumps(
         message.envelope.payload.occurred_at).decode()[1:-1]
     assert wire["CorrelationId"] == correlation_id

@@ -24,9 +24,25 @@ from sinks.errors import (
     is_infrastructure_error,
     is_record_error,
 )
-from sinks.kafka_producer import KafkaProducer, OutgoingRecord, build_producer, produce_and_wait
+from sinks.kafka_producer import (
+    KafkaProducer,
+    OutgoingRecord,
+    build_producer,
+    failure_reporter,
+    hand_over,
+)
 
 pytestmark = pytest.mark.integration
+
+
+def produce_and_wait(producer: Any, records: list[Any], timeout: float = 30.0
+                     ) -> list[KafkaError | None]:
+    """Hand ``records`` over and flush: each record's error (None: acknowledged)."""
+    errors: list[KafkaError | None] = [None] * len(records)
+    report = failure_reporter(records, errors)
+    hand_over(producer, records, lambda _index: report, errors.__setitem__)
+    assert producer.flush(timeout) == 0, "records still in flight"
+    return errors
 
 
 def _topic(bootstrap: str, prefix: str, **config: str) -> str:
@@ -132,20 +148,20 @@ def test_a_stopped_broker_gives_service_errors_and_the_record_goes_through_after
     if kafka_broker is None:
         pytest.skip("an external broker cannot be stopped by the suite")
     topic = _topic(kafka_bootstrap, "down")
-    overrides: dict[str, Any] = {"message.timeout.ms": 3_000}
+    overrides: dict[str, Any] = {"message.timeout.ms": 3_000, "delivery.report.only.error": False}
     producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test",
                              stopping=Shutdown(), **overrides)
-    assert producer.produce_and_wait([OutgoingRecord(topic, b"k", b"before")]) == [None]
+    assert producer.wait(producer.send([OutgoingRecord(topic, b"k", b"before")]), 35.0) == [None]
     kafka_broker.stop()
     try:
-        errors = producer.produce_and_wait([OutgoingRecord(topic, b"k", b"during")], 10.0)
+        errors = producer.wait(producer.send([OutgoingRecord(topic, b"k", b"during")]), 10.0)
         err = errors[0]
         assert err is not None
         assert not is_record_error(err), err.name()
         assert is_infrastructure_error(DeliveryFailedError(err))
     finally:
         kafka_broker.start()
-    assert producer.produce_and_wait([OutgoingRecord(topic, b"k", b"after")], 30.0) == [None]
+    assert producer.wait(producer.send([OutgoingRecord(topic, b"k", b"after")]), 30.0) == [None]
     producer.close()
 
 

@@ -1,4 +1,4 @@
-"""produce_and_wait and KafkaProducer on a real broker: failures land on exactly their records."""
+"""hand_over and KafkaProducer on a real broker: failures land on exactly their records."""
 
 from __future__ import annotations
 
@@ -16,9 +16,25 @@ from runtime.settings import Settings
 from runtime.shutdown import Shutdown
 from schemas.outbox import OutboxRow
 from sinks.errors import DeliveryFailedError, is_infrastructure_error
-from sinks.kafka_producer import KafkaProducer, OutgoingRecord, build_producer, produce_and_wait
+from sinks.kafka_producer import (
+    KafkaProducer,
+    OutgoingRecord,
+    build_producer,
+    failure_reporter,
+    hand_over,
+)
 
 pytestmark = pytest.mark.integration
+
+
+def produce_and_wait(producer: Any, records: list[Any], timeout: float = 30.0
+                     ) -> list[KafkaError | None]:
+    """Hand ``records`` over and flush: each record's error (None: acknowledged)."""
+    errors: list[KafkaError | None] = [None] * len(records)
+    report = failure_reporter(records, errors)
+    hand_over(producer, records, lambda _index: report, errors.__setitem__)
+    assert producer.flush(timeout) == 0, "records still in flight"
+    return errors
 
 
 def _create(bootstrap: str, topic: str, partitions: int, **config: str) -> None:
@@ -110,13 +126,13 @@ def test_a_record_refused_by_the_producer_does_not_stop_the_rest_of_the_call(
 ) -> None:
     topic = f"pw-refused-{uuid.uuid4().hex[:8]}"
     _create(kafka_bootstrap, topic, 3)
-    overrides: dict[str, Any] = {"message.max.bytes": 10_000}
+    overrides: dict[str, Any] = {"message.max.bytes": 10_000, "delivery.report.only.error": False}
     producer = KafkaProducer(Settings(kafka_bootstrap_servers=kafka_bootstrap), "test",
                              stopping=Shutdown(), **overrides)
     records = [OutgoingRecord(topic, f"k{i}".encode(), f"v{i}".encode()) for i in range(5)]
     records[2] = OutgoingRecord(topic, b"k2", os.urandom(20_000))  # refused by produce()
 
-    errors = producer.produce_and_wait(records, timeout=20.0)
+    errors = producer.wait(producer.send(records), 20.0)
 
     assert [e is None for e in errors] == [True, True, False, True, True]
     assert errors[2] is not None and errors[2].code() == KafkaError.MSG_SIZE_TOO_LARGE

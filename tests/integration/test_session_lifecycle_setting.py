@@ -49,9 +49,10 @@ def test_sessions_started_and_ended_are_announced_only_when_the_setting_says_so(
     now = datetime.now(UTC)
     store = SessionLinksStore(TOPICS, lifecycle=lifecycle)
 
-    results = store.link_batch(db, [  # starts a session; links the guest; re-links it
+    linked = store.link_batch(db, [  # starts a session; links the guest; re-links it
         _sign_in(first, new_device, now), _sign_in(first, guest_device, now),
         _sign_in(second, guest_device, now + timedelta(seconds=1))])
+    results = linked.results
 
     topics = [row.topic for result in results for row in result.outbox]
     written = db.execute("SELECT topic FROM user_activity.outbox WHERE id = ANY(%s)",

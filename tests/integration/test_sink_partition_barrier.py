@@ -77,8 +77,8 @@ class TablePartition(TransactionalPartition[Item, list[int]]):
     def fields(self, message: Item) -> dict[str, Any]:
         return {"n": message.n}
 
-    def outbox_rows(self, result: list[int]) -> list[OutboxRow]:
-        return []
+    def committed_outbox(self, result: list[int]) -> tuple[int, list[OutboxRow]]:
+        return 0, []
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""produce_and_wait's bookkeeping with a stand-in producer; sources' header conversion.
+"""hand_over's and failure_reporter's bookkeeping with a stand-in producer; header conversion.
 
 The real-broker behaviour (a failed delivery is reported for exactly its record) is in
 tests/integration/test_kafka_producer.py.
@@ -19,7 +19,13 @@ from runtime.shutdown import Shutdown
 from schemas.outbox import OutboxRow
 from sinks import kafka_producer
 from sinks.errors import is_record_error
-from sinks.kafka_producer import KafkaProducer, OutgoingRecord, build_producer, produce_and_wait
+from sinks.kafka_producer import (
+    KafkaProducer,
+    OutgoingRecord,
+    build_producer,
+    failure_reporter,
+    hand_over,
+)
 from sources.kafka_input import _headers
 
 
@@ -87,6 +93,15 @@ _WAIT = 0.3
 without the production default's 35 s (the fakes' flush returns at once, so that is a spin)."""
 
 
+def produce_and_wait(producer: Any, records: list[Any]) -> list[KafkaError | None]:
+    """What the outbox's stream does with one transaction's records: hand over, then flush."""
+    errors: list[KafkaError | None] = [None] * len(records)
+    report = failure_reporter(records, errors)
+    hand_over(producer, records, lambda _index: report, errors.__setitem__)
+    producer.flush(0)
+    return errors
+
+
 def _records(n: int) -> list[OutgoingRecord]:
     return [
         OutgoingRecord("t", f"k{i}".encode(), f'{{"MessageId":"{uuid.uuid4()}"}}'.encode())
@@ -96,20 +111,20 @@ def _records(n: int) -> list[OutgoingRecord]:
 
 def test_all_acknowledged_gives_none_for_each_record() -> None:
     producer = FakeProducer()
-    assert produce_and_wait(producer, _records(5)) == [None] * 5  # type: ignore[arg-type]
+    assert produce_and_wait(producer, _records(5)) == [None] * 5
     assert [c["key"] for c in producer.calls] == [f"k{i}".encode() for i in range(5)]
 
 
 def test_one_shared_callback_serves_every_record_of_a_call() -> None:
     producer = FakeProducer()
-    produce_and_wait(producer, _records(4))  # type: ignore[arg-type]
+    produce_and_wait(producer, _records(4))
     assert len({id(c["on_delivery"]) for c in producer.calls}) == 1
 
 
 def test_a_failure_is_reported_for_exactly_its_record() -> None:
     err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     producer = FakeProducer(lambda i, _c: err if i in (1, 3) else None)
-    errors = produce_and_wait(producer, _records(5))  # type: ignore[arg-type]
+    errors = produce_and_wait(producer, _records(5))
     assert [e is not None for e in errors] == [False, True, False, True, False]
     assert errors[1] is err
 
@@ -119,7 +134,7 @@ def test_equal_records_fail_together_the_safe_direction() -> None:
     records = [same, OutgoingRecord("t", b"k", b"other"), OutgoingRecord("t", b"k", b"same value")]
     err = KafkaError(KafkaError._MSG_TIMED_OUT)
     producer = FakeProducer(lambda i, _c: err if i == 0 else None)
-    errors = produce_and_wait(producer, records)  # type: ignore[arg-type]
+    errors = produce_and_wait(producer, records)
     assert errors == [err, None, err]
 
 
@@ -132,7 +147,7 @@ def test_a_report_matching_no_record_fails_every_record() -> None:
             return err
         return None
 
-    errors = produce_and_wait(FakeProducer(fail), _records(3))  # type: ignore[arg-type]
+    errors = produce_and_wait(FakeProducer(fail), _records(3))
     assert errors == [err, err, err]
 
 
@@ -146,17 +161,12 @@ def test_empty_key_and_value_reported_back_as_none_still_match() -> None:
             return err
         return None
 
-    assert produce_and_wait(FakeProducer(fail), records) == [err, None]  # type: ignore[arg-type]
-
-
-def test_anything_left_in_flight_fails_every_record() -> None:
-    errors = produce_and_wait(FakeProducer(left_in_flight=1), _records(3), _WAIT)  # type: ignore[arg-type]
-    assert all(e is not None and e.code() == KafkaError._TIMED_OUT for e in errors)
+    assert produce_and_wait(FakeProducer(fail), records) == [err, None]
 
 
 def test_a_full_local_queue_is_served_and_the_record_retried() -> None:
     producer = FakeProducer(full_every=3)
-    errors = produce_and_wait(producer, _records(7))  # type: ignore[arg-type]
+    errors = produce_and_wait(producer, _records(7))
     assert errors == [None] * 7
     assert [c["key"] for c in producer.calls] == [f"k{i}".encode() for i in range(7)]
     assert producer.polls > 0
@@ -175,14 +185,14 @@ def test_a_full_local_queue_is_served_and_the_record_retried() -> None:
 )
 def test_headers_go_to_confluent_as_a_list_or_a_dict(headers: Any, sent: Any) -> None:
     producer = FakeProducer()
-    produce_and_wait(producer, [OutgoingRecord("t", b"k", b"v", headers)])  # type: ignore[arg-type]
+    produce_and_wait(producer, [OutgoingRecord("t", b"k", b"v", headers)])
     assert producer.calls[0].get("headers") == sent
 
 
 def test_outbox_rows_are_produced_as_they_are() -> None:
     row = OutboxRow(uuid.uuid4(), "t", b"k", b"v", {"traceparent": "00-x"})
     producer = FakeProducer()
-    assert produce_and_wait(producer, [row]) == [None]  # type: ignore[arg-type]
+    assert produce_and_wait(producer, [row]) == [None]
     call = producer.calls[0]
     assert (call["topic"], call["key"], call["value"]) == ("t", b"k", b"v")
     assert call["headers"] is row.headers
@@ -246,7 +256,7 @@ def test_a_record_refused_by_produce_gets_its_error_and_the_others_are_still_sen
     too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
     producer = RefusingProducer({b"k1": too_large, b"k3": too_large})
 
-    errors = produce_and_wait(producer, _records(5))  # type: ignore[arg-type]
+    errors = produce_and_wait(producer, _records(5))
 
     assert errors == [None, too_large, None, too_large, None]
     assert [c["key"] for c in producer.calls] == [b"k0", b"k2", b"k4"]
@@ -259,7 +269,7 @@ def test_a_refused_record_and_a_broker_failure_are_each_reported_on_their_own_re
         {b"k0": too_large}, fail=lambda _i, c: down if c["key"] == b"k2" else None
     )
 
-    assert produce_and_wait(producer, _records(3)) == [too_large, None, down]  # type: ignore[arg-type]
+    assert produce_and_wait(producer, _records(3)) == [too_large, None, down]
 
 
 def test_a_kafka_exception_without_an_error_becomes_a_service_failure_of_that_record() -> None:
@@ -269,7 +279,7 @@ def test_a_kafka_exception_without_an_error_becomes_a_service_failure_of_that_re
                 raise KafkaException("no error object")
             super().produce(topic, value, key, **kw)
 
-    errors = produce_and_wait(Bare(), _records(2))  # type: ignore[arg-type]
+    errors = produce_and_wait(Bare(), _records(2))
 
     assert errors[0] is not None and errors[0].code() == KafkaError._FAIL
     assert not is_record_error(errors[0])
@@ -306,33 +316,14 @@ def _producer(monkeypatch: pytest.MonkeyPatch, make: Callable[[int], FakeProduce
 
 
 def test_the_producer_is_built_once_and_reused(monkeypatch: pytest.MonkeyPatch) -> None:
-    producer, factory, stopping = _producer(monkeypatch, lambda _n: FakeProducer())
+    producer, factory, stopping = _producer(
+        monkeypatch, lambda _n: ReportingProducer(stuck=set()), **_EXACT_REPORTS)
 
-    assert producer.produce_and_wait(_records(2)) == [None, None]
-    assert producer.produce_and_wait(_records(2)) == [None, None]
+    assert producer.wait(producer.send(_records(2)), _WAIT) == [None, None]
+    assert producer.wait(producer.send(_records(2)), _WAIT) == [None, None]
 
     assert len(factory.built) == 1
     assert not stopping.requested()
-
-
-def test_a_fatal_producer_fails_its_records_with_a_service_error_and_requests_a_restart(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    fatal = KafkaError(KafkaError._FATAL, "idempotence: out of order sequence", fatal=True)
-    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
-    producer, factory, stopping = _producer(
-        monkeypatch, lambda _n: FakeProducer(lambda i, _c: too_large if i == 1 else None))
-    assert producer.producer is factory.built[0]  # type: ignore[comparison-overlap]
-    factory.overrides[0]["error_cb"](fatal)  # what librdkafka reports
-
-    errors = producer.produce_and_wait(_records(3))
-
-    # only-error mode: nothing is known to be acknowledged -> every record is retried, except
-    # the one the broker refused for what it is
-    assert errors[1] is too_large
-    assert all(e is not None and e.code() == KafkaError._FATAL for e in (errors[0], errors[2]))
-    assert not any(is_record_error(e) for e in (errors[0], errors[2]) if e is not None)
-    assert stopping.requested()
 
 
 def test_with_exact_reports_records_acknowledged_before_a_fatal_error_count_as_delivered(
@@ -374,7 +365,7 @@ def test_a_fatal_error_raised_by_produce_requests_a_restart_too(
     producer, _, stopping = _producer(
         monkeypatch, lambda _n: RefusingProducer({b"k0": fatal, b"k1": fatal}))
 
-    errors = producer.produce_and_wait(_records(2))
+    errors = producer.wait(producer.send(_records(2)), _WAIT)
 
     assert all(e is not None and e.code() == KafkaError._FATAL for e in errors)
     assert stopping.requested()
@@ -399,9 +390,10 @@ def test_build_producer_logs_client_errors_and_calls_the_given_error_callback(
 
 
 def test_close_flushes_and_drops_the_producer(monkeypatch: pytest.MonkeyPatch) -> None:
-    producer, factory, _ = _producer(monkeypatch, lambda _n: FakeProducer())
+    producer, factory, _ = _producer(
+        monkeypatch, lambda _n: ReportingProducer(stuck=set()), **_EXACT_REPORTS)
     producer.close(1)  # nothing built yet
-    producer.produce_and_wait(_records(1))
+    producer.wait(producer.send(_records(1)), _WAIT)
     producer.close(1)
-    producer.produce_and_wait(_records(1))
+    producer.wait(producer.send(_records(1)), _WAIT)
     assert len(factory.built) == 2
