@@ -72,6 +72,7 @@ def needs(settings: Settings, flows: tuple[str, ...]) -> tuple[dict[str, str], d
         groups[settings.consumer_group_session_linking] = "READ"
     if settings.outbox_enabled:
         topics |= dict.fromkeys(outbox_topics(settings), "WRITE")
+        topics[settings.topic_outbox_progress] = "READ, WRITE"  # read back at every start
     if settings.start_from_group:
         groups[settings.start_from_group] = "DESCRIBE"
     groups.pop("", None)  # no group: no commits
@@ -117,7 +118,10 @@ def kafka_rows(settings: Settings, flows: tuple[str, ...]) -> list[Row]:
 
 
 def _lacking(wanted: str, authorized: list[Any] | None) -> bool:
-    return authorized is not None and wanted not in {op.name for op in authorized}
+    if authorized is None:
+        return False
+    names = {op.name for op in authorized}
+    return any(op not in names for op in wanted.split(", "))
 
 
 def _refused(exc: KafkaException, wanted: str, ours: bool) -> str:

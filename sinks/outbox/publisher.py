@@ -396,7 +396,8 @@ class OutboxPublisher:
             refused = self._refused(rows, attempt)
             set_aside(self._conn(), "park", [(_aside(r), e) for r, e in refused])
             _parked(refused)
-            rows = [row for row in rows if row not in {r for r, _ in refused}]
+            parked = {row.id for row, _ in refused}
+            rows = [row for row in rows if row.id not in parked]
 
     def _refused(self, rows: Sequence[StoredRow | HeldRow], attempt: Attempt
                  ) -> list[tuple[Any, str]]:

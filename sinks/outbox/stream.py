@@ -1,14 +1,13 @@
 """The outbox's Kafka side: one transactional producer for the stream, its progress read back.
 
-The ``transactional.id`` belongs to the stream (``outbox_transactional_id``), not the process.
-:meth:`TransactionalStream.open` makes a producer, calls ``init_transactions`` (which fences any
-earlier producer of the stream and ends its open transaction) and reads the last committed
-progress record of the progress topic (read_committed). :meth:`~TransactionalStream.publish`
-sends records and then the progress in one Kafka transaction: committed, or aborted with each
-record's refusal. A commit whose outcome is unknown (a time-out) drops the producer and raises
-:class:`OutcomeUnknownError`: the stream is opened again and its progress read, never continued
-(librdkafka has no KIP-890 part 2, confluentinc/librdkafka#5423). A fenced or fatal producer
-asks for a restart (exit 75) and raises :class:`StreamFencedError`. Kafka not answering raises
+The ``transactional.id`` belongs to the stream, not the process. :meth:`~TransactionalStream.open`
+makes a producer, ``init_transactions`` (fencing any earlier producer of the stream, ending its
+open transaction), then reads the last committed progress record (read_committed).
+:meth:`~TransactionalStream.publish` sends records, then the progress, in one Kafka transaction:
+committed, or aborted with each record's refusal. An unknown outcome (a time-out) drops the
+producer and raises :class:`OutcomeUnknownError`: the stream is opened again, never continued
+(no KIP-890 part 2 in librdkafka, confluentinc/librdkafka#5423). A fenced or fatal producer asks
+for a restart (exit 75), raising :class:`StreamFencedError`; an unanswered call raises
 ``KafkaException`` (retried).
 """
 

@@ -13,13 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("sinks", "dataflows", "runtime", "sources")
 
 
-def test_the_job_needs_read_on_inputs_and_groups_and_write_on_every_topic_it_owns() -> None:
+def test_the_job_needs_read_on_inputs_and_groups_write_on_its_topics_and_its_progress(
+) -> None:
     settings = Settings()
 
     topics, groups = check.needs(settings, check.FLOWS)
 
     assert topics == {**dict.fromkeys(input_topics(settings), "READ"),
-                      **dict.fromkeys(own_topics(settings), "WRITE")}
+                      **dict.fromkeys(own_topics(settings), "WRITE"),
+                      settings.topic_outbox_progress: "READ, WRITE"}
     assert groups == {settings.consumer_group_favorites: "READ",
                       settings.consumer_group_session_linking: "READ"}
     assert set(own_topics(settings)) | set(input_topics(settings)) == set(settings.all_topics())

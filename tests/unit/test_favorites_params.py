@@ -145,11 +145,13 @@ def test_the_answer_settles_each_message_as_recorded_duplicate_or_without_sessio
     pending, _params = store.statement([recorded, duplicate, homeless], BatchOutcome())
     session_id, device, user = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 
-    # the statement's answer: (position, session id, its AnonymousId, the row's UserId, new?)
-    outcome = store.settle(pending, [(2, uuid.uuid4(), device, None, False),
-                                     (1, session_id, device, user, True)])
+    # the statement's answer: (position, session id, its AnonymousId, the row's UserId, new?,
+    # the transaction's id)
+    outcome = store.settle(pending, [(2, uuid.uuid4(), device, None, False, 77),
+                                     (1, session_id, device, user, True, 77)])
 
     assert outcome.duplicates == [duplicate] and outcome.no_session == [homeless]
+    assert outcome.txid == 77
     [action] = outcome.recorded
     assert action.message is recorded
     assert action.event.id == pending.event_ids[0] and action.outbox.id == pending.outbox_ids[0]
