@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     recovery.add_argument(
         "--partitions", type=_at_least_one, default=4,
         help="recovery partitions: at least the largest planned worker count (default 4)")
-    outbox = command("outbox", "parked outbox rows: list them, or give them back")
+    outbox = command("outbox", "parked outbox rows (list, give back); the stream's progress")
     outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
+    outbox_commands.add_parser(
+        "adopt-watermark", help="start the stream's progress in Kafka from the PostgreSQL"
+                                " watermark (at least once for the rows after it)")
     outbox_commands.add_parser("parked", help="list parked rows (id, topic, attempts, error)")
     requeue = outbox_commands.add_parser(
         "requeue", help="re-publish parked rows once the cause is fixed (idempotent)")

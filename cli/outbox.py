@@ -1,4 +1,11 @@
-"""List parked outbox rows (parked), or give them back to the publisher (requeue)."""
+"""Parked outbox rows (parked, requeue), and the stream's progress (adopt-watermark).
+
+``adopt-watermark``: Kafka has no progress of the outbox stream (an upgrade from a release
+without transactions, the progress topic lost) while a publisher moved the PostgreSQL
+watermark, so the publisher publishes nothing. This commits the watermark as the stream's
+progress: rows after it that an earlier publisher had sent are sent again, once (at least once
+for that one window); every later row exactly once.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,19 @@ import argparse
 import psycopg
 
 from runtime.settings import Settings
+from runtime.shutdown import Shutdown
 from sinks.outbox import parked_rows, requeue_parked
+from sinks.outbox.stream import TransactionalStream
+from sinks.outbox.window import read_cache
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    """List parked rows (``parked``) or requeue them (``requeue --id ID | --all``); exit code."""
+    """``parked``, ``requeue --id ID | --all`` or ``adopt-watermark``; the exit code."""
     with psycopg.connect(settings.database_dsn(), application_name="user-activity-outbox",
                          autocommit=True, connect_timeout=10,
                          **settings.database_tcp_options()) as conn:
+        if args.outbox_command == "adopt-watermark":
+            return _adopt(conn, settings)
         if args.outbox_command == "parked":
             rows = parked_rows(conn, limit=1000)
             print(f"{'id':<38}{'topic':<45}{'attempts':>9}  {'error':<24}{'parked at':<34}bytes")
@@ -25,4 +37,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         count = requeue_parked(conn, None if args.all else args.ids)
     print(f"requeued {count} parked outbox row(s): the publisher sends them within seconds")
+    return 0
+
+
+def _adopt(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> int:
+    stream = TransactionalStream(settings, stopping=Shutdown())
+    try:
+        found = stream.open()  # fences any producer of the stream
+        if found is not None:
+            print(f"the outbox stream {settings.outbox_transactional_id} has its progress in"
+                  f" {settings.topic_outbox_progress} already: nothing adopted")
+            return 0
+        cache = read_cache(conn).progress
+        attempt = stream.publish([], cache)
+        if not attempt.committed:
+            print(f"user-activity outbox adopt-watermark: Kafka refused the progress record"
+                  f" ({attempt.error.name() if attempt.error else 'refused'})")
+            return 2
+    finally:
+        stream.close()
+    print(f"adopted the PostgreSQL watermark {cache.delivered} as the progress of"
+          f" {settings.outbox_transactional_id}: rows after it that an earlier publisher sent"
+          " are sent again (at least once for that one window); every later row exactly once")
     return 0
