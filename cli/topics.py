@@ -30,9 +30,7 @@ MIN_ISR = "min.insync.replicas"
 
 def outbox_topics(settings: Settings) -> list[str]:
     """The outbox's outputs (the session lifecycle topics only while published)."""
-    lifecycle = [settings.topic_session_started, settings.topic_session_ended] \
-        if settings.publish_session_lifecycle else []
-    return [settings.topic_action_tracked, settings.topic_session_linked, *lifecycle]
+    return settings.outbox_topics()
 
 
 def own_topics(settings: Settings) -> list[str]:

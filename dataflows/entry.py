@@ -43,6 +43,7 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     from runtime.process import Process
     from runtime.shutdown import Shutdown, abandon, install_signal_handlers
     from sinks.outbox import OutboxPublisher, OutboxWatchdog
+    from sinks.outbox.stability import STABLE_OFFSETS_INTERVAL, StableOffsets
     from sinks.retention import maintenance_task
 
     settings = load_settings()
@@ -78,6 +79,9 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
     if publisher is not None:
         watchdog = OutboxWatchdog(settings, process=process)
         housekeeping.every(watchdog.interval, "outbox-watchdog", watchdog.measure)
+        stable = StableOffsets(settings.kafka_client_config(),
+                               [*settings.outbox_topics(), settings.topic_outbox_progress])
+        housekeeping.every(STABLE_OFFSETS_INTERVAL, "outbox-stable-offsets", stable.measure)
         housekeeping.every(min(60.0, settings.maintenance_interval_seconds), "maintenance",
                            maintenance_task(settings))  # not at all when the interval is 0
 

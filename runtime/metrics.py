@@ -100,6 +100,10 @@ OUTBOX_HELD = Counter(
 OUTBOX_HELD_SECONDS = Gauge(
     "user_activity_outbox_held_seconds",
     "Seconds since the oldest row still held back for the topic was held (0: none).", ["topic"])
+OUTBOX_UNSTABLE_SECONDS = Gauge(
+    "user_activity_outbox_unstable_seconds",
+    "How long the last stable offset of the topic's worst partition has stood still below its"
+    " end: a transaction left open holds read_committed readers back (0: none).", ["topic"])
 OUTBOX_OLDEST_UNPUBLISHED_SECONDS = Gauge(
     "user_activity_outbox_oldest_unpublished_seconds",
     "Age of the oldest committed, unpublished, unparked outbox row (0: none).")

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "USER_ACTIVITY_"
@@ -205,13 +205,14 @@ class Settings(BaseSettings):
         description="The outbox stream's Kafka `transactional.id`: whichever process holds the"
                     " lease publishes with it, fencing any earlier one.")
     outbox_transaction_timeout_ms: int = Field(
-        30_000, ge=1_000, le=900_000,
+        60_000, ge=1_000, le=900_000,
         description="`transaction.timeout.ms`: the broker aborts a transaction open this long"
-                    " (a holder that died and has no successor yet).")
+                    " (a holder that died and has no successor yet); above the message time-out.")
     outbox_message_timeout_ms: int = Field(
-        10_000, ge=1_000, le=300_000,
+        30_000, ge=1_000, le=300_000,
         description="`message.timeout.ms` of the outbox producer: a transaction waiting this"
-                    " long for a partition's leader is aborted and sent again.")
+                    " long for a partition's leader is aborted and sent again. Above the"
+                    " brokers' session time-out plus 5 s (a frozen leader's failover).")
     outbox_lease_seconds: float = Field(
         30.0, ge=1,
         description="A lease holder whose PostgreSQL session stays idle this long (frozen, or"
@@ -279,6 +280,14 @@ class Settings(BaseSettings):
             raise ValueError(f"not one of {', '.join(_PROTOCOLS)}")
         return value.upper()
 
+    @field_validator("outbox_message_timeout_ms")
+    @classmethod
+    def _below_the_transaction_timeout(cls, value: int, info: ValidationInfo) -> int:
+        limit = info.data.get("outbox_transaction_timeout_ms")
+        if limit is not None and value >= limit:  # librdkafka refuses the producer
+            raise ValueError(f"must be below USER_ACTIVITY_OUTBOX_TRANSACTION_TIMEOUT_MS ({limit})")
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _a_level(cls, value: str) -> str:
@@ -340,6 +349,12 @@ class Settings(BaseSettings):
                 "keepalives_count": 4, "tcp_user_timeout": user_timeout_ms,
                 "options": f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval}"
                            f" -c tcp_keepalives_count=4 -c tcp_user_timeout={user_timeout_ms}"}
+
+    def outbox_topics(self) -> list[str]:
+        """The outbox's outputs (the session lifecycle topics only while published)."""
+        lifecycle = [self.topic_session_started, self.topic_session_ended] \
+            if self.publish_session_lifecycle else []
+        return [self.topic_action_tracked, self.topic_session_linked, *lifecycle]
 
     def all_topics(self) -> list[str]:
         """Every topic the service reads or writes: the ``topic_*`` fields (``create-topics``)."""

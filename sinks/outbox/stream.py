@@ -74,14 +74,7 @@ class TransactionalStream:
         None: the progress topic holds no record of this stream. Raises ``KafkaException``
         when Kafka does not answer, :class:`StreamFencedError` on a fatal error.
         """
-        self.close()
-        producer = build_producer(self._settings, "outbox", **self._transactional_config())
-        try:
-            producer.init_transactions(_OPEN_SECONDS)
-        except KafkaException as exc:
-            self._fail_if_fatal(exc.args[0])
-            raise
-        self._producer = producer
+        self._renew()
         progress = read_progress(self._settings.kafka_client_config(), self._topic, self._key)
         log_event(logger, "outbox-stream-opened", logging.INFO,
                   transactional_id=self._key.decode(), progress_found=progress is not None)
@@ -115,6 +108,11 @@ class TransactionalStream:
             if error.txn_requires_abort():
                 return self._aborted(errors, error)
             return self._unknown(error)
+        except SystemError as exc:  # a fatal error raised while a report was served
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, KafkaException):
+                self._fail_if_fatal(cause.args[0])
+            return self._unknown(KafkaError(KafkaError._FAIL, str(exc)))
         return Attempt(True, errors)
 
     def probe(self, record: Producible, timeout: float = 30.0) -> KafkaError | None:
@@ -133,14 +131,31 @@ class TransactionalStream:
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
 
     def _aborted(self, errors: list[KafkaError | None], error: KafkaError | None) -> Attempt:
+        """Abort, then a new producer (a refused batch's sequence gap fails the next one).
+
+        Known upstream: karafka/waterdrop#501.
+        """
         producer = self._producer
         assert producer is not None
+        wait = self._settings.outbox_message_timeout_ms / 1000 + _OPEN_SECONDS
         try:
-            producer.abort_transaction(self._stopping.time_left(_OPEN_SECONDS * 3))
+            producer.abort_transaction(self._stopping.time_left(wait))  # in flight: their fate
+            self._renew()
         except KafkaException as exc:
             self._fail_if_fatal(exc.args[0])
             return self._unknown(exc.args[0])
         return Attempt(False, errors, error)
+
+    def _renew(self) -> None:
+        """A new producer of the stream, initialized (fencing the previous one)."""
+        self.close()
+        producer = build_producer(self._settings, "outbox", **self._transactional_config())
+        try:
+            producer.init_transactions(_OPEN_SECONDS)
+        except KafkaException as exc:
+            self._fail_if_fatal(exc.args[0])
+            raise
+        self._producer = producer
 
     def _unknown(self, error: KafkaError) -> Attempt:
         log_event(logger, "outbox-transaction-outcome-unknown", logging.WARNING,
@@ -166,6 +181,9 @@ class TransactionalStream:
         return {"transactional.id": self._key.decode(),
                 "transaction.timeout.ms": settings.outbox_transaction_timeout_ms,
                 "message.timeout.ms": settings.outbox_message_timeout_ms,
+                # a request to a frozen leader times out and goes to the new one: a window
+                # waits for a leader's failover and this, not for the message time-out
+                "socket.timeout.ms": 5000,
                 # a missing topic is known after 5 s: its rows are held, not retried 30 s
                 "topic.metadata.propagation.max.ms": 5000}
 

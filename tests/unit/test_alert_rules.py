@@ -70,6 +70,7 @@ EXPECTED_ALERTS = {
     "UserActivityOutboxStalled",
     "UserActivityOutboxRowsParked",
     "UserActivityOutboxTopicHeld",
+    "UserActivityOutboxTransactionHanging",
     "UserActivityInputStalled",
     "UserActivityInputRecordsExpired",
     "UserActivityInputRecordsUndecodable",
@@ -83,7 +84,8 @@ EXPECTED_ALERTS = {
     "UserActivityPartitionsMissingAhead",
 }
 # Alerts whose gauge is itself a duration, so that a `for` would only add delay.
-WITHOUT_FOR = {"UserActivityOutboxStalled", "UserActivityOutboxTopicHeld"}
+WITHOUT_FOR = {"UserActivityOutboxStalled", "UserActivityOutboxTopicHeld",
+               "UserActivityOutboxTransactionHanging"}
 
 
 def _expr(name: str) -> str:
