@@ -67,6 +67,13 @@ class Lease:
         log_event(logger, "outbox-lease-taken", logging.INFO)
         return True
 
+    def confirm(self) -> None:
+        """One round trip on the holder's session: raises a psycopg error if it has ended.
+
+        Before the stream is opened: a holder frozen past the lease must not fence the new one.
+        """
+        self.connection().execute("SELECT 1")
+
     def lost(self) -> None:
         """The session (and the lease) is gone, or must be given up: a new one is opened."""
         if self._conn is not None:

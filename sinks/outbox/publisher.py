@@ -228,6 +228,7 @@ class OutboxPublisher:
             return False
         if self._progress is None or not self._stream.is_open:
             self._progress = None
+            self._lease.confirm()
             self._progress = self._resume(self._stream.open())
         return True
 
