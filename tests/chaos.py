@@ -3,8 +3,8 @@
 Used by the chaos, clean-stop and rolling-restart tests (tests/e2e/): a :class:`Stream` of
 :class:`Outgoing` records (good ones of seeded owners, poison of every kind), produced at a steady
 rate by :class:`PacedProducer`; :class:`HealthMonitor` samples a running job's health and
-metrics; :func:`assert_exact_outcome` checks that every good message has exactly one row and one
-action-tracked MessageId, and that the DLQ holds exactly the poison.
+metrics; :func:`assert_exact_outcome` checks that every good message has exactly one row and its
+action-tracked event exactly once (read_committed), and that the DLQ holds exactly the poison.
 """
 
 from __future__ import annotations
@@ -422,6 +422,8 @@ def assert_exact_outcome(
         by_event.setdefault(envelope["AggregateId"], set()).add(envelope["MessageId"])
     assert set(by_event) == {str(r) for r in row_ids}, "action-tracked is missing a row's event"
     assert all(len(ids) == 1 for ids in by_event.values()), "a row announced with 2 MessageIds"
+    copies = Counter(record.json()["MessageId"] for record in tracked)
+    assert max(copies.values(), default=1) == 1, "an event published twice (read_committed)"
 
     dlq = consume_all(settings, settings.topic_favorites_dlq,
                       expect_at_least=len(poison), timeout=60, settle=1.0)

@@ -5,8 +5,8 @@
 (c) the job SIGKILLed three times at different points and restarted on the same recovery dir;
 (d) 5 % poison of every kind mixed into good messages.
 
-Each ends with exact counts: every good message has exactly one row; action-tracked holds exactly
-one distinct MessageId per row (redelivered copies of it allowed, none missing); the DLQ holds
+Each ends with exact counts: every good message has exactly one row; action-tracked holds its
+event exactly once for a read_committed reader (no copy, none missing); the DLQ holds
 exactly the poison (original key/value, reason code, source coordinates), nothing good; no job
 process is left running. Measurements are printed (``pytest -s``) and recorded as properties.
 """
