@@ -26,6 +26,7 @@ from runtime.process import Process
 from runtime.settings import Settings
 from sinks.outbox import OutboxPublisher
 from tests.chaos import (
+    Delivery,
     PacedProducer,
     Stream,
     assert_exact_outcome,
@@ -45,13 +46,13 @@ def _settings(make_settings: SettingsFactory, **overrides: Any) -> Settings:
     return make_settings(retry_initial_seconds=0.3, retry_max_seconds=2.0, **overrides)
 
 
-def _backlog(settings: Settings, database_url: str, count: int, seed: int) -> Stream:
+def _backlog(settings: Settings, database_url: str, count: int, seed: int
+             ) -> tuple[Stream, list[Delivery]]:
     """``count`` favorites on the input topics before the job starts (a backlog)."""
     stream = good_stream(settings, database_url, count, seed=seed)
     producer = PacedProducer(settings, stream.records, rate=1_000_000)
     producer.start()
-    producer.result()
-    return stream
+    return stream, producer.result()
 
 
 def _open_transaction(settings: Settings) -> bool:
@@ -84,9 +85,10 @@ def _kill_inside_a_transaction(job: JobProcess, settings: Settings, tries: int =
     return False
 
 
-def _exactly_once(settings: Settings, database_url: str, stream: Stream) -> tuple[int, int]:
+def _exactly_once(settings: Settings, database_url: str, stream: Stream,
+                  deliveries: list[Delivery]) -> tuple[int, int]:
     """The rows and action-tracked exact for read_committed; the read_uncommitted records."""
-    counts = assert_exact_outcome(settings, database_url, stream, [])
+    counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.rows == counts.tracked_records == counts.tracked_distinct == len(stream.good_ids)
     uncommitted = consume_all(settings, settings.topic_action_tracked, expect_at_least=counts.rows,
                               timeout=60, settle=2.0, isolation="read_uncommitted")
@@ -98,7 +100,7 @@ def test_a_job_killed_inside_the_outboxs_transaction_sends_each_row_once_to_read
     record_property: Any,
 ) -> None:
     settings = _settings(make_settings)
-    stream = _backlog(settings, database_url, 20_000, seed=11)
+    stream, deliveries = _backlog(settings, database_url, 20_000, seed=11)
     job = jobs.job(settings)
     killed_inside = 0
     for _ in range(3):
@@ -109,7 +111,7 @@ def test_a_job_killed_inside_the_outboxs_transaction_sends_each_row_once_to_read
     wait_until_drained(job, database_url, stream)
     shutdown = stop_job(job)
 
-    committed, uncommitted = _exactly_once(settings, database_url, stream)
+    committed, uncommitted = _exactly_once(settings, database_url, stream, deliveries)
     assert killed_inside == 3
     assert uncommitted > committed  # the aborted copies exist; read_committed never saw them
     report(record_property, "outbox-killed-in-transaction", {
@@ -121,7 +123,7 @@ def test_ten_sigkills_under_a_20k_backlog_send_every_row_once_to_read_committed(
     record_property: Any,
 ) -> None:
     settings = _settings(make_settings)
-    stream = _backlog(settings, database_url, 20_000, seed=12)
+    stream, deliveries = _backlog(settings, database_url, 20_000, seed=12)
     rng = random.Random(12)
     job = jobs.job(settings)
     for _ in range(10):
@@ -132,7 +134,7 @@ def test_ten_sigkills_under_a_20k_backlog_send_every_row_once_to_read_committed(
     wait_until_drained(job, database_url, stream)
     shutdown = stop_job(job)
 
-    committed, uncommitted = _exactly_once(settings, database_url, stream)
+    committed, uncommitted = _exactly_once(settings, database_url, stream, deliveries)
     assert job.exit_codes[:10] == [-9] * 10
     report(record_property, "outbox-sigkill-x10", {
         "read_committed": committed, "read_uncommitted": uncommitted, **shutdown})
@@ -164,7 +166,7 @@ def test_a_kill_after_the_kafka_commit_before_the_cache_update_sends_nothing_aga
     request: pytest.FixtureRequest,
 ) -> None:
     settings = _settings(make_settings)
-    stream = _backlog(settings, database_url, 2_000, seed=13)
+    stream, deliveries = _backlog(settings, database_url, 2_000, seed=13)
     job = jobs.job(settings)
     job.start()
     wait_until(lambda: _cache_generation(database_url) > 0, 60, "the stream's start")
@@ -178,7 +180,7 @@ def test_a_kill_after_the_kafka_commit_before_the_cache_update_sends_nothing_aga
     stop_job(job)
 
     assert committed
-    _exactly_once(settings, database_url, stream)
+    _exactly_once(settings, database_url, stream, deliveries)
 
 
 def _cache_generation(database_url: str) -> int:
@@ -196,8 +198,8 @@ def test_a_frozen_lease_holder_is_fenced_publishes_nothing_visible_and_exits_75(
     job.start()
     producer = PacedProducer(settings, stream.records, rate=300)
     producer.start()
-    wait_until(lambda: job.metric("user_activity_outbox_published_total") > 200, 60,
-               "the job to publish")
+    consume_all(settings, settings.topic_action_tracked, expect_at_least=200, timeout=60,
+                settle=0)  # the job publishes
     job.send_signal(signal.SIGSTOP)  # frozen: its lease session idles out
     standby = OutboxPublisher(settings, process=Process(), name="outbox-standby")
     stop_standby = start_publisher(standby)
@@ -206,7 +208,7 @@ def test_a_frozen_lease_holder_is_fenced_publishes_nothing_visible_and_exits_75(
         job.send_signal(signal.SIGCONT)
         exit_code = job.reap(90)
         job.start()  # as Kubernetes does after exit 75; the standby keeps the lease
-        producer.result()
+        deliveries = producer.result()
         wait_until_drained(job, database_url, stream)
     finally:
         stop_standby()
@@ -214,4 +216,4 @@ def test_a_frozen_lease_holder_is_fenced_publishes_nothing_visible_and_exits_75(
 
     assert exit_code == 75
     assert count_log_events(job, "outbox-stream-fenced", 1) == 1
-    _exactly_once(settings, database_url, stream)
+    _exactly_once(settings, database_url, stream, deliveries)
