@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     checking = command("check", "check what the job needs before it starts", check)
     checking.add_argument("--flow", choices=(*check.FLOWS, "both"), default="both",
                           help="the flow whose needs are checked (default both)")
+    checking.add_argument("--transactions", action="store_true",
+                          help="also initialize the outbox's transactional id (librdkafka cannot"
+                               " describe one): a running publisher is fenced and restarts")
     recovery = command("init-recovery", "create a Bytewax recovery store in a directory")
     recovery.add_argument("directory", type=Path)
     recovery.add_argument(
@@ -145,7 +148,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     elif args.command == "check":
         from cli import check
 
-        return check.run(settings, check.FLOWS if args.flow == "both" else (args.flow,))
+        return check.run(settings, check.FLOWS if args.flow == "both" else (args.flow,),
+                         transactions=args.transactions)
     elif args.command == "init-recovery":
         from bytewax.recovery import init_db_dir
 

@@ -2,8 +2,10 @@
 
 Kafka, as the job's principal: each topic exists, and the broker's own verdict (KIP-430
 authorized operations) lets it READ the inputs and groups, WRITE the outputs and dead letters,
-DESCRIBE USER_ACTIVITY_START_FROM_GROUP; nothing is written. PostgreSQL: it connects, the role's
-privileges, every migration applied (unknown newer ones are shown, not refused).
+READ and WRITE the outbox's progress, DESCRIBE USER_ACTIVITY_START_FROM_GROUP; nothing is
+written. ``--transactions`` also initializes the outbox's transactional id (its WRITE): that
+fences a running publisher, which restarts (nothing lost or sent twice). PostgreSQL: it
+connects, the role's privileges, every migration applied (unknown newer ones are shown).
 Exit 0: complete; 2: problems (one line each on stderr); 75: Kafka or PostgreSQL did not answer.
 """
 
@@ -25,6 +27,8 @@ from cli import table
 from cli.migrate import MIGRATIONS_DIR
 from cli.topics import admin_client, outbox_topics, own_topics
 from runtime.settings import Settings
+from runtime.shutdown import Shutdown
+from sinks.outbox.stream import StreamFencedError, TransactionalStream
 
 FLOWS = ("favorites", "session-linking")
 
@@ -42,10 +46,13 @@ MAINTENANCE_FUNCTION = "user_activity.ensure_daily_partitions(date, date)"
 Row = tuple[str, str, bool, str]
 
 
-def run(settings: Settings, flows: Iterable[str] = FLOWS, out: TextIO | None = None) -> int:
+def run(settings: Settings, flows: Iterable[str] = FLOWS, out: TextIO | None = None, *,
+        transactions: bool = False) -> int:
     """Check, print the table and a line per problem; the exit code (0 or 2)."""
     out = out or sys.stdout
     rows = [*kafka_rows(settings, tuple(flows)), *postgres_rows(settings)]
+    if transactions and settings.outbox_enabled:
+        rows.append(transactional_id_row(settings))
     print(table(("check", "name", "result", "found"),
                 [(kind, name, "ok" if ok else "FAIL", found) for kind, name, ok, found in rows]),
           file=out, flush=True)
@@ -115,6 +122,21 @@ def kafka_rows(settings: Settings, flows: tuple[str, ...]) -> list[Row]:
             found += f" (start from its offsets: {_committed(admin, group, topics)})"
         rows.append(("group", group, not lacking, found))
     return rows
+
+
+def transactional_id_row(settings: Settings) -> Row:
+    """The outbox's transactional id, initialized for real (the only check librdkafka has)."""
+    name = settings.outbox_transactional_id
+    stream = TransactionalStream(settings, stopping=Shutdown())
+    try:
+        stream.open()
+    except StreamFencedError as exc:  # fatal: the broker's refusal, named
+        unauthorized = str(exc) == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+        return ("transactional-id", name, False,
+                "no WRITE for this principal" if unauthorized else f"refused ({exc})")
+    finally:
+        stream.close()
+    return ("transactional-id", name, True, "WRITE (initialized)")
 
 
 def _lacking(wanted: str, authorized: list[Any] | None) -> bool:
