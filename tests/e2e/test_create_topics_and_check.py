@@ -39,6 +39,12 @@ def _described(settings: Settings, topics: list[str]) -> dict[str, tuple[int, in
             for t in found}
 
 
+def _cleanup_policy(settings: Settings, topic: str) -> str:
+    admin = AdminClient(settings.kafka_client_config())
+    [future] = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+    return str(future.result(10)["cleanup.policy"].value)
+
+
 def test_create_topics_on_one_broker_makes_only_our_topics_with_one_replica_and_says_why(
     kafka_bootstrap: str, database_url: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -52,9 +58,12 @@ def test_create_topics_on_one_broker_makes_only_our_topics_with_one_replica_and_
     made = capsys.readouterr().out
 
     assert "1 broker(s)" in planned and "(one broker: replication factor 1)" in planned
-    assert [line.split()[-2:] for line in planned.splitlines()[2:]] == [["would", "create"]] * 6
-    assert [line.split()[-1] for line in made.splitlines()[2:]] == ["create"] * 6
-    assert _described(settings, ours + theirs) == dict.fromkeys(ours, (6, 1, "1"))
+    assert [line.split()[-2:] for line in planned.splitlines()[2:]] == [["would", "create"]] * 7
+    assert [line.split()[-1] for line in made.splitlines()[2:]] == ["create"] * 7
+    progress = settings.topic_outbox_progress
+    assert _described(settings, ours + theirs) == {
+        **dict.fromkeys(ours, (6, 1, "1")), progress: (1, 1, "1")}
+    assert _cleanup_policy(settings, progress) == "compact"
 
 
 def test_an_existing_topic_that_differs_is_named_and_left_as_is(
@@ -67,11 +76,12 @@ def test_an_existing_topic_that_differs_is_named_and_left_as_is(
     assert create_topics(settings.model_copy(update={"topic_partitions": 3})) == 2
 
     lines = capsys.readouterr().err.splitlines()
+    progress = settings.topic_outbox_progress  # one partition, whatever the setting
     assert lines == [f"user-activity create-topics: {topic}: partitions 6 (want 3): an existing"
                      " topic is never changed (change it by hand, or the settings)"
-                     for topic in own_topics(settings)]
-    assert _described(settings, own_topics(settings)) == dict.fromkeys(
-        own_topics(settings), (6, 1, "1"))
+                     for topic in own_topics(settings) if topic != progress]
+    assert _described(settings, own_topics(settings)) == {
+        **dict.fromkeys(own_topics(settings), (6, 1, "1")), progress: (1, 1, "1")}
 
 
 def test_check_of_a_complete_setup_exits_0_and_names_each_missing_topic_in_one_line(

@@ -37,13 +37,14 @@ def _settings(cluster: KafkaCluster, database_url: str, user: str, **overrides: 
                     kafka_sasl_username=user, kafka_sasl_password=cluster.users[user],
                     consumer_group_favorites=f"{prefix}.favorites",
                     consumer_group_session_linking=f"{prefix}.session-linking",
-                    **topics, **overrides)
+                    outbox_transactional_id=f"{prefix}.outbox", **topics, **overrides)
 
 
 def _env(settings: Settings) -> dict[str, str]:
     """The ``USER_ACTIVITY_*`` variables of ``settings`` (its connection, topics, groups)."""
     names = ["kafka_bootstrap_servers", "kafka_security_protocol", "kafka_sasl_mechanism",
              "kafka_sasl_username", "consumer_group_favorites", "consumer_group_session_linking",
+             "outbox_transactional_id",
              *(n for n in Settings.model_fields if n.startswith("topic_"))]
     assert settings.kafka_sasl_password is not None
     return {**base_env(), **{ENV_PREFIX + n.upper(): str(getattr(settings, n)) for n in names},
@@ -76,7 +77,7 @@ def test_create_topics_makes_three_replicas_and_two_in_sync_and_a_dry_run_change
     kafka_cluster.wait_leaders_available(ours)
     metadata = admin.list_topics(timeout=10).topics
     assert [sorted(len(p.replicas) for p in metadata[t].partitions.values()) for t in ours] == [
-        [3] * 6] * 6
+        [3] * 6] * 6 + [[3]]  # the progress topic: one partition
     configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in ours])
     assert {f.result(10)["min.insync.replicas"].value for f in configs.values()} == {"2"}
     assert not set(input_topics(settings)) & set(metadata)
@@ -88,11 +89,14 @@ def test_create_topics_makes_three_replicas_and_two_in_sync_and_a_dry_run_change
 
 
 def _grants(settings: Settings) -> list[tuple[ResourceType, str, AclOperation]]:
-    """Every ACL the job needs: READ on inputs and groups, WRITE on outputs and dead letters."""
+    """Every ACL the job needs: READ on inputs, groups and the progress, WRITE on ours."""
     return [*((ResourceType.TOPIC, t, AclOperation.READ) for t in input_topics(settings)),
             *((ResourceType.GROUP, g, AclOperation.READ) for g in (
                 settings.consumer_group_favorites, settings.consumer_group_session_linking)),
-            *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in own_topics(settings))]
+            *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in own_topics(settings)),
+            (ResourceType.TOPIC, settings.topic_outbox_progress, AclOperation.READ),
+            (ResourceType.TRANSACTIONAL_ID, settings.outbox_transactional_id,
+             AclOperation.WRITE)]
 
 
 def test_check_as_a_principal_missing_exactly_one_acl_names_that_one_and_exits_non_zero(
@@ -102,7 +106,7 @@ def test_check_as_a_principal_missing_exactly_one_acl_names_that_one_and_exits_n
     kafka_cluster.create_topics(settings.all_topics())
     for resource, name, operation in _grants(settings):
         kafka_cluster.grant("User:job", resource, name, operation)
-    command = [sys.executable, "-m", "cli", "check"]
+    command = [sys.executable, "-m", "cli", "check", "--transactions"]
 
     complete = subprocess.run(command, cwd=ROOT, env=_env(settings), capture_output=True,
                               text=True, timeout=60, check=False)

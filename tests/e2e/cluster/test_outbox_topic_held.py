@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("kafka-cluster")]
 HELD = "UserActivityOutboxTopicHeld"
 SIGN_INS, FAVORITES = 20, 30
 OUTPUTS = ("action_tracked", "session_linked", "session_ended", "favorites_dlq",
-           "session_linking_dlq")
+           "session_linking_dlq", "outbox_progress")
 """The topics the job may write: every output but session-started."""
 
 
@@ -56,6 +56,8 @@ def _grant_all_but_session_started(cluster: KafkaCluster, settings: Settings,
     for name in OUTPUTS:
         cluster.grant("User:job", ResourceType.TOPIC, getattr(settings, f"topic_{name}"),
                       AclOperation.WRITE)
+    cluster.grant("User:job", ResourceType.TRANSACTIONAL_ID, settings.outbox_transactional_id,
+                  AclOperation.WRITE)
 
 
 def _held(db: psycopg.Connection[Any], topic: str) -> list[uuid.UUID]:

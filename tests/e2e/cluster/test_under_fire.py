@@ -150,6 +150,8 @@ def _grant_the_job(cluster: KafkaCluster, prefix: str) -> None:
                       ResourcePatternType.PREFIXED)
     cluster.grant("User:job", ResourceType.GROUP, prefix, AclOperation.READ,
                   ResourcePatternType.PREFIXED)
+    cluster.grant("User:job", ResourceType.TRANSACTIONAL_ID, prefix, AclOperation.WRITE,
+                  ResourcePatternType.PREFIXED)
 
 
 Failover = tuple[float, float]
