@@ -34,6 +34,10 @@ class Snapshot:
         """``pg_visible_in_snapshot(txid, self)`` for a committed ``txid``."""
         return txid < self.xmin or (txid < self.xmax and txid not in self.running)
 
+    def sees_all_of(self, other: Snapshot) -> bool:
+        """Every transaction ``other`` sees, this one sees too (it is not older)."""
+        return self.xmax >= other.xmax and not any(other.visible(t) for t in self.running)
+
 
 @functools.lru_cache(maxsize=64)
 def snapshot(text: str) -> Snapshot:

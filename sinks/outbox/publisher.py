@@ -108,6 +108,7 @@ class OutboxPublisher:
         self._progress: Progress | None = None  # what Kafka committed; None: to be read
         self._generation = 0  # the watermark cache's, as this holder last wrote it
         self._snapshots: collections.deque[tuple[float, str]] = collections.deque()
+        self._under_way: dict[str, float] = {}  # the target of a window under way: taken at
         self._suspended_at: float | None = None  # the fast path waits for a window past this
         self._missing_said = False
         self._drain: _Drain | None = None
@@ -169,7 +170,7 @@ class OutboxPublisher:
             time.sleep(0.05)
         total = self._publish_offered()  # a stop's last rows first, not behind a backlog
         until = None if publish_seconds is None else time.monotonic() + publish_seconds
-        while (count := self._publish_window(current_snapshot(self._conn()),
+        while (count := self._publish_window(current_snapshot(self._conn()), time.monotonic(),
                                              _WINDOW_SLICE_SECONDS)) > 0:
             total += count
             if until is not None and time.monotonic() >= until:
@@ -215,7 +216,7 @@ class OutboxPublisher:
             count = self._publish_offered()
             target = self._window_target()
             if target is not None:
-                count += self._publish_window(target, _WINDOW_SLICE_SECONDS)
+                count += self._publish_window(*target, _WINDOW_SLICE_SECONDS)
             return count + self._publish_held()
         except (psycopg.Error, LeaseLostError) as exc:
             if isinstance(exc, LeaseLostError) or is_infrastructure_error(exc):
@@ -321,33 +322,39 @@ class OutboxPublisher:
 
     # -- the window ------------------------------------------------------------------------
 
-    def _window_target(self) -> str | None:
-        """The snapshot the next window reads up to, or None: too soon.
+    def _window_target(self) -> tuple[str, float] | None:
+        """The snapshot the next window reads up to and when it was taken; None: too soon.
 
         The newest snapshot taken at least ``outbox_fast_path_grace_seconds`` ago, so rows the
         sinks here are about to offer are left to the fast path; the current one while the
         fast path is suspended.
         """
+        taken_at = time.monotonic()  # (before the query: a drop after it is not seen as read)
         current = current_snapshot(self._conn())
-        now, grace = time.monotonic(), self._settings.outbox_fast_path_grace_seconds
+        grace = self._settings.outbox_fast_path_grace_seconds
         if self._suspended_at is not None or grace <= 0:
-            return current
+            return current, taken_at
         snapshots = self._snapshots
-        snapshots.append((now, current))
-        while len(snapshots) > 1 and now - snapshots[1][0] >= grace:
+        snapshots.append((taken_at, current))
+        while len(snapshots) > 1 and taken_at - snapshots[1][0] >= grace:
             snapshots.popleft()
-        return snapshots[0][1] if now - snapshots[0][0] >= grace else None
+        oldest_at, oldest = snapshots[0]
+        return (oldest, oldest_at) if taken_at - oldest_at >= grace else None
 
-    def _publish_window(self, target: str, slice_seconds: float) -> int:
+    def _publish_window(self, target: str, taken_at: float, slice_seconds: float) -> int:
         """Send the window up to ``target`` (or the one under way) page by page; rows sent.
 
         Returns once it is sent, or a page ends ``slice_seconds`` after the call (the
         progress committed, the window under way).
         """
-        chosen_at, began, delivered = time.monotonic(), time.monotonic(), 0
+        began, delivered = time.monotonic(), 0
         progress = self._progress
         assert progress is not None
-        target = progress.target or target
+        if progress.target is not None:  # the window under way first
+            target, taken_at = progress.target, self._under_way.get(progress.target, -1e18)
+        if not snapshot(target).sees_all_of(snapshot(progress.delivered)):
+            self._snapshots.clear()  # taken before a window that read further: done already
+            return 0
         limit, conn = self._settings.outbox_batch_size, self._conn()
         while True:
             keys = read_page(conn, progress, target, limit)
@@ -361,9 +368,10 @@ class OutboxPublisher:
             progress = self._progress
             assert progress is not None
             if done:
-                self._window_done(target, chosen_at, delivered)
+                self._window_done(target, taken_at, delivered)
                 return delivered
             if time.monotonic() - began >= slice_seconds:
+                self._under_way = {target: taken_at}
                 self._report_drain(target, delivered, done=False)
                 return delivered
 
@@ -374,10 +382,12 @@ class OutboxPublisher:
         OUTBOX_READ_BACK.inc(len(rows))
         return self._send_rows([row for row in rows if not row.set_aside], after)
 
-    def _window_done(self, target: str, chosen_at: float, delivered: int) -> None:
+    def _window_done(self, target: str, taken_at: float, delivered: int) -> None:
+        self._under_way = {}
         self._report_drain(target, delivered, done=True)
-        if self._suspended_at is not None and self._suspended_at <= chosen_at:
+        if self._suspended_at is not None and self._suspended_at <= taken_at:
             self._suspended_at = None  # every transaction of a dropped offer is out
+            self._snapshots.clear()  # older than the current target this window read up to
 
     def _send_rows(self, rows: list[StoredRow], progress: Progress) -> int:
         """``rows`` (of held topics: held) and ``progress`` in one transaction; rows sent.

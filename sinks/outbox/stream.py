@@ -241,7 +241,9 @@ def _last_of(consumer: Consumer, start: TopicPartition, key: bytes, end: int,
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
                 return last
-            raise KafkaException(error)
+            if msg.topic() == start.topic:  # not the group's (it is never joined nor committed)
+                raise KafkaException(error)
+            continue
         offset = msg.offset()
         if offset is not None and offset >= end:
             return last

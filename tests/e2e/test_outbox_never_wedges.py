@@ -270,7 +270,7 @@ def test_an_exception_inside_the_publish_loop_is_logged_once_and_restarts_the_jo
     stopping = Shutdown()
     publisher = OutboxPublisher(settings, process=Process(stopping=stopping))
 
-    def failing(target: str, slice_seconds: float) -> int:
+    def failing(target: str, taken_at: float, slice_seconds: float) -> int:
         raise RuntimeError("injected fault inside the publish loop")
 
     publisher._publish_window = failing  # type: ignore[method-assign]
