@@ -47,9 +47,17 @@ class Offers:
             else:
                 self._offers.append(offer)
 
-    def take(self) -> tuple[list[Offer], float | None]:
-        """Every queued offer, in order, and when one was last dropped since the last take."""
+    def take(self, rows: int | None = None) -> tuple[list[Offer], float | None]:
+        """The queued offers in order, up to ``rows`` rows (at least one offer), and when one
+        was last dropped since the last take.
+        """
         with self._lock:
-            offers, self._offers = self._offers, []
+            count, taken = 0, 0
+            for offer in self._offers:
+                if rows is not None and taken and count + len(offer.rows) > rows:
+                    break
+                count, taken = count + len(offer.rows), taken + 1
+            offers, self._offers = self._offers[:taken], self._offers[taken:]
             dropped, self._dropped_at = self._dropped_at, None
         return offers, dropped
+

@@ -71,6 +71,7 @@ from sinks.outbox.window import (
 logger = logging.getLogger(__name__)
 
 _WINDOW_SLICE_SECONDS = 0.25  # a window yields this often: the fast path and a stop go between
+_FAST_PATH_ROWS = 5_000  # rows of offers in one transaction at most (the rest: the next one)
 _STOP_DRAIN_SECONDS = 10.0
 _HELD_REFRESH_SECONDS = 1.0  # how often the table is asked for held topics (a requeue)
 _DRAIN_LOG_SECONDS = 10.0
@@ -297,7 +298,7 @@ class OutboxPublisher:
         an offer was dropped, a transaction failed or the lease was taken, until a window has
         read everything committed by then: it never overtakes an earlier transaction's rows.
         """
-        offers, dropped = self._offers.take()
+        offers, dropped = self._offers.take(_FAST_PATH_ROWS)
         if dropped is not None:
             self._suspend(dropped)
         progress = self._progress

@@ -32,6 +32,11 @@ logger = logging.getLogger(__name__)
 
 _READ_BACK = 64  # offsets read back from the end at first: a progress record and its marker each
 _OPEN_SECONDS = 10.0
+COMMIT_SECONDS = 10.0
+"""A transaction not committed in this long is given up: a new producer reads what committed.
+
+A request stuck on a frozen leader can keep the old producer from committing for the whole
+message time-out; a new one sends to the live leaders at once (docs/decisions.md)."""
 
 
 class StreamFencedError(Exception):
@@ -81,7 +86,7 @@ class TransactionalStream:
         return progress
 
     def publish(self, records: Sequence[Producible], progress: Progress,
-                timeout: float = 30.0, *, abort: bool = False) -> Attempt:
+                timeout: float = COMMIT_SECONDS, *, abort: bool = False) -> Attempt:
         """``records`` then ``progress`` in one transaction: committed, or aborted (module doc).
 
         ``abort``: no progress; the records are flushed, then the transaction is aborted.
@@ -115,7 +120,7 @@ class TransactionalStream:
             return self._unknown(KafkaError(KafkaError._FAIL, str(exc)))
         return Attempt(True, errors)
 
-    def probe(self, record: Producible, timeout: float = 30.0) -> KafkaError | None:
+    def probe(self, record: Producible, timeout: float = COMMIT_SECONDS) -> KafkaError | None:
         """Whether the broker refuses ``record`` alone, in a transaction that is always aborted.
 
         read_uncommitted consumers may see it; read_committed ones never do.
@@ -131,19 +136,16 @@ class TransactionalStream:
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
 
     def _aborted(self, errors: list[KafkaError | None], error: KafkaError | None) -> Attempt:
-        """Abort, then a new producer (a refused batch's sequence gap fails the next one).
+        """Not committed: a new producer ends the transaction (its ``init_transactions``).
 
-        Known upstream: karafka/waterdrop#501.
+        Not ``abort_transaction``: it waits out records in flight to a frozen leader, fails
+        with INVALID_TXN_STATE when no partition was added (librdkafka#4849), and leaves a
+        refused batch's sequence gap to fail the next transaction (karafka/waterdrop#501).
         """
-        producer = self._producer
-        assert producer is not None
-        wait = self._settings.outbox_message_timeout_ms / 1000 + _OPEN_SECONDS
         try:
-            producer.abort_transaction(self._stopping.time_left(wait))  # in flight: their fate
             self._renew()
         except KafkaException as exc:
-            self._fail_if_fatal(exc.args[0])
-            return self._unknown(exc.args[0])
+            return self._unknown(exc.args[0])  # closed: opened again, the progress read
         return Attempt(False, errors, error)
 
     def _renew(self) -> None:
