@@ -48,8 +48,9 @@ class Offers:
                 self._offers.append(offer)
 
     def take(self, rows: int | None = None) -> tuple[list[Offer], float | None]:
-        """The queued offers in order, up to ``rows`` rows (at least one offer), and when one
-        was last dropped since the last take.
+        """The queued offers in order, up to ``rows`` rows (one offer at least).
+
+        And when an offer was last dropped since the last take (None: none was).
         """
         with self._lock:
             count, taken = 0, 0
