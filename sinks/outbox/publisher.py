@@ -112,6 +112,7 @@ class OutboxPublisher:
         self._under_way: dict[str, float] = {}  # the target of a window under way: taken at
         self._suspended_at: float | None = None  # the fast path waits for a window past this
         self._missing_said = False
+        self._lost = False  # the lease was held and its session ended: taken again, or stop
         self._drain: _Drain | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -225,9 +226,16 @@ class OutboxPublisher:
             raise
 
     def _ready(self, *, force: bool = False) -> bool:
-        """Hold the lease and know what Kafka committed (opening the stream if need be)."""
-        if not self._lease.take(force=force):
+        """Hold the lease and know what Kafka committed (opening the stream if need be).
+
+        A holder whose lease another process took meanwhile (it was frozen, or cut off from
+        PostgreSQL past ``outbox_lease_seconds``) stops: a restart, exit 75.
+        """
+        if not self._lease.take(force=force or self._lost):
+            if self._lost:
+                self._superseded()
             return False
+        self._lost = False
         if self._progress is None or not self._stream.is_open:
             self._progress = None
             self._lease.confirm()
@@ -504,11 +512,19 @@ class OutboxPublisher:
 
     def _lose_lease(self) -> None:
         """Forget what only the lease holder knows; the stream is opened anew with the lease."""
+        self._lost = self._lost or self._lease.held or self._progress is not None
         self._lease.lost()
         self._stream.close()
         self._progress = None
         self._held.clear()
         self._drain = None
+
+    def _superseded(self) -> None:
+        log_event(logger, "outbox-lease-superseded", logging.ERROR,
+                  action="stopping cleanly (exit 75): another process publishes; whatever this"
+                         " one had open is fenced")
+        self._process.stopping.restart("another process took the outbox lease")
+        raise StreamFencedError("the lease was taken by another process")
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)

@@ -183,9 +183,9 @@ class TransactionalStream:
         return {"transactional.id": self._key.decode(),
                 "transaction.timeout.ms": settings.outbox_transaction_timeout_ms,
                 "message.timeout.ms": settings.outbox_message_timeout_ms,
-                # a request to a frozen leader times out and goes to the new one: a window
-                # waits for a leader's failover and this, not for the message time-out
-                "socket.timeout.ms": 5000,
+                # a request to a frozen broker times out and goes to the new leader: a window
+                # waits for the failover and about this, not for the message time-out
+                "socket.timeout.ms": 3000, "api.version.request.timeout.ms": 3000,
                 # a missing topic is known after 5 s: its rows are held, not retried 30 s
                 "topic.metadata.propagation.max.ms": 5000}
 
