@@ -423,9 +423,10 @@ def assert_exact_outcome(
     assert set(by_event) == {str(r) for r in row_ids}, "action-tracked is missing a row's event"
     assert all(len(ids) == 1 for ids in by_event.values()), "a row announced with 2 MessageIds"
     copies = Counter(record.json()["MessageId"] for record in tracked)
-    twice = [(r.partition, r.offset, r.json()["MessageId"]) for r in tracked
-             if copies[r.json()["MessageId"]] > 1]
-    assert not twice, f"events published twice (read_committed): {sorted(twice)[:20]}"
+    twice = sorted((r.json()["MessageId"], r.partition, r.offset) for r in tracked
+                   if copies[r.json()["MessageId"]] > 1)
+    assert not twice, f"{len(twice)} copies of events published twice (read_committed):" \
+                      f" {twice[:12]}"
 
     dlq = consume_all(settings, settings.topic_favorites_dlq,
                       expect_at_least=len(poison), timeout=60, settle=1.0)

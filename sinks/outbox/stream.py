@@ -82,7 +82,10 @@ class TransactionalStream:
         self._renew()
         progress = read_progress(self._settings.kafka_client_config(), self._topic, self._key)
         log_event(logger, "outbox-stream-opened", logging.INFO,
-                  transactional_id=self._key.decode(), progress_found=progress is not None)
+                  transactional_id=self._key.decode(), progress_found=progress is not None,
+                  delivered=None if progress is None else progress.delivered,
+                  sent=None if progress is None else len(progress.sent),
+                  target=None if progress is None else progress.target)
         return progress
 
     def publish(self, records: Sequence[Producible], progress: Progress,
