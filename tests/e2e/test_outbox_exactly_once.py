@@ -100,14 +100,18 @@ def test_a_job_killed_inside_the_outboxs_transaction_sends_each_row_once_to_read
     record_property: Any,
 ) -> None:
     settings = _settings(make_settings)
-    stream, deliveries = _backlog(settings, database_url, 20_000, seed=11)
+    stream = good_stream(settings, database_url, 20_000, seed=11)
+    producer = PacedProducer(settings, stream.records, rate=1_000)  # transactions all along
+    producer.start()
     job = jobs.job(settings)
     killed_inside = 0
     for _ in range(3):
         job.start()
         wait_until(lambda: _open_transaction(settings), 60, "a transaction of the outbox")
         killed_inside += _kill_inside_a_transaction(job, settings)
+        job.kill()  # (already, unless no transaction was seen open in time)
     job.start()
+    deliveries = producer.result()
     wait_until_drained(job, database_url, stream)
     shutdown = stop_job(job)
 
