@@ -23,6 +23,7 @@ import pytest
 
 from devenv.harness.jobs import JobSupervisor
 from devenv.harness.sessions import seed_owners
+from devenv.harness.stream import PacedProducer, Stream, good_record, good_stream
 from runtime.settings import Settings
 from schemas.dlq import HEADER_EXCEPTION_TYPE, HEADER_REASON, DlqReason
 from tests.chaos import (
@@ -30,13 +31,9 @@ from tests.chaos import (
     GOOD_TRACEPARENT,
     RETRIES,
     HealthMonitor,
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_log_events,
     count_rows,
-    good_record,
-    good_stream,
     poison_records,
     refuse_in_the_database,
     report,

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from devenv.harness.jobs import JobSupervisor
+from devenv.harness.stream import PacedProducer, good_stream
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
     count_log_events,
     count_rows,
-    good_stream,
     report,
     unpublished,
     wait_for_rows,

@@ -14,10 +14,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 
 from devenv.harness.jobs import JobSupervisor
+from devenv.harness.stream import PacedProducer, good_stream
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
-    good_stream,
     report,
     wait_for_rows,
     wait_until_drained,

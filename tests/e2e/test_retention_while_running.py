@@ -23,11 +23,10 @@ from cli.replay import replay
 from cli.topics import ensure_topics
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT, JobSupervisor
+from devenv.harness.stream import PacedProducer, good_stream
 from sources.kafka_input import StartPosition
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
-    good_stream,
     unpublished,
     wait_for_rows,
     wait_until_drained,

@@ -38,14 +38,12 @@ import pytest
 from devenv.harness.env import base_env
 from devenv.harness.jobs import ROOT, JobProcess, JobSupervisor
 from devenv.harness.ports import free_port
+from devenv.harness.stream import PacedProducer, Stream, good_stream
 from runtime.settings import Settings
 from tests.chaos import (
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_log_events,
     count_rows,
-    good_stream,
     report,
     unpublished,
 )

@@ -17,15 +17,13 @@ from typing import Any
 import pytest
 
 from devenv.harness.jobs import JobProcess, JobSupervisor
+from devenv.harness.stream import PacedProducer, Stream, good_stream
 from runtime.settings import Settings
 from runtime.shutdown import DEADLINE_MARGIN
 from tests.chaos import (
     Counts,
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_rows,
-    good_stream,
     report,
     wait_for_rows,
     wait_until_drained,

@@ -28,15 +28,14 @@ from dataflows.session_linking import build_flow as build_session_linking_flow
 from devenv.harness.jobs import SESSION_LINKING_FLOW, JobSupervisor, wait_until
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
+from devenv.harness.stream import PacedProducer, good_stream
 from devenv.otlp_receiver import OtlpReceiver, ReceivedSpan
 from runtime import tracing
 from runtime.tracing import Sampling
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
     count_log_events,
     fail_sign_in_batches_of,
-    good_stream,
     stop_job,
     wait_until_drained,
 )
