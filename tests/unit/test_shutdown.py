@@ -62,6 +62,17 @@ def test_a_stop_that_left_work_behind_exits_75_at_the_end() -> None:
     assert done.returncode == 75 and "ran on" in done.stdout
 
 
+def test_a_clean_stop_ends_with_one_stopped_line_and_a_run_without_a_stop_with_none() -> None:
+    done = _exit_code(
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr, format='%(message)s')\n"
+        "from runtime.shutdown import Shutdown\n"
+        "Shutdown().finish()\n"
+        "s = Shutdown(); s.request('SIGTERM'); s.finish(); print('ran on')\n")
+    assert done.returncode == 0 and "ran on" in done.stdout
+    assert done.stderr.split() == ["shutdown-requested", "stopped"]
+
+
 def test_a_restart_the_job_asks_for_is_a_clean_stop_that_exits_75_at_the_end() -> None:
     done = _exit_code(
         "import logging, sys\n"
