@@ -325,10 +325,12 @@ def report(record_property: Any, name: str, values: dict[str, Any]) -> None:
 
 
 def stop_job(job: JobProcess) -> dict[str, Any]:
-    """Stop the job the way Kubernetes does (a signal, then SIGKILL); how long it took."""
-    started = time.monotonic()
+    """Stop the job the way Kubernetes does (a signal, then SIGKILL); exit code, seconds.
+
+    The seconds are the job's own (its log timestamps; None without a stop's two lines).
+    """
     code = job.terminate()
-    return {"stop_s": round(time.monotonic() - started, 1), "stop_exit_code": code}
+    return {"stop_s": job.stop_seconds(), "stop_exit_code": code}
 
 
 def count_log_events(job: JobProcess, event: str, run: int | None = None) -> int:
