@@ -126,23 +126,20 @@ def test_a_standby_publisher_takes_over_when_the_lease_holder_stops(
 def test_offered_rows_are_published_without_waiting_for_the_poll(
     make_settings: SettingsFactory, db: psycopg.Connection[Any]
 ) -> None:
-    settings = make_settings(outbox_idle_poll_seconds=30)  # only the offer wakes it in time
+    settings = make_settings(outbox_idle_poll_seconds=600)  # only the offer wakes it in time
     publisher = OutboxPublisher(settings, process=Process())
     stop = start_publisher(publisher)
     _wait_for(lambda: publisher.holds_lease, 10)
-    time.sleep(0.5)  # the loop is now waiting out its 30 s poll
+    time.sleep(0.5)  # the loop is now waiting out its ten-minute poll
     rows = _committed_rows(db, settings.topic_action_tracked, 20)
 
-    offered = time.monotonic()
     publisher.offer(rows)
     consumed = consume_all(settings, settings.topic_action_tracked, expect_at_least=20,
-                           timeout=10)
-    waited = time.monotonic() - offered
+                           timeout=60)  # a liveness bound, far below the poll
     unpublished = _unpublished(db, rows)
     stop()
 
     assert len(consumed) == 20
-    assert waited < 5
     assert unpublished == 0
 
 
