@@ -9,12 +9,9 @@ liveness bounds. ``python -m bench --phases timing`` measures these times.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -135,34 +132,6 @@ def test_sigterm_while_the_job_starts_and_kafka_is_down_exits_within_the_grace(
         f"exit {stop_s} s after SIGTERM\n{job.log_tail(40)}")
 
 
-def _children(pid: int) -> list[int]:
-    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                            text=True, check=False).stdout.split()
-    return [int(child) for child in listed]
-
-
-def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):  # a backend may end meanwhile
-            os.kill(pid, sig)
-
-
-@contextlib.contextmanager
-def _frozen(postmaster: int) -> Iterator[None]:
-    """The server's processes (the postmaster and its children) stopped with SIGSTOP.
-
-    Always thawed, children first, and every child the postmaster has then: a checkpointer
-    left stopped hangs every later test's DROP DATABASE (seen once in CI).
-    """
-    pids = [postmaster, *_children(postmaster)]
-    try:
-        _signal(pids, signal.SIGSTOP)
-        yield
-    finally:
-        _signal(reversed(pids), signal.SIGCONT)
-        _signal([*_children(postmaster), postmaster], signal.SIGCONT)
-
-
 def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_kill(
     make_settings: SettingsFactory, jobs: JobSupervisor, postgres_server: Any,
 ) -> None:
@@ -177,7 +146,7 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
         pytest.skip("needs the suite's own PostgreSQL (external one configured)")
     settings = make_settings(stop_grace_seconds=5.0, db_statement_timeout_ms=1_000)
     job, stream, producer = _streaming(settings, jobs, seed=23)
-    with _frozen(postgres_server.pid):
+    with postgres_server.frozen():
         time.sleep(2)  # the worker is in a call the frozen server never answers
         code = job.terminate(sig=signal.SIGTERM)
     stop_s = job.stop_seconds(1)

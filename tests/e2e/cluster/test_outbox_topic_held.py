@@ -27,8 +27,8 @@ from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, JobSupervisor
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from devenv.kafka_cluster import ADMIN, KafkaCluster
+from devenv.prometheus_server import PrometheusServer, ScrapeTarget
 from runtime.settings import Settings
-from tests.prometheus_server import PrometheusServer, ScrapeTarget
 from tests.support import (
     Produced,
     action_rows,
