@@ -63,6 +63,28 @@ def merge_scale(results: dict[str, Any], previous: dict[str, Any] | None) -> Non
     results["scale"] = sorted(curve, key=lambda p: p.get("rows") or 0)
 
 
+_COMPUTED = frozenset({"meta", "ratios", "targets", "scale", "error"})
+
+
+def carry_over(results: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """The sections of ``previous`` (the file replaced) that this run did not measure.
+
+    ``meta.carried_over`` names, for each, the run it comes from, so a ``--phases timing`` run
+    keeps the full run's figures and a full run keeps the last timing figures.
+    """
+    if not previous:
+        return
+    before = previous.get("meta") or {}
+    origin = {"run_id": before.get("run_id"), "started_at": before.get("started_at")}
+    from_earlier = before.get("carried_over") or {}
+    carried = {key: from_earlier.get(key, origin) for key in previous
+               if key not in results and key not in _COMPUTED}
+    for key in carried:
+        results[key] = previous[key]
+    if carried:
+        results["meta"]["carried_over"] = carried
+
+
 def evaluate(results: dict[str, Any]) -> None:
     """Add ``ratios`` and ``targets`` (value, target, met) to ``results``."""
     name, job = best_job(results)
