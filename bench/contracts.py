@@ -243,10 +243,11 @@ def restart_caught_up(ctx: Context) -> Measured:
 
 
 def lag_alert(ctx: Context) -> Measured:
-    """PostgreSQL stopped under 5 favorites/s: seconds past the rule's threshold + hold to firing.
+    """PostgreSQL stopped under 5 favorites/s: seconds until Prometheus fires the lag alert.
 
     The lag rule of k8s/ at a 10 s threshold (240 s deployed) and its own 30 s hold, in
-    Prometheus scraping and evaluating every second.
+    Prometheus scraping and evaluating every second: due 40 s after the oldest favorite held
+    was created (it may be a little older than the outage).
     """
     name = ctx.fresh("lag-alert")
     settings = ctx.services.settings(name, ctx.database(name, sessions=200),
@@ -275,8 +276,9 @@ def lag_alert(ctx: Context) -> Measured:
                 _note_pids(ctx.services)
     finally:
         trickle.stop()
-    return Measured(round(fired - stopped - LAG_THRESHOLD - LAG_HOLD, 2),
-                    {"fired_after_s": round(fired - stopped, 2)})
+    return Measured(round(fired - stopped, 2),
+                    {"past_threshold_and_hold_s": round(fired - stopped - LAG_THRESHOLD - LAG_HOLD,
+                                                        2)})
 
 
 def stuck_consumer(ctx: Context) -> Measured:

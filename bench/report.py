@@ -69,20 +69,20 @@ _COMPUTED = frozenset({"meta", "ratios", "targets", "scale", "error"})
 def carry_over(results: dict[str, Any], previous: dict[str, Any] | None) -> None:
     """The sections of ``previous`` (the file replaced) that this run did not measure.
 
-    ``meta.carried_over`` names, for each, the run it comes from, so a ``--phases timing`` run
-    keeps the full run's figures and a full run keeps the last timing figures.
+    ``meta.carried_over`` names each one's run, ``meta.earlier_runs`` keeps those runs' own
+    ``meta``: a ``--phases timing`` run keeps the full run's figures and the other way round.
     """
-    if not previous:
-        return
-    before = previous.get("meta") or {}
-    origin = {"run_id": before.get("run_id"), "started_at": before.get("started_at")}
-    from_earlier = before.get("carried_over") or {}
-    carried = {key: from_earlier.get(key, origin) for key in previous
+    before = dict((previous or {}).get("meta") or {})
+    runs = {**(before.pop("earlier_runs", None) or {}), before.get("run_id"): before}
+    origins = before.pop("carried_over", None) or {}
+    carried = {key: origins.get(key, before.get("run_id")) for key in previous or {}
                if key not in results and key not in _COMPUTED}
     for key in carried:
-        results[key] = previous[key]
+        results[key] = (previous or {})[key]
     if carried:
         results["meta"]["carried_over"] = carried
+        results["meta"]["earlier_runs"] = {run: runs[run] for run in sorted(
+            set(carried.values()), key=str) if run in runs}
 
 
 def evaluate(results: dict[str, Any]) -> None:

@@ -47,9 +47,12 @@ def test_every_contract_has_its_own_name_and_a_positive_target() -> None:
     assert all(c.target > 0 and c.op in {"<", "<="} for c in CONTRACTS)
 
 
-def test_a_timing_run_keeps_the_full_runs_sections_and_says_where_they_come_from() -> None:
+def test_a_timing_run_keeps_the_full_runs_sections_and_the_meta_of_the_runs_they_come_from(
+) -> None:
+    full = {"run_id": "full", "args": {"rows": 2_000_000}}
     previous: dict[str, Any] = {
-        "meta": {"run_id": "full", "started_at": "t0", "carried_over": {"peer": {"run_id": "old"}}},
+        "meta": {**full, "carried_over": {"peer": "old"},
+                 "earlier_runs": {"old": {"run_id": "old"}, "older": {"run_id": "older"}}},
         "job": {"workers_1": {}}, "peer": {}, "targets": {}, "ratios": {}, "timing": {"old": 1}}
     results: dict[str, Any] = {"meta": {"run_id": "timing"}, "timing": {"new": 1}}
 
@@ -58,5 +61,13 @@ def test_a_timing_run_keeps_the_full_runs_sections_and_says_where_they_come_from
     assert results["timing"] == {"new": 1}
     assert results["job"] == {"workers_1": {}} and results["peer"] == {}
     assert "targets" not in results and "ratios" not in results
-    assert results["meta"]["carried_over"] == {
-        "job": {"run_id": "full", "started_at": "t0"}, "peer": {"run_id": "old"}}
+    assert results["meta"]["carried_over"] == {"job": "full", "peer": "old"}
+    assert results["meta"]["earlier_runs"] == {"full": full, "old": {"run_id": "old"}}
+
+
+def test_a_run_that_measures_everything_carries_nothing() -> None:
+    results: dict[str, Any] = {"meta": {"run_id": "new"}, "job": {}}
+
+    carry_over(results, {"meta": {"run_id": "old"}, "job": {"old": 1}})
+
+    assert results == {"meta": {"run_id": "new"}, "job": {}}
