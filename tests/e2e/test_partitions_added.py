@@ -64,7 +64,7 @@ def test_partitions_added_to_an_input_topic_are_read_after_the_job_restarts_itse
 
     job.start()  # what the supervisor does on exit code 75
     wait_until_drained(job, database_url, stream)
-    assert job.terminate(timeout=25) == 0
+    assert job.terminate() == 0
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
     report(record_property, "partitions-added", {

@@ -86,7 +86,7 @@ def test_cleanup_while_the_job_runs_with_redeliveries_and_a_replay_loses_and_dou
     job.wait_until(lambda: job.metric('user_activity_storage_expired_partitions{table="outbox"}',
                                       -1) == 0, 30, "the census to count no expired partition")
     assert job.metric('user_activity_storage_partition_days_ready{table="outbox"}') == 4
-    code = job.terminate(timeout=25)
+    code = job.terminate()
 
     assert code == 0, job.log_tail()
     assert "partitions created" in maintained.stdout or "holds the lock" in maintained.stdout

@@ -113,7 +113,7 @@ def test_a_topic_the_job_may_not_write_holds_back_its_rows_alone_until_granted(
         linking.wait_until(lambda: not _held(db, started_topic), 60, "the held rows to go out")
         started = consume_all(admin, started_topic, expect_at_least=SIGN_INS, settle=2.0)
         prom.wait_until(lambda: not _active(prom, started_topic), 60, f"{HELD} to resolve")
-        codes = [favorites.terminate(timeout=25), linking.terminate(timeout=25)]
+        codes = [favorites.terminate(), linking.terminate()]
 
     assert codes == [0, 0], favorites.log_tail() + linking.log_tail()
     assert sorted(r.json()["Payload"]["FavoriteId"] for r in tracked) == sorted(
