@@ -4,12 +4,11 @@ One template database holds ``--sessions`` sessions and ``--rows`` action_events
 phase runs on a copy of it: a warm-up job run (recorded apart), ``job`` (``-w`` of ``--workers``
 on a ``--messages`` backlog), ``scale`` (``-w 1`` on a template of ``--scale-rows`` rows),
 ``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady`` (latency while tailing), ``dedup``
-(RSS with ``--dedup-ids`` ids, then SIGKILL and restart); ``timing`` only when asked for (every
-timing contract alone, ``--timing-rounds`` times: bench/timing.py). ``--compare REF`` adds an
-interleaved A/B of the ``-w 1`` job against commit REF. Prints one table; writes ``--out``
-(default ``bench/results.json``) with ``targets`` and the ``scale`` curve (events/s per prefilled
-row count; points of other row counts kept from the file it replaces); the sections of phases
-this run did not run are kept from that file (``meta.carried_over``). Exit 1 if a phase failed.
+(RSS with ``--dedup-ids`` ids, then SIGKILL and restart); ``timing`` only when named
+(bench/timing.py). ``--compare REF`` adds an interleaved A/B of the ``-w 1`` job against commit
+REF. Prints one table; writes ``--out`` (``bench/results.json``) with ``targets``, the ``scale``
+curve (other row counts' points kept from the file it replaces) and that file's sections of
+phases this run did not run (``meta.carried_over``). Exit 1 if a phase failed.
 """
 
 from __future__ import annotations
