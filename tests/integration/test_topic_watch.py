@@ -22,6 +22,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from prometheus_client import REGISTRY
 
+from runtime.process import Process
 from runtime.shutdown import Shutdown
 from sources.topic import NO_AUTO_CREATE, TopicWatch, cleanup_policy, topic_id
 from tests.conftest import SettingsFactory
@@ -52,7 +53,7 @@ class _Restarts(Shutdown):
 def _watch(admin: AdminClient, topic: str, known_id: str | None = None,
            stopping: Shutdown | None = None) -> TopicWatch:
     return TopicWatch(admin, topic, partitions=6, known_id=known_id, interval=0.01,
-                      stopping=stopping or _Restarts())
+                      process=Process(stopping=stopping or _Restarts()))
 
 
 def _tick(watch: TopicWatch) -> None:
