@@ -28,6 +28,7 @@ from dataflows.session_linking.decode import SignInMessage
 from dataflows.session_linking.store import SessionLinksStore
 from devenv.harness.jobs import HttpAnswer, JobProcess
 from devenv.harness.messages import favorite_envelope
+from devenv.harness.metrics import metric_sum
 from devenv.harness.stream import Delivery, Outgoing, Stream, good_record
 from runtime.settings import Settings
 from schemas.dlq import (
@@ -45,6 +46,7 @@ from tests.support import Consumed, consume_all
 RETRIES = "user_activity_favorites_retries_total"
 DLQ_TOTAL = "user_activity_favorites_dlq_total"
 PAUSED_SECONDS = "user_activity_paused_seconds"
+PUBLISHED = "user_activity_outbox_published_total"
 GOOD_TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -123,6 +125,8 @@ class Sample:
     live: HttpAnswer | None
     retries: float | None
     paused_seconds: float | None
+    published: float | None = None
+    """Outbox rows the broker acknowledged so far (read after ``/readyz``)."""
 
     @property
     def ready_state(self) -> str | None:
@@ -130,7 +134,7 @@ class Sample:
 
 
 class HealthMonitor(threading.Thread):
-    """Samples ``/readyz``, ``/livez`` and ``/metrics`` every ``interval`` seconds."""
+    """Samples ``/readyz``, ``/livez`` and then ``/metrics`` every ``interval`` seconds."""
 
     def __init__(self, job: JobProcess, interval: float = 0.5) -> None:
         super().__init__(name="health-monitor", daemon=True)
@@ -141,10 +145,11 @@ class HealthMonitor(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
+            at, ready, live = time.monotonic(), self._job.get("/readyz"), self._job.get("/livez")
             metrics = self._job.metrics()
             self.samples.append(Sample(
-                time.monotonic(), self._job.get("/readyz"), self._job.get("/livez"),
-                metrics.get(RETRIES), metrics.get(PAUSED_SECONDS),
+                at, ready, live, metrics.get(RETRIES), metrics.get(PAUSED_SECONDS),
+                metric_sum(metrics, PUBLISHED) if metrics else None,
             ))
             self._done.wait(self._interval)
 

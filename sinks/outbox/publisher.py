@@ -230,7 +230,10 @@ class OutboxPublisher:
     def publish_offered(self) -> int:
         """The fast path: produce the offered rows from memory; how many were acknowledged.
 
-        A row not acknowledged here, or of a held topic, is left to the window.
+        A row not acknowledged here, or of a held topic, is left to the window. A failure of
+        Kafka itself (not of a record or a topic) ends the fast path with
+        :class:`DeliveryFailedError` after its chunk: the run loop's back-off is a pause on
+        ``kafka``, not one message time-out after another unsaid.
         """
         rows = self._take_offered()  # all of it: a row offered must not wait for the next window
         if not rows or not self.holds_lease or len(self._sent_early) >= _EARLY_MAX:
@@ -238,6 +241,7 @@ class OutboxPublisher:
         rows = [row for row in rows  # a window was quicker, or the topic is held back
                 if row.id not in self._sent_by_window and row.topic not in self._held]
         acknowledged: list[OutboxRow] = []
+        failed: KafkaError | None = None
         size = self._settings.outbox_batch_size
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
@@ -250,8 +254,14 @@ class OutboxPublisher:
                     acknowledged.append(row)
                 elif is_topic_error(err):
                     self._hold_topic(row.topic, err.name())
+                elif not is_record_error(err):
+                    failed = failed or err
+            if failed is not None:
+                break
         self._sent_early.update(row.id for row in acknowledged)
         _count_published(row.topic for row in acknowledged)
+        if failed is not None:
+            raise DeliveryFailedError(failed)
         return len(acknowledged)
 
     def publish_committed(self, grace: float = 0.0, *, slice_seconds: float | None = None) -> int:
