@@ -289,8 +289,8 @@ def stuck_consumer(ctx: Context) -> Measured:
     name = ctx.fresh("stuck")
     settings = ctx.services.settings(name, ctx.services.server_url, tail=True)
     topic, asked = settings.topic_favorite_added, _RestartRecorded()
-    part = KafkaInput(settings.kafka_client_config(), topic, process=Process(stopping=asked),
-                      tail=True, batch_size=50, stuck_after=STUCK_SECONDS).build_part(
+    part: Any = KafkaInput(settings.kafka_client_config(), topic, process=Process(stopping=asked),
+                           tail=True, batch_size=50, stuck_after=STUCK_SECONDS).build_part(
         "input", f"{topic}#0", None)
     try:
         _produce_to(settings, topic, 30)

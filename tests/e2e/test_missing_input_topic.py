@@ -17,17 +17,11 @@ from confluent_kafka.admin import AdminClient
 from cli import check
 from cli.topics import ensure_topics
 from devenv.harness.jobs import SESSION_LINKING_FLOW, JobProcess, JobSupervisor
+from devenv.harness.stream import PacedProducer, Stream, good_stream
 from runtime.bytewax_0_21.recovery import stored_keys
 from runtime.settings import Settings
 from sources.topic import NO_AUTO_CREATE
-from tests.chaos import (
-    PacedProducer,
-    Stream,
-    assert_exact_outcome,
-    count_rows,
-    good_stream,
-    wait_until_drained,
-)
+from tests.chaos import assert_exact_outcome, count_rows, wait_until_drained
 from tests.conftest import SettingsFactory
 
 pytestmark = pytest.mark.e2e
