@@ -63,6 +63,28 @@ def merge_scale(results: dict[str, Any], previous: dict[str, Any] | None) -> Non
     results["scale"] = sorted(curve, key=lambda p: p.get("rows") or 0)
 
 
+_COMPUTED = frozenset({"meta", "ratios", "targets", "scale", "error"})
+
+
+def carry_over(results: dict[str, Any], previous: dict[str, Any] | None) -> None:
+    """The sections of ``previous`` (the file replaced) that this run did not measure.
+
+    ``meta.carried_over`` names each one's run, ``meta.earlier_runs`` keeps those runs' own
+    ``meta``: a ``--phases timing`` run keeps the full run's figures and the other way round.
+    """
+    before = dict((previous or {}).get("meta") or {})
+    runs = {**(before.pop("earlier_runs", None) or {}), before.get("run_id"): before}
+    origins = before.pop("carried_over", None) or {}
+    carried = {key: origins.get(key, before.get("run_id")) for key in previous or {}
+               if key not in results and key not in _COMPUTED}
+    for key in carried:
+        results[key] = (previous or {})[key]
+    if carried:
+        results["meta"]["carried_over"] = carried
+        results["meta"]["earlier_runs"] = {run: runs[run] for run in sorted(
+            set(carried.values()), key=str) if run in runs}
+
+
 def evaluate(results: dict[str, Any]) -> None:
     """Add ``ratios`` and ``targets`` (value, target, met) to ``results``."""
     name, job = best_job(results)

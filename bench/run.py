@@ -4,10 +4,11 @@ One template database holds ``--sessions`` sessions and ``--rows`` action_events
 phase runs on a copy of it: a warm-up job run (recorded apart), ``job`` (``-w`` of ``--workers``
 on a ``--messages`` backlog), ``scale`` (``-w 1`` on a template of ``--scale-rows`` rows),
 ``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady`` (latency while tailing), ``dedup``
-(RSS with ``--dedup-ids`` ids, then SIGKILL and restart). ``--compare REF`` adds an interleaved
-A/B of the ``-w 1`` job against commit REF. Prints one table; writes ``--out`` (default
-``bench/results.json``) with ``targets`` and the ``scale`` curve (events/s per prefilled row
-count; points of other row counts kept from the file it replaces). Exit 1 if a phase failed.
+(RSS with ``--dedup-ids`` ids, then SIGKILL and restart); ``timing`` only when named
+(bench/timing.py). ``--compare REF`` adds an interleaved A/B of the ``-w 1`` job against commit
+REF. Prints one table; writes ``--out`` (``bench/results.json``) with ``targets``, the ``scale``
+curve (other row counts' points kept from the file it replaces) and that file's sections of
+phases this run did not run (``meta.carried_over``). Exit 1 if a phase failed.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from typing import Any
 
 from bench import phases
 from bench.baselines import run_ceiling, run_naive, run_peer
-from bench.report import evaluate, merge_scale, print_table
+from bench.report import carry_over, evaluate, merge_scale, print_table
 from bench.services import CpuSampler, Services, cpu_us_per_event, kill_all_jobs
+from bench.timing import CONTRACTS, print_timing, run_timing
 from bench.workload import EnvelopeFactory, make_backlog, make_sessions, prefill, produce_all
 from cli.migrate import apply_migrations
 from runtime.settings import Settings
 
-ALL_PHASES = ("job", "scale", "naive", "ceiling", "peer", "steady", "dedup")
+DEFAULT_PHASES = ("job", "scale", "naive", "ceiling", "peer", "steady", "dedup")
+ALL_PHASES = (*DEFAULT_PHASES, "timing")
 SIZES: dict[str, tuple[float, float, str]] = {  # the full run's, --small's, what it is
     "messages": (1_000_000, 2_000, "backlog size"), "sessions": (100_000, 500, "seeded sessions"),
     "steady_rate": (2000.0, 200.0, "events/s"), "steady_seconds": (60.0, 5.0, ""),
@@ -59,8 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(full),
                             help=f"{what} (default {full:g})")
     parser.add_argument("--workers", default="1,2", help="job worker counts (default 1,2)")
-    parser.add_argument("--phases", default=",".join(ALL_PHASES),
-                        help=f"comma list of {', '.join(ALL_PHASES)}")
+    parser.add_argument("--phases", default=",".join(DEFAULT_PHASES),
+                        help=f"comma list of {', '.join(ALL_PHASES)} (default: all but timing)")
+    parser.add_argument("--timing-rounds", type=int, default=3,
+                        help="timing: rounds of each contract (default 3)")
+    parser.add_argument("--timing-contracts", default="", metavar="NAME,...",
+                        help="timing: only these contracts (default all: "
+                             f"{', '.join(c.name for c in CONTRACTS)})")
     parser.add_argument("--small", action="store_true", help="tiny sizes (the test suite's)")
     parser.add_argument("--external", action="store_true",
                         help="use USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS / _DATABASE_URL")
@@ -83,6 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.phases = [p for p in str(args.phases).split(",") if p]
     if unknown := set(args.phases) - set(ALL_PHASES):
         parser.error(f"unknown phases: {sorted(unknown)}")
+    args.timing_contracts = [c for c in str(args.timing_contracts).split(",") if c]
+    if unknown := set(args.timing_contracts) - {c.name for c in CONTRACTS}:
+        parser.error(f"unknown timing contracts: {sorted(unknown)}")
     return args
 
 
@@ -121,15 +132,19 @@ class _Run:
         self.failed = False
         self.main_db: str | None = None
 
-    def setup(self) -> None:
-        """Services, the template database (sessions, prefilled rows), the backlog produced."""
-        args, meta, services = self.args, self.results["meta"], self.services
-        log(f"run {self.run_id}: starting services (external={args.external})")
+    def start_services(self) -> None:
+        """The run's Kafka and PostgreSQL (or the external ones)."""
+        meta, services = self.results["meta"], self.services
+        log(f"run {self.run_id}: starting services (external={self.args.external})")
         meta["service_start"] = services.start()
         meta["postgres"] = services.durability()
         if meta["postgres"]["fsync"] != "on":
             log(f"WARNING: PostgreSQL runs with {meta['postgres']}: the naive consumer's rate "
                 "and the WAL figures do not measure durable commits")
+
+    def setup(self) -> None:
+        """The template database (sessions, prefilled rows), the backlog produced."""
+        args, services = self.args, self.services
         log(f"template database: {args.sessions:,} sessions, {args.rows:,} action_events rows")
         self.sessions = make_sessions(args.sessions, self.rng)
         template_url = services.create_database("tpl")
@@ -250,10 +265,19 @@ class _Run:
         self.results["dedup"], self.results["restart"] = dedup, restart
         self.failed |= not (dedup["ok"] and restart["ok"])
 
+    def phase_timing(self) -> None:
+        args = self.args
+        self.results["timing"] = timing = run_timing(
+            self.services, rounds=args.timing_rounds, only=args.timing_contracts,
+            restart_backlog=args.restart_backlog, log=log)
+        self.failed |= any(c["met"] == "failed" for c in timing["contracts"].values())
+
     def execute(self) -> None:
         """Every phase asked for, in order (the warm-up first when a job phase runs)."""
-        self.setup()
+        self.start_services()
         wanted = [p for p in ALL_PHASES if p in self.args.phases]
+        if set(wanted) - {"timing"} or self.args.compare or self.args.compare_env:
+            self.setup()
         if self.args.compare or self.args.compare_env:
             wanted.insert(int("job" in wanted), "compare")
         if not self.args.no_warmup and {"job", "compare"} & set(wanted):
@@ -292,9 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             previous = json.loads(args.out.read_text())
         merge_scale(results, previous)
+        carry_over(results, previous)
         evaluate(results)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print_table(results)
+        if set(args.phases) - {"timing"} or args.compare or args.compare_env:
+            print_table(results)
+        print_timing(results.get("timing") or {})
         log(f"results written to {args.out}")
     return 1 if run.failed else 0

@@ -116,6 +116,8 @@ class Services:
         self.bootstrap = self.server_url = ""
         self.kafka_pid: int | None = None
         self.postmaster_pid: int | None = None
+        self.postgres: Any = None  # the run's own servers (None with external ones)
+        self.broker: Any = None
 
     def start(self) -> dict[str, float]:
         """Start (or find) the services; how long each took to start."""
@@ -129,7 +131,8 @@ class Services:
         from devenv.postgres_server import PostgresServer
 
         t0 = time.monotonic()
-        postgres = PostgresServer(self.run_dir / "postgres", settings=POSTGRES_SETTINGS)
+        postgres = self.postgres = PostgresServer(self.run_dir / "postgres",
+                                                  settings=POSTGRES_SETTINGS)
         self._owned.append(postgres)
         postgres.start()
         self.server_url, self.postmaster_pid = postgres.dsn("postgres"), postgres.pid
@@ -137,7 +140,7 @@ class Services:
         if self.durability()["fsync"] != "on":
             raise RuntimeError("the benchmark's PostgreSQL must run with fsync=on")
         t0 = time.monotonic()
-        broker = KafkaBroker(self.run_dir / "kafka")
+        broker = self.broker = KafkaBroker(self.run_dir / "kafka")
         self._owned.append(broker)
         self.bootstrap, self.kafka_pid = broker.start(), broker.pid
         return {**timings, "kafka_start_s": time.monotonic() - t0}

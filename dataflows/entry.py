@@ -54,7 +54,7 @@ def start_job(module: ModuleType, flow_id: str) -> Dataflow:
         recovery.watch(options.recovery_dir, settings.recovery_min_free_bytes)
     if not recovery.check_at_start(options, flow_id, tail=settings.tail):
         raise SystemExit(recovery.RECOVERY_REFUSED)
-    process = Process(Health(), Shutdown())
+    process = Process(Health(), Shutdown(), options.recovery_dir)
     process.stopping.grace = settings.stop_grace_seconds
     handled = install_signal_handlers(process.stopping)  # before /readyz answers
     try:

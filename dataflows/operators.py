@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 import bytewax.operators as op
@@ -17,6 +18,7 @@ from prometheus_client import Counter
 from dataflows.dedup import DedupState, DedupWindow
 from runtime import tracing
 from runtime.backoff import Backoff
+from runtime.bytewax_0_21 import recovery
 from runtime.logs import log_event
 from runtime.metrics import CONSUMER_ERRORS, DEDUP_FORGOTTEN_EARLY, DEDUP_IDS
 from runtime.process import Process
@@ -62,7 +64,8 @@ def kafka_inputs(flow: Dataflow, settings: Settings, inputs: list[tuple[str, str
             receive_max_bytes=settings.source_receive_max_bytes,
             partition_check=settings.source_partition_check_seconds, backoff=backoff,
             count_retry=retries.inc, consumer_group=consumer_group, flow=flow_name,
-            alignment=alignment))
+            alignment=alignment, stored_keys=partial(
+                recovery.stored_keys, process.recovery_dir, f"{flow.flow_id}.{step_id}")))
         for step_id, topic in inputs
     ]
     return streams[0] if len(streams) == 1 else op.merge("merge_inputs", *streams)

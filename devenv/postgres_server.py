@@ -12,15 +12,17 @@ CLI: ``python -m devenv.postgres_server start|stop|status [--run-dir DIR] [--dat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 from urllib.parse import quote
@@ -102,6 +104,18 @@ class _Executor(PostgreSQLExecutor):
 
     def clean_directory(self) -> None:
         """Never delete data implicitly (the executor does on GC); see PostgresServer.close."""
+
+
+def _children(pid: int) -> list[int]:
+    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                            text=True, check=False).stdout.split()
+    return [int(child) for child in listed]
+
+
+def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a backend may end meanwhile
+            os.kill(pid, sig)
 
 
 class PostgresServer:
@@ -205,6 +219,25 @@ class PostgresServer:
         self._end_guard()
         if self.is_running():
             self._executor.stop()
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server's processes (postmaster and children) stopped with SIGSTOP meanwhile.
+
+        Its kernel still accepts and acknowledges: a server that never answers. Always thawed,
+        children first, then every child it has by then (a checkpointer left stopped hangs
+        every later DROP DATABASE).
+        """
+        postmaster = self.pid
+        if postmaster is None:
+            raise RuntimeError("the server is not running")
+        pids = [postmaster, *_children(postmaster)]
+        try:
+            _signal(pids, signal.SIGSTOP)
+            yield
+        finally:
+            _signal(reversed(pids), signal.SIGCONT)
+            _signal([*_children(postmaster), postmaster], signal.SIGCONT)
 
     def close(self) -> None:
         """Stop the server and remove a private data directory or temporary run_dir."""

@@ -8,6 +8,7 @@ one event's lines with one ``write``.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
@@ -95,12 +96,30 @@ class RepeatThrottle(logging.Filter):
 _DIGITS = re.compile(r"\d+")
 
 
+class _DescriptorStream:
+    """Text written straight to a file descriptor, no buffer in between.
+
+    A line logged by a signal handler can interrupt the main thread's own write: through a
+    buffered file that is ``RuntimeError: reentrant call`` and the handler's line is lost.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, text: str) -> int:
+        """Write all of ``text`` (UTF-8)."""
+        left = memoryview(text.encode())
+        while left:
+            left = left[os.write(self._fd, left):]
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is held back."""
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Send JSON lines at ``level`` to stderr, each write at once; idempotent."""
-    stream = open(  # noqa: SIM115 - lives as long as the process
-        sys.stderr.fileno(), "w", encoding="utf-8", closefd=False)
-    stream.reconfigure(write_through=True)
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(_DescriptorStream(sys.stderr.fileno()))
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):

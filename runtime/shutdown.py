@@ -83,13 +83,19 @@ class Shutdown:
         self._unfinished.append(what)
 
     def finish(self) -> None:
-        """The end of a run: exit 75 now if a restart was asked for or work was left undone."""
+        """The end of a run: exit 75 now if a restart was asked for or work was left undone.
+
+        Every stop ends with one line: ``stopped`` (a clean stop), ``stopped-for-restart`` or
+        ``stopped-during-outage``.
+        """
         if self._unfinished:
             abandon("; ".join(self._unfinished))
         if self._restart is not None:
             log_event(logger, "stopped-for-restart", logging.WARNING, reason=self._restart,
                       exit_code=EXIT_RESTART)
             _exit_now()
+        if self.requested():
+            log_event(logger, "stopped", logging.WARNING, reason=self.signal)
 
 
 def abandon(why: str) -> None:

@@ -6,8 +6,9 @@ consumer group. Without a snapshot a partition starts at a :class:`StartPosition
 partitions share one consumer (:mod:`sources.consumer`). Consumer errors are items, never raised.
 Records deleted unread (``input-records-expired``) and offsets gone back (``input-offset-reset``)
 are said. A stop request ends every partition at its next poll. A consumer that stopped fetching
-(librdkafka#5153) is one line and exit 75. Undecodable batches: :mod:`sources.undecodable`,
-:mod:`sources.careful`.
+(librdkafka#5153) is one line and exit 75. A topic missing at start is read as placeholders that
+read nothing (:mod:`sources.topic` names it and asks for a restart once it exists). Undecodable
+batches: :mod:`sources.undecodable`, :mod:`sources.careful`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from __future__ import annotations
 import logging
 import operator
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as Tp
 from confluent_kafka.admin import AdminClient
 from typing_extensions import override
@@ -44,6 +45,8 @@ InputItem = SourceRecord | ConsumerError
 T = TypeVar("T")
 PartitionState = tuple[int | None, str] | int | None
 """A snapshot: the next offset and the topic's id (an offset alone when the id is unknown)."""
+_MISSING = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+_MISSING_POLL = timedelta(seconds=0.5)
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,12 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
                  fetch_wait_ms: int = 10, receive_max_bytes: int = 100_000_000,
                  partition_check: float = 0.0, backoff: Backoff | None = None,
                  count_retry: Callable[[], None] = lambda: None, consumer_group: str = "",
-                 flow: str = "", alignment: EventTimeAlignment | None = None) -> None:
-        """``stuck_after``, ``partition_check``: seconds between checks (0: none)."""
+                 flow: str = "", alignment: EventTimeAlignment | None = None,
+                 stored_keys: Callable[[], Iterable[str]] = tuple) -> None:
+        """``stuck_after``, ``partition_check``: seconds between checks (0: none).
+
+        ``stored_keys``: the partition keys the recovery store holds of this input.
+        """
         self.client_config: dict[str, Any] = dict(client_config)
         self.config = consumer_config(client_config, consumer_group, receive_max_bytes)
         self.topic, self.process, self.tail = topic, process, tail
@@ -81,39 +88,66 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
         self.fetch_wait_ms, self.partition_check = fetch_wait_ms, partition_check
         self.backoff, self.count_retry = backoff or Backoff(), count_retry
         self.commits, self.flow, self.alignment = bool(consumer_group), flow, alignment
+        self.stored_keys = stored_keys
         self.topic_id: str | None = None
         self.group_offsets: dict[int, int] = {}
         self.watch: TopicWatch | None = None
 
     @override
     def list_parts(self) -> list[str]:
-        """The topic's partitions; waits (back-off, forever) while Kafka is unreachable."""
+        """The topic's partitions; waits (back-off, forever) while Kafka is unreachable.
+
+        A topic the broker says is missing or refused lists partition 0 and the keys the store
+        holds of it, each read by a placeholder (Bytewax 0.21.1 panics on a stored key not
+        listed, and on an input with no partition at all).
+        """
         config: dict[str, Any] = {**self.client_config, "logger": LIBRDKAFKA_LOGGER,
                                   **NO_AUTO_CREATE}
         admin = AdminClient(config)
         partitions = self.retrying(lambda: self._partitions(admin))
+        if isinstance(partitions, str):
+            if self.watch is None or not self.watch.waits_for_topic:  # once for every worker
+                self.watch = TopicWatch(admin, self.topic, partitions=0, known_id=None,
+                                        interval=0, process=self.process, missing=partitions,
+                                        backoff=self.backoff if self.tail else None)
+            numbers = {int(key.rpartition("#")[2]) for key in self.stored_keys()
+                       if key.rpartition("#")[0] == self.topic}
+            return [f"{self.topic}#{p}" for p in sorted({0, *numbers})]
         self.topic_id = topic_id(admin, self.topic)
         group = self.start.group
         if group:
             self.group_offsets = self.retrying(
                 lambda: group_offsets(admin, group, self.topic, partitions))
         self.watch = TopicWatch(admin, self.topic, partitions=len(partitions),
-                                known_id=self.topic_id, stopping=self.process.stopping,
+                                known_id=self.topic_id, process=self.process,
                                 interval=self.partition_check if self.tail else 0)
         self.watch.cleanup(cleanup_policy(admin, self.topic))
         return [f"{self.topic}#{p}" for p in partitions]
 
-    def _partitions(self, admin: AdminClient) -> list[int]:
+    def _partitions(self, admin: AdminClient, *, again: bool = False) -> list[int] | str:
+        """The partitions, or the error of a topic missing or refused at two asks 1 s apart.
+
+        (A topic just made may not be known to every broker yet.)
+        """
         # short: on the main thread a SIGTERM's handler runs only between calls
         topic = admin.list_topics(self.topic, timeout=2.0).topics[self.topic]
-        if topic.error is not None:
-            raise KafkaException(topic.error)
-        return sorted(topic.partitions)
+        error = topic.error
+        if error is None:
+            return sorted(topic.partitions)
+        if error.code() not in _MISSING:
+            raise KafkaException(error)
+        if again:
+            return str(error.name())
+        self.process.stopping.wait(1.0)
+        return self._partitions(admin, again=True)
 
     @override
     def build_part(self, step_id: str, for_part: str, resume_state: PartitionState
-                   ) -> _KafkaPartition:
-        return _KafkaPartition(self, int(for_part.rpartition("#")[2]), resume_state)
+                   ) -> StatefulSourcePartition[InputItem, PartitionState]:
+        partition = int(for_part.rpartition("#")[2])
+        if self.watch is not None and self.watch.waits_for_topic:
+            return _MissingPartition(self, partition, resume_state)
+        return _KafkaPartition(self, partition, resume_state)
 
     def retrying(self, call: Callable[[], T]) -> T:
         """``call`` until Kafka answers: every ``KafkaException`` retried with back-off."""
@@ -129,6 +163,37 @@ class KafkaInput(FixedPartitionedSource[InputItem, PartitionState]):
                              backoff=self.backoff, on_retry=on_retry,
                              on_recovered=lambda _: health.resumed(waiter=name),
                              sleep=self.process.stopping.retry_sleep)
+
+
+class _MissingPartition(StatefulSourcePartition[InputItem, PartitionState]):
+    """A partition of a topic missing at start: reads nothing, keeps its snapshot as it was.
+
+    Partition 0's polls check for the topic; a bounded run ends it at once.
+    """
+
+    def __init__(self, src: KafkaInput, partition: int, resume_state: PartitionState) -> None:
+        self._src, self._state = src, resume_state
+        self._watch = src.watch if partition == 0 else None
+        self._awake: datetime | None = None
+
+    @override
+    def next_batch(self) -> list[InputItem]:
+        process = self._src.process
+        process.health.beat()
+        if process.stopping.requested() or not self._src.tail:
+            raise StopIteration
+        if self._watch is not None:
+            self._watch.check()
+        self._awake = datetime.now(UTC) + _MISSING_POLL
+        return []
+
+    @override
+    def next_awake(self) -> datetime | None:
+        return self._awake
+
+    @override
+    def snapshot(self) -> PartitionState:
+        return self._state
 
 
 class _KafkaPartition(StatefulSourcePartition[InputItem, PartitionState]):

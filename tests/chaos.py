@@ -1,16 +1,16 @@
 """The chaos harness: paced streams of good and poison favorites, and their exact outcome.
 
 Used by the chaos, clean-stop and rolling-restart tests (tests/e2e/): a :class:`Stream` of
-:class:`Outgoing` records (good ones of seeded owners, poison of every kind), produced at a steady
-rate by :class:`PacedProducer`; :class:`HealthMonitor` samples a running job's health and
-metrics; :func:`assert_exact_outcome` checks that every good message has exactly one row and its
-action-tracked event exactly once (read_committed), and that the DLQ holds exactly the poison.
+:class:`Outgoing` records (good ones of seeded owners: devenv/harness/stream.py; poison of
+every kind), produced at a steady rate by :class:`PacedProducer`;
+:class:`HealthMonitor` samples a running job's health and metrics; :func:`assert_exact_outcome`
+checks that every good message has exactly one row and its action-tracked event exactly once
+(read_committed), and that the DLQ holds exactly the poison.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
 import threading
 import time
@@ -23,13 +23,13 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
 
 from dataflows.session_linking.decode import SignInMessage
 from dataflows.session_linking.store import SessionLinksStore
 from devenv.harness.jobs import HttpAnswer, JobProcess
 from devenv.harness.messages import favorite_envelope
-from devenv.harness.sessions import seed_owners
+from devenv.harness.metrics import metric_sum
+from devenv.harness.stream import Delivery, Outgoing, Stream, good_record
 from runtime.settings import Settings
 from schemas.dlq import (
     HEADER_ATTEMPTS,
@@ -46,64 +46,8 @@ from tests.support import Consumed, consume_all
 RETRIES = "user_activity_favorites_retries_total"
 DLQ_TOTAL = "user_activity_favorites_dlq_total"
 PAUSED_SECONDS = "user_activity_paused_seconds"
+PUBLISHED = "user_activity_outbox_published_total"
 GOOD_TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-# ---- the stream ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """A record to produce, and what the job must make of it."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    message_id: uuid.UUID | None = None  # set for good messages (one row each)
-    reason: DlqReason | None = None  # set for poison (one dead letter each)
-    attempts: int = 1
-
-
-@dataclass
-class Stream:
-    """Good messages and poison, in production order."""
-
-    records: list[Outgoing]
-
-    @property
-    def good_ids(self) -> list[uuid.UUID]:
-        return [r.message_id for r in self.records if r.message_id is not None]
-
-    @property
-    def poison(self) -> list[Outgoing]:
-        return [r for r in self.records if r.reason is not None]
-
-
-def good_stream(settings: Settings, database_url: str, count: int, seed: int) -> Stream:
-    """``count`` valid favorites events of seeded owners on both topics (80 % guests)."""
-    rng = random.Random(seed)
-    devices, users = seed_owners(database_url, 400, 100)
-    return Stream([good_record(settings, rng, devices, users) for _ in range(count)])
-
-
-def good_record(
-    settings: Settings, rng: random.Random, devices: Sequence[uuid.UUID],
-    users: Sequence[uuid.UUID], *, headers: tuple[tuple[str, bytes], ...] = (),
-    reason: DlqReason | None = None,
-) -> Outgoing:
-    topic = (settings.topic_favorite_added if rng.random() < 0.7
-             else settings.topic_favorite_removed)
-    if rng.random() < 0.8:
-        envelope = favorite_envelope(anonymous_id=rng.choice(devices))
-    else:
-        envelope = favorite_envelope(user_id=rng.choice(users))
-    message_id = uuid.UUID(envelope["MessageId"])
-    return Outgoing(
-        topic, str(envelope["AggregateId"]).encode(), orjson.dumps(envelope), headers,
-        message_id=None if reason else message_id, reason=reason,
-        attempts=3 if reason else 1,
-    )
 
 
 def refuse_in_the_database(database_url: str, records: Sequence[Outgoing]) -> None:
@@ -169,96 +113,6 @@ def poison_records(settings: Settings, rng: random.Random, devices: Sequence[uui
     return records
 
 
-@dataclass
-class Delivery:
-    """Where the broker put a produced record."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-class PacedProducer(threading.Thread):
-    """Produces a stream at a steady rate in the background (a live upstream service).
-
-    Idempotent with a 5-minute delivery timeout, so a broker outage delays records but never
-    loses or duplicates them. ``deliveries[i]`` is where record ``i`` landed. ``overrides``:
-    librdkafka settings on top.
-    """
-
-    def __init__(self, settings: Settings, records: Sequence[Outgoing], rate: float,
-                 **overrides: Any) -> None:
-        super().__init__(name="paced-producer", daemon=True)
-        self._config = {
-            **settings.kafka_client_config(),
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "message.timeout.ms": 300_000,
-            "logger": logging.getLogger("tests.paced_producer"),  # not raw stderr
-            **overrides,
-        }
-        self._records = records
-        self._rate = rate
-        self.deliveries: list[Delivery | None] = [None] * len(records)
-        self.errors: list[str] = []
-        self.produced = 0
-        self.started_at = self.finished_at = 0.0
-        self._failure: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._produce()
-        except BaseException as exc:  # re-raised by result()
-            self._failure = exc
-
-    def _produce(self) -> None:
-        producer = Producer(self._config)
-        started = self.started_at = time.monotonic()
-        for index, record in enumerate(self._records):
-            due = started + index / self._rate
-            while (wait := due - time.monotonic()) > 0:
-                producer.poll(min(wait, 0.05))
-            while True:
-                try:
-                    producer.produce(
-                        record.topic, key=record.key, value=record.value,
-                        headers=list(record.headers), on_delivery=self._report(index),
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            self.produced = index + 1
-        remaining = producer.flush(300)
-        self.finished_at = time.monotonic()
-        if remaining:
-            self.errors.append(f"{remaining} records not delivered")
-
-    def _report(self, index: int) -> Any:
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                self.errors.append(err.name())
-                return
-            self.deliveries[index] = Delivery(msg.topic() or "", msg.partition() or 0,
-                                              msg.offset() or 0)
-        return on_delivery
-
-    @property
-    def seconds(self) -> float:
-        """How long producing and delivering everything took."""
-        return round(self.finished_at - self.started_at, 1)
-
-    def result(self, timeout: float = 320) -> list[Delivery]:
-        """Wait until every record is acknowledged; where each landed."""
-        self.join(timeout)
-        assert not self.is_alive(), "the producer did not finish"
-        if self._failure is not None:
-            raise self._failure
-        assert self.errors == []
-        assert all(d is not None for d in self.deliveries)
-        return [d for d in self.deliveries if d is not None]
-
-
 # ---- watching the job ------------------------------------------------------------------------
 
 
@@ -271,6 +125,8 @@ class Sample:
     live: HttpAnswer | None
     retries: float | None
     paused_seconds: float | None
+    published: float | None = None
+    """Outbox rows the broker acknowledged so far (read after ``/readyz``)."""
 
     @property
     def ready_state(self) -> str | None:
@@ -278,7 +134,7 @@ class Sample:
 
 
 class HealthMonitor(threading.Thread):
-    """Samples ``/readyz``, ``/livez`` and ``/metrics`` every ``interval`` seconds."""
+    """Samples ``/readyz``, ``/livez`` and then ``/metrics`` every ``interval`` seconds."""
 
     def __init__(self, job: JobProcess, interval: float = 0.5) -> None:
         super().__init__(name="health-monitor", daemon=True)
@@ -289,10 +145,11 @@ class HealthMonitor(threading.Thread):
 
     def run(self) -> None:
         while not self._done.is_set():
+            at, ready, live = time.monotonic(), self._job.get("/readyz"), self._job.get("/livez")
             metrics = self._job.metrics()
             self.samples.append(Sample(
-                time.monotonic(), self._job.get("/readyz"), self._job.get("/livez"),
-                metrics.get(RETRIES), metrics.get(PAUSED_SECONDS),
+                at, ready, live, metrics.get(RETRIES), metrics.get(PAUSED_SECONDS),
+                metric_sum(metrics, PUBLISHED) if metrics else None,
             ))
             self._done.wait(self._interval)
 
@@ -478,10 +335,12 @@ def report(record_property: Any, name: str, values: dict[str, Any]) -> None:
 
 
 def stop_job(job: JobProcess) -> dict[str, Any]:
-    """Stop the job the way Kubernetes does (a signal, then SIGKILL); how long it took."""
-    started = time.monotonic()
+    """Stop the job the way Kubernetes does (a signal, then SIGKILL); exit code, seconds.
+
+    The seconds are the job's own (its log timestamps; None without a stop's two lines).
+    """
     code = job.terminate()
-    return {"stop_s": round(time.monotonic() - started, 1), "stop_exit_code": code}
+    return {"stop_s": job.stop_seconds(), "stop_exit_code": code}
 
 
 def count_log_events(job: JobProcess, event: str, run: int | None = None) -> int:

@@ -7,19 +7,12 @@ This plugin gives each worker a disjoint share of ports (devenv.harness.ports), 
 tests of a module- or class-scoped fixture on one worker (an ``xdist_group``), and orders
 the work longest first by ``tests/durations.json`` (``--store-durations`` rewrites it), so
 the long e2e tests spread over the workers and the short ones fill the gaps at the end.
-
-Linux shares the CPU between sessions first (autogroups), then within each: every job and
-broker runs in a session of its own, so the four workers in one session had the share of one
-job between them. Each worker starts a session of its own; a test marked ``timing`` raises its
-worker's share (nice -5, as root) while it runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,8 +24,6 @@ UNIT = Path(__file__).with_name("unit")
 # the guess for a test not in DURATIONS yet, by the folder it is in
 _UNKNOWN = {"e2e": 15.0, "integration": 3.0}
 _MIN_STORED = 0.5  # seconds; shorter unit tests are all alike to the schedule
-_PRIORITY = -5  # nice of a ``timing`` test: three times the CPU share of a nice-0 process
-_AUTOGROUP = Path("/proc/self/autogroup")  # "/autogroup-123 nice 0"; write a nice to set it
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,8 +57,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # a crashed worker's replacement is numbered past the count: spare shares for it
         shares = 2 * int(worker["workercount"])
         use_port_share(int(worker["workerid"].removeprefix("gw")) % shares, shares)
-        with contextlib.suppress(OSError):  # a scheduling group of its own (module doc)
-            os.setsid()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -87,27 +76,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for unit in order for item in unit]  # sorted() is stable: ties keep order
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    """A ``timing`` test, and every process it starts, gets the CPU before the other workers.
-
-    Its bounds count process starts that the other workers' tests slow down on a 2-core
-    machine: with priority it sees the machine a test alone sees. Both the worker's session
-    (autogroup) and its test thread get nice -5 (raising a priority needs root).
-    """
-    if item.get_closest_marker("timing") is None or not hasattr(item.config, "workerinput") \
-            or os.geteuid() != 0:
-        return (yield)
-    before = os.getpriority(os.PRIO_PROCESS, 0), _group_nice()
-    os.setpriority(os.PRIO_PROCESS, 0, _PRIORITY)
-    _set_group_nice(_PRIORITY)
-    try:
-        return (yield)
-    finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before[0])
-        _set_group_nice(before[1])
-
-
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     nodeid = report.nodeid.split("@")[0]  # without the xdist_group suffix
     _measured[nodeid] = _measured.get(nodeid, 0.0) + report.duration
@@ -122,20 +90,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 _measured: dict[str, float] = {}  # setup + call + teardown seconds by test
-
-
-def _group_nice() -> int | None:
-    """The nice of the autogroup of this session (None without autogroups)."""
-    try:
-        return int(_AUTOGROUP.read_text().rsplit("nice", 1)[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _set_group_nice(nice: int | None) -> None:
-    if nice is not None:
-        with contextlib.suppress(OSError):
-            _AUTOGROUP.write_text(f"{nice}\n")
 
 
 def _shared_scope(item: pytest.Item) -> str | None:

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FAVORITES_FLOW = "dataflows.favorite_actions:flow"
 SESSION_LINKING_FLOW = "dataflows.session_linking:flow"
 _TAIL_BYTES = 200_000
+STOP_LIVENESS_SECONDS = 60.0
+"""How long :meth:`JobProcess.terminate` waits before SIGKILL: a stop ends itself by its grace
++ 5 s (runtime/shutdown.py), so only a job that never ends is killed."""
+STOP_ENDS = ("stopped", "stopped-for-restart", "stopped-during-outage")
+"""The line that ends every stop (runtime/shutdown.py): exit 0, a restart (75), unfinished (75)."""
 
 
 def alive(pid: int) -> bool:
@@ -191,7 +197,8 @@ class JobProcess:
         self.send_signal(signal.SIGKILL)
         return self.reap(30.0)
 
-    def terminate(self, timeout: float = 20.0, sig: signal.Signals = signal.SIGTERM) -> int | None:
+    def terminate(self, timeout: float = STOP_LIVENESS_SECONDS,
+                  sig: signal.Signals = signal.SIGTERM) -> int | None:
         """Stop the job as Kubernetes does: ``sig``, SIGKILL after ``timeout``; the exit code."""
         if self._proc is None:
             return None
@@ -268,6 +275,32 @@ class JobProcess:
                     if isinstance(parsed, dict):
                         events.append(parsed)
         return events
+
+    def logged_at(self, event: str, run: int | None = None, *, last: bool = False
+                  ) -> float | None:
+        """When the job logged its first (``last``: last) ``event`` line, by its own clock.
+
+        Epoch seconds of the line's ``ts`` (milliseconds) in start ``run`` (default: the
+        latest); None when there is no such line.
+        """
+        times = [datetime.fromisoformat(e["ts"]).timestamp()
+                 for e in self.log_events(run or len(self.log_paths))
+                 if e.get("event") == event and isinstance(e.get("ts"), str)]
+        return (times[-1] if last else times[0]) if times else None
+
+    def stop_ended_at(self, run: int | None = None) -> float | None:
+        """When the line that ended a stop (:data:`STOP_ENDS`) was logged, as :meth:`logged_at`."""
+        ends = [t for t in (self.logged_at(e, run, last=True) for e in STOP_ENDS) if t is not None]
+        return max(ends, default=None)
+
+    def stop_seconds(self, run: int | None = None) -> float | None:
+        """Seconds from ``shutdown-requested`` to the line that ended the stop (:data:`STOP_ENDS`).
+
+        Read from the job's log timestamps, which a busy harness cannot stretch; start ``run``
+        (default: the latest). None without a request or an end (a SIGKILL).
+        """
+        requested, ended = self.logged_at("shutdown-requested", run), self.stop_ended_at(run)
+        return None if requested is None or ended is None else round(ended - requested, 3)
 
     def log_tail(self, lines: int = 30, *, info: bool = False) -> str:
         """The end of the latest log (without its INFO lines unless ``info``), for messages."""

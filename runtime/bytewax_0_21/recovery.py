@@ -117,6 +117,26 @@ def _read_partition(path: Path) -> Partition:
     return Partition(path.name, int(row[0]), int(row[1]), steps)
 
 
+def stored_keys(directory: Path | None, step_id: str) -> frozenset[str]:
+    """The partition keys ``step_id`` has snapshots of in the store at ``directory``.
+
+    Bytewax 0.21.1 panics at start on a snapshot of a key its source does not list: a source
+    lists these even while their topic is missing. Unreadable partitions are skipped.
+    """
+    keys: set[str] = set()
+    for path in [] if directory is None else sorted(directory.glob(_PARTITION_GLOB)):
+        try:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+            try:
+                keys.update(key for (key,) in conn.execute(
+                    "SELECT DISTINCT state_key FROM snaps WHERE step_id = ?", (step_id,)))
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            continue
+    return frozenset(keys)
+
+
 def problems(options: RunOptions, store: Store | None, flow_id: str) -> list[str]:
     """Why the job must not start on this store (empty: it may; no store given: nothing)."""
     directory = options.recovery_dir

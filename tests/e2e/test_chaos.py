@@ -23,6 +23,7 @@ import pytest
 
 from devenv.harness.jobs import JobSupervisor
 from devenv.harness.sessions import seed_owners
+from devenv.harness.stream import PacedProducer, Stream, good_record, good_stream
 from runtime.settings import Settings
 from schemas.dlq import HEADER_EXCEPTION_TYPE, HEADER_REASON, DlqReason
 from tests.chaos import (
@@ -30,13 +31,9 @@ from tests.chaos import (
     GOOD_TRACEPARENT,
     RETRIES,
     HealthMonitor,
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_log_events,
     count_rows,
-    good_record,
-    good_stream,
     poison_records,
     refuse_in_the_database,
     report,
@@ -183,16 +180,27 @@ def test_kafka_broker_restart_mid_stream_loses_and_duplicates_nothing(
     samples = monitor.stop()
     shutdown = stop_job(job)
 
+    # Until the restarted broker acknowledges the job's records (the published count, read
+    # after each /readyz, passes what it was when the broker was started again), the job waits
+    # for Kafka: every 503 says paused, every waiter names Kafka (the input's consumers, and the
+    # outbox publisher once a delivery failed), and the input partitions are among them. Kafka
+    # back, a 503 is a wait for it or the outbox's backlog of the outage draining.
     outage = monitor.between(stopped, restarted)
-    paused = [s for s in outage if s.ready is not None and s.ready.status == 503]
+    before = max(s.published for s in monitor.between(stopped, starting)
+                 if s.published is not None)
+    waiting = [s for s in outage if s.published is not None and s.published <= before]
+    paused = [s for s in waiting if s.ready is not None and s.ready.status == 503]
     assert paused and all(s.ready_state == "paused" for s in paused), "no pause reported"
     bodies = [s.ready.json() for s in paused if s.ready is not None]
-    # The input's consumers wait for Kafka, and past message.timeout.ms (30 s) so does the
-    # outbox publisher: every waiter names Kafka, and the input partitions are among them.
     assert {b["dependency"] for b in bodies} == {"kafka"}
     assert all(set(b["waiting"].values()) == {"kafka"} for b in bodies)
     assert any(waiter.startswith(f"{settings.topic_favorite_added}[") for b in bodies
                for waiter in b["waiting"])
+    back = [s.ready.json() for s in outage if s.published is not None and s.published > before
+            and s.ready is not None and s.ready.status == 503]
+    assert all(set(b["waiting"].values()) == {"kafka"} if b["state"] == "paused"
+               else b["state"] == "stalled" and set(b["stalled"]) == {"outbox"}
+               for b in back), back
     steady = monitor.between(paused[0].at, starting)
     assert all(s.ready_state == "paused" for s in steady), "readyz flapped while Kafka was down"
     assert all(s.live is not None and s.live.status == 200 for s in samples), "livez failed"

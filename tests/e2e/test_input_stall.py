@@ -15,8 +15,8 @@ from confluent_kafka import Producer
 from devenv.harness.jobs import JobProcess, JobSupervisor
 from devenv.harness.messages import favorite_envelope, new_id
 from devenv.harness.sessions import insert_session
+from devenv.prometheus_server import PrometheusServer, ScrapeTarget
 from tests.conftest import SettingsFactory
-from tests.prometheus_server import PrometheusServer, ScrapeTarget
 
 pytestmark = pytest.mark.e2e
 

@@ -22,16 +22,13 @@ from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from devenv.harness.jobs import JobProcess, JobSupervisor, wait_until
+from devenv.harness.stream import Delivery, PacedProducer, Stream, good_stream
 from runtime.process import Process
 from runtime.settings import Settings
 from sinks.outbox import OutboxPublisher
 from tests.chaos import (
-    Delivery,
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_log_events,
-    good_stream,
     report,
     stop_job,
     wait_until_drained,

@@ -14,10 +14,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 
 from devenv.harness.jobs import JobSupervisor
+from devenv.harness.stream import PacedProducer, good_stream
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
-    good_stream,
     report,
     wait_for_rows,
     wait_until_drained,
@@ -65,7 +64,7 @@ def test_partitions_added_to_an_input_topic_are_read_after_the_job_restarts_itse
 
     job.start()  # what the supervisor does on exit code 75
     wait_until_drained(job, database_url, stream)
-    assert job.terminate(timeout=25) == 0
+    assert job.terminate() == 0
     counts = assert_exact_outcome(settings, database_url, stream, deliveries)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
     report(record_property, "partitions-added", {

@@ -1,6 +1,6 @@
 """The alert rules and the dashboard, live: a real Prometheus scrapes the real jobs.
 
-Debian's ``prometheus`` (tests/prometheus_server.py) scrapes the favorites job and the
+Debian's ``prometheus`` (devenv/prometheus_server.py) scrapes the favorites job and the
 session-linking job (devenv/harness/jobs.py, Bytewax's API server on) every second and evaluates
 k8s/prometheus-rules.yaml as it is, every second. A publisher stall is caused the way it happens
 in production: the broker refuses writes to the action-tracked topic while reads go on and
@@ -46,9 +46,9 @@ from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, supervised_jobs
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
+from devenv.prometheus_server import ApiJob, PrometheusServer
 from runtime.settings import Settings
 from tests.conftest import SettingsFactory
-from tests.prometheus_server import ApiJob, PrometheusServer
 from tests.support import Produced, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e

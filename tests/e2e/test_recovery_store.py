@@ -18,11 +18,10 @@ import pytest
 
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, JobProcess, JobSupervisor
+from devenv.harness.stream import PacedProducer, good_stream
 from runtime.bytewax_0_21.recovery import RECOVERY_REFUSED, read_store
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
-    good_stream,
     wait_until_drained,
 )
 from tests.conftest import SettingsFactory

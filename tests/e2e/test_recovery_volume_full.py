@@ -24,12 +24,11 @@ import pytest
 
 from devenv.harness.env import settings_env
 from devenv.harness.jobs import ROOT, JobProcess, JobSupervisor, wait_until
+from devenv.harness.stream import PacedProducer, good_stream
 from runtime.bytewax_0_21.recovery import RECOVERY_VOLUME_FULL
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
     count_rows,
-    good_stream,
     stop_job,
     wait_for_rows,
     wait_until_drained,

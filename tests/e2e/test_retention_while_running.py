@@ -23,11 +23,10 @@ from cli.replay import replay
 from cli.topics import ensure_topics
 from devenv.harness.env import base_env, settings_env
 from devenv.harness.jobs import ROOT, JobSupervisor
+from devenv.harness.stream import PacedProducer, good_stream
 from sources.kafka_input import StartPosition
 from tests.chaos import (
-    PacedProducer,
     assert_exact_outcome,
-    good_stream,
     unpublished,
     wait_for_rows,
     wait_until_drained,
@@ -87,7 +86,7 @@ def test_cleanup_while_the_job_runs_with_redeliveries_and_a_replay_loses_and_dou
     job.wait_until(lambda: job.metric('user_activity_storage_expired_partitions{table="outbox"}',
                                       -1) == 0, 30, "the census to count no expired partition")
     assert job.metric('user_activity_storage_partition_days_ready{table="outbox"}') == 4
-    code = job.terminate(timeout=25)
+    code = job.terminate()
 
     assert code == 0, job.log_tail()
     assert "partitions created" in maintained.stdout or "holds the lock" in maintained.stdout

@@ -13,7 +13,8 @@ the pods' volumes), its own HTTP port, ``-s 2``. While a paced stream is produce
 What each step did (exit codes, seconds until exit, the log lines that matter, records replayed
 after each start = its ``skipped-duplicate`` events) is printed (``pytest -s``) and recorded as
 properties. Asserted is only what must hold: every message exactly one row, exactly one
-action-tracked MessageId per row, an empty DLQ, no process left running.
+action-tracked MessageId per row, an empty DLQ, no process left running, and a stop of one
+process ending both within 10 s by the processes' own log timestamps (one host, one clock).
 
 Bytewax 0.21.1 completes a cluster only when every worker's inputs have ended, so a SIGTERM to
 ONE process used to end its inputs only: it kept running until the SIGKILL at 30 s (exit -9),
@@ -38,14 +39,12 @@ import pytest
 from devenv.harness.env import base_env
 from devenv.harness.jobs import ROOT, JobProcess, JobSupervisor
 from devenv.harness.ports import free_port
+from devenv.harness.stream import PacedProducer, Stream, good_stream
 from runtime.settings import Settings
 from tests.chaos import (
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_log_events,
     count_rows,
-    good_stream,
     report,
     unpublished,
 )
@@ -55,8 +54,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 GRACE_SECONDS = 30.0
 """The pods' terminationGracePeriodSeconds: SIGTERM, then SIGKILL."""
-PEER_WATCH_SECONDS = 15.0
-"""How long the other process is watched after one has exited."""
+PEER_WATCH_SECONDS = 60.0
+"""How long the other process is watched after one has exited (a liveness bound)."""
 LOG_MARKERS = ("panic", "Panic", "Error", "error", "MissingPartitions", "timely")
 
 
@@ -186,6 +185,18 @@ def stop_like_kubernetes(stopping: Sequence[ClusterMember], others: Sequence[Clu
     return outcome
 
 
+def stop_took(stopped: ClusterMember, members: Sequence[ClusterMember]) -> float | None:
+    """Seconds from ``stopped``'s stop request to the end of the last member's stop.
+
+    By the processes' own log timestamps (their latest starts); None if a line is missing.
+    """
+    requested = stopped.logged_at("shutdown-requested")
+    ends = [m.stop_ended_at() for m in members]
+    if requested is None or None in ends:
+        return None
+    return round(max(t for t in ends if t is not None) - requested, 3)
+
+
 def per_start(member: ClusterMember, event: str) -> list[int]:
     """How many ``event`` log lines each start of ``member`` wrote.
 
@@ -243,6 +254,7 @@ def test_rolling_restart_of_a_2_process_cluster_records_every_message_exactly_on
         outcome: dict[str, Any] = {"rows_at_sigterm": rows(),
                                    "produced_at_sigterm": producer.produced}
         outcome |= stop_like_kubernetes([stopped], [peer], rows)
+        outcome["stop_s_by_the_jobs"] = stop_took(stopped, members)
         # Kubernetes restarts the stopped pod; a container that exited is restarted as well.
         restarted = [m for m in members if not m.running]
         rows_at_start = rows()
@@ -264,7 +276,8 @@ def test_rolling_restart_of_a_2_process_cluster_records_every_message_exactly_on
     # The stop of one pod reaches its peer: both end cleanly within seconds, nothing replayed.
     assert {m.index: m.exit_codes for m in members} == {0: [0, 0, 0], 1: [0, 0, 0]}
     for step in ("stop_p1", "stop_p0"):
-        assert max(v for k, v in steps[step].items() if k.endswith("_exit_s")) < 10, steps[step]
+        took = steps[step]["stop_s_by_the_jobs"]
+        assert took is not None and took < 10, steps[step]
     assert all(per_start(m, "skipped-duplicate") == [0, 0, 0] for m in members)
     report(record_property, "rolling-restart", {
         **steps,

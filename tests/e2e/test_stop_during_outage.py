@@ -1,31 +1,29 @@
 """SIGTERM while PostgreSQL or Kafka is down: the job stops within the pod's grace, loses nothing.
 
 A stop cannot commit or publish through an outage. Kubernetes kills a pod 30 s after SIGTERM
-(``terminationGracePeriodSeconds``), so the job must not wait for the outage to end.
+(``terminationGracePeriodSeconds``), so the job must not wait for the outage to end. How long a
+stop took is read from the job's own log timestamps (``shutdown-requested`` to the line that
+ended it), which a busy machine running the harness cannot stretch; the harness's own waits are
+liveness bounds. ``python -m bench --phases timing`` measures these times.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
 
 from devenv.harness.jobs import JobProcess, JobSupervisor
+from devenv.harness.stream import PacedProducer, Stream, good_stream
 from runtime.settings import Settings
 from runtime.shutdown import DEADLINE_MARGIN
 from tests.chaos import (
     Counts,
-    PacedProducer,
-    Stream,
     assert_exact_outcome,
     count_rows,
-    good_stream,
     report,
     wait_for_rows,
     wait_until_drained,
@@ -74,7 +72,7 @@ def _restarted_exactly_once(settings: Settings, job: JobProcess, stream: Stream,
     job.start()
     deliveries = producer.result()
     wait_until_drained(job, database_url, stream)
-    assert job.terminate(timeout=25) == 0
+    assert job.terminate() == 0
     return assert_exact_outcome(settings, database_url, stream, deliveries)
 
 
@@ -92,15 +90,16 @@ def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_lose
     server.stop()
     try:
         job.wait_until(lambda: _paused_on(job, down), 60, f"/readyz paused on {down}")
-        started = time.monotonic()
-        code = job.terminate(timeout=40, sig=signal.SIGTERM)
-        stop_s = time.monotonic() - started
+        code = job.terminate(sig=signal.SIGTERM)
     finally:
         server.start()
     events = [e.get("event") for e in job.log_events(1)]
-    report(record_property, f"sigterm-during-{down}-outage", {"stop_s": round(stop_s, 1),
+    stop_s = job.stop_seconds(1)
+    report(record_property, f"sigterm-during-{down}-outage", {"stop_s": stop_s,
                                                               "exit_code": code})
-    assert stop_s < 25, f"took {stop_s:.1f} s (the pod is killed at 30 s)"
+    # ended by the retry loops' grace, before the deadline (the pod is killed at 30 s)
+    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN, (
+        stop_s, job.log_tail())
     # Kafka down: the consumer cannot leave (librdkafka's close waits for the broker), so the
     # stop is unfinished whatever the outbox holds; PostgreSQL down: a batch is in flight.
     assert code == 75, (code, job.log_tail())
@@ -124,42 +123,13 @@ def test_sigterm_while_the_job_starts_and_kafka_is_down_exits_within_the_grace(
     job = jobs.job(settings)
     job.start()  # /livez answers while the partitions are waited for
     time.sleep(3)
-    started = time.monotonic()
 
-    code = job.terminate(timeout=60, sig=signal.SIGTERM)
+    code = job.terminate(sig=signal.SIGTERM)
 
-    took = time.monotonic() - started
+    stop_s = job.stop_seconds()
     assert code == 75, job.log_tail()
-    assert took < settings.stop_grace_seconds + 4, (
-        f"exit {took:.1f} s after SIGTERM\n{job.log_tail(40)}")
-
-
-def _children(pid: int) -> list[int]:
-    listed = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
-                            text=True, check=False).stdout.split()
-    return [int(child) for child in listed]
-
-
-def _signal(pids: Iterable[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):  # a backend may end meanwhile
-            os.kill(pid, sig)
-
-
-@contextlib.contextmanager
-def _frozen(postmaster: int) -> Iterator[None]:
-    """The server's processes (the postmaster and its children) stopped with SIGSTOP.
-
-    Always thawed, children first, and every child the postmaster has then: a checkpointer
-    left stopped hangs every later test's DROP DATABASE (seen once in CI).
-    """
-    pids = [postmaster, *_children(postmaster)]
-    try:
-        _signal(pids, signal.SIGSTOP)
-        yield
-    finally:
-        _signal(reversed(pids), signal.SIGCONT)
-        _signal([*_children(postmaster), postmaster], signal.SIGCONT)
+    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN, (
+        f"exit {stop_s} s after SIGTERM\n{job.log_tail(40)}")
 
 
 def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_kill(
@@ -176,13 +146,14 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
         pytest.skip("needs the suite's own PostgreSQL (external one configured)")
     settings = make_settings(stop_grace_seconds=5.0, db_statement_timeout_ms=1_000)
     job, stream, producer = _streaming(settings, jobs, seed=23)
-    with _frozen(postgres_server.pid):
+    with postgres_server.frozen():
         time.sleep(2)  # the worker is in a call the frozen server never answers
-        started = time.monotonic()
-        code = job.terminate(timeout=40, sig=signal.SIGTERM)
-        took = time.monotonic() - started
+        code = job.terminate(sig=signal.SIGTERM)
+    stop_s = job.stop_seconds(1)
     assert code == 75, job.log_tail()
-    assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
+    # the deadline's own line comes as its sleep ends: a second is ample
+    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN + 1, (
+        stop_s, job.log_tail())
     assert "stopped-during-outage" in [e.get("event") for e in job.log_events(1)]
     counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
@@ -201,7 +172,8 @@ def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck
     partition that read nothing for ``source_stuck_seconds`` asks for its watermarks, and a
     query with no answer within a second pauses the worker on kafka (3 s here, 30 s deployed,
     as PostgreSQL's statement timeout plus 5 s): ``/readyz`` 503, ``/livez`` 200; a stop ends
-    within the grace, and the next start loses nothing and records nothing twice.
+    within the grace, and the next start loses nothing and records nothing twice. The wait for
+    the pause is a liveness bound, ten times the check's 4 s and more; the bench measures it.
     """
     if kafka_broker is None or kafka_broker.pid is None:
         pytest.skip("an external broker cannot be frozen by the suite")
@@ -211,21 +183,18 @@ def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck
     pid = kafka_broker.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        frozen_at = time.monotonic()
-        job.wait_until(lambda: _paused_on(job, "kafka"), 45, "/readyz paused on kafka")
-        said_after = time.monotonic() - frozen_at
+        said_after = job.wait_until(lambda: _paused_on(job, "kafka"), 45,
+                                    "/readyz paused on kafka")
         livez = job.get("/livez")
         assert livez is not None and livez.status == 200, "a frozen broker is no reason to restart"
-        started = time.monotonic()
-        code = job.terminate(timeout=40, sig=signal.SIGTERM)
-        took = time.monotonic() - started
+        code = job.terminate(sig=signal.SIGTERM)
     finally:
         os.kill(pid, signal.SIGCONT)
+    stop_s = job.stop_seconds(1)
     report(record_property, "frozen-broker", {"said_after_s": round(said_after, 1),
-                                              "stop_s": round(took, 1), "exit_code": code})
-    # nothing read for 3 s, then a query unanswered for 1 s, then a poll of /readyz
-    assert said_after < settings.source_stuck_seconds + 1 + 3, f"{said_after:.1f} s"
-    assert took < settings.stop_grace_seconds + DEADLINE_MARGIN + 4, f"{took:.1f} s"
+                                              "stop_s": stop_s, "exit_code": code})
+    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN + 1, (
+        stop_s, job.log_tail())
     assert code in {0, 75}, job.log_tail()
     counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)

@@ -15,14 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
 
-from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, JobProcess, JobSupervisor
+from devenv.harness.jobs import SESSION_LINKING_FLOW, JobProcess, JobSupervisor
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
+from devenv.prometheus_server import ApiJob, PrometheusServer, one_rule
 from runtime.settings import Settings
 from tests.conftest import SettingsFactory
-from tests.prometheus_server import ApiJob, PrometheusServer
 from tests.support import Produced, consume_all, envelope_record, produce
 
 pytestmark = pytest.mark.e2e
@@ -197,19 +196,6 @@ def _applied(job: JobProcess) -> float:
                                           "late-conflict", "superseded"))
 
 
-def _lag_rule(workdir: Path, threshold: float) -> Path:
-    """k8s's favorites lag alert, its threshold and hold shortened for a test."""
-    rules = yaml.safe_load((ROOT / "k8s" / "prometheus-rules.yaml").read_text())
-    [rule] = [r for g in rules["groups"] for r in g["rules"]
-              if r.get("alert") == "UserActivityFavoritesLagHigh"]
-    expr = rule["expr"]
-    assert expr.count("> 240") == 1, expr
-    rule["expr"], rule["for"] = expr.replace("> 240", f"> {threshold:g}"), "1s"
-    path = workdir / "lag-rule.yaml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "lag", "rules": [rule]}]}))
-    return path
-
-
 def test_the_lag_gauge_and_alert_see_a_postgres_outage_under_a_trickle(
     make_settings: SettingsFactory, db: psycopg.Connection[Any], postgres_server: Any,
     tmp_path: Path,
@@ -226,8 +212,9 @@ def test_the_lag_gauge_and_alert_see_a_postgres_outage_under_a_trickle(
     for device in devices:
         insert_session(db, anonymous_id=device)
     job = ApiJob(settings, tmp_path / "job")
+    rule = one_rule(tmp_path, "UserActivityFavoritesLagHigh", threshold=8, hold="1s")
     prometheus = PrometheusServer(tmp_path / "prometheus", job.scrape_targets("favorites-0"),
-                                  [_lag_rule(tmp_path, 8)])
+                                  [rule])
     try:
         job.start()
         prometheus.start()

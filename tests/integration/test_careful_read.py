@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from runtime.process import Process
 from schemas.kafka_record import SourceRecord
 from sources.careful import CarefulReader, count_start, parse
-from sources.kafka_input import KafkaInput, StartPosition
+from sources.kafka_input import KafkaInput, StartPosition, _KafkaPartition
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce
 
@@ -123,7 +123,7 @@ def test_after_two_careful_starts_died_fetching_one_offset_the_next_skips_its_re
                       consumer_group=group).build_part("input", f"{topic}#0", 0)
     offsets: list[int] = []
     try:
-        assert part._careful is not None
+        assert isinstance(part, _KafkaPartition) and part._careful is not None
         deadline = time.monotonic() + 30
         while part._careful is not None:
             assert time.monotonic() < deadline, f"read {offsets}"
@@ -172,7 +172,8 @@ def test_careful_partitions_of_a_process_take_turns_so_only_one_leaves_a_mark(
     parts = [source.build_part("input", f"{topic}#{p}", 0) for p in (0, 1)]
     read: dict[int, list[int]] = {0: [], 1: []}
     try:
-        assert all(part._careful is not None for part in parts)
+        assert all(isinstance(part, _KafkaPartition) and part._careful is not None
+                   for part in parts)
         deadline = time.monotonic() + 30
         while len(read[0]) + len(read[1]) < 2:
             assert time.monotonic() < deadline, read

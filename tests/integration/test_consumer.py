@@ -17,7 +17,7 @@ import pytest
 from runtime.backoff import Backoff
 from runtime.process import Process
 from schemas.kafka_record import SourceRecord
-from sources.kafka_input import KafkaInput
+from sources.kafka_input import KafkaInput, _KafkaPartition
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce
 
@@ -99,7 +99,7 @@ def test_a_partition_that_leaves_does_not_stop_the_others_and_the_last_one_close
         again = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
                            tail=True).build_part(
             "input", f"{topic}#0", 10)
-        assert again._shared is shared
+        assert isinstance(again, _KafkaPartition) and again._shared is shared
         assert [r.offset for r in _read_round_robin([again], 10, 30)[topic, 0]] == list(
             range(10, 20))
         again.close()

@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY
 
 from runtime.process import Process
 from schemas.kafka_record import SourceRecord
-from sources.kafka_input import KafkaInput
+from sources.kafka_input import KafkaInput, _KafkaPartition
 from sources.progress import INPUT_PROGRESS
 from sources.topic import cleanup_policy
 from tests.conftest import SettingsFactory
@@ -156,6 +156,7 @@ def test_records_deleted_up_to_the_partitions_end_while_the_job_was_stopped_are_
     part = KafkaInput(settings.kafka_client_config(), topic, process=Process(),
                       tail=True, flow="favorites",
                       stuck_after=0).build_part("input", f"{topic}#0", 5)
+    assert isinstance(part, _KafkaPartition)
     try:
         deadline = time.monotonic() + 30
         while (state := part.snapshot()) != 20 and not (isinstance(state, tuple)

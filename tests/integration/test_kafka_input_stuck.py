@@ -16,7 +16,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from runtime.process import Process
 from schemas.kafka_record import SourceRecord
-from sources.kafka_input import KafkaInput
+from sources.kafka_input import KafkaInput, _KafkaPartition
 from tests.conftest import SettingsFactory
 from tests.support import Produced, produce
 
@@ -56,6 +56,7 @@ def test_a_partition_whose_consumer_stopped_fetching_asks_for_a_restart_once(
                       process=_process(restarts, stop=True), tail=True, batch_size=50,
                       stuck_after=2.0,
                       count_retry=lambda: retries.append(1)).build_part("input", f"{topic}#0", None)
+    assert isinstance(part, _KafkaPartition)
     try:
         produce(settings, [Produced(topic, b"k", b"{}", partition=0) for _ in range(30)])
         assert _read(part, 30, 30) == list(range(30))

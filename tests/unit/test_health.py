@@ -150,6 +150,25 @@ def test_a_long_pause_is_never_dead(health: Health) -> None:
     assert health.snapshot().state == "paused"
 
 
+def test_a_stall_while_a_waiter_is_paused_is_a_pause_on_its_dependency(health: Health) -> None:
+    # A Kafka outage outlasting the outbox's stall bound: the stall is the outage's as long as
+    # a waiter (an input partition, the outbox publisher) still waits for Kafka.
+    health.paused("kafka", 3, "_TRANSPORT", waiter="favorite-added[0]")
+    health.paused("kafka", 1, "DeliveryFailedError", waiter="outbox")
+    health.stalled("outbox", "oldest unpublished outbox row is 65s old (> 60s)")
+
+    health.resumed(waiter="favorite-added[0]")  # its metadata probe answered
+    snap = health.snapshot()
+    assert (snap.state, snap.dependency, snap.waiting) == ("paused", "kafka",
+                                                           (("outbox", "kafka"),))
+    assert snap.stalled == (("outbox", "oldest unpublished outbox row is 65s old (> 60s)"),)
+
+    health.resumed(waiter="outbox")  # the broker acknowledged its records: the backlog drains
+    assert (health.snapshot().state, health.snapshot().dependency) == ("stalled", None)
+    health.unstalled("outbox")
+    assert health.snapshot().state == "running"
+
+
 def test_the_paused_seconds_gauge_counts_while_paused_and_returns_to_zero(
     health: Health,
 ) -> None:

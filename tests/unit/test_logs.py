@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import logging
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -232,3 +234,35 @@ def test_pytest_caplog_sees_every_record(caplog: pytest.LogCaptureFixture) -> No
     captured = [r for r in caplog.records if r.name == logger.name]
     assert [r.getMessage() for r in captured] == ["captured"] * 3
     assert captured[0].__dict__["outcome"] == "recorded"
+
+
+def test_a_line_logged_by_a_signal_handler_while_the_main_thread_logs_is_written_whole() -> None:
+    """SIGTERM's ``shutdown-requested`` came while librdkafka lines were being written.
+
+    Through a buffered stream the handler's write was a reentrant call: the line was lost and
+    a ``Logging error`` traceback written instead.
+    """
+    script = (
+        "import logging, os, signal, sys, threading, time\n"
+        "from runtime.logs import configure_logging, log_event\n"
+        "configure_logging('INFO'); log = logging.getLogger('t'); handled = []\n"
+        "def handle(_signum, _frame):\n"
+        "    log_event(log, 'shutdown-requested', logging.WARNING, reason='SIGTERM')\n"
+        "    handled.append(1)\n"
+        "signal.signal(signal.SIGTERM, handle)\n"
+        "def kill():\n"
+        "    for _ in range(100):\n"
+        "        time.sleep(0.003); os.kill(os.getpid(), signal.SIGTERM)\n"
+        "killer = threading.Thread(target=kill); killer.start()\n"
+        "while killer.is_alive():\n"
+        "    log_event(log, 'busy', logging.WARNING, text='x' * 300)\n"
+        "time.sleep(0.1); print(len(handled))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    lines = done.stderr.splitlines()
+    handled = int(done.stdout)
+
+    assert handled > 0
+    assert sum('"event":"shutdown-requested"' in line for line in lines) == handled
+    assert all(line.startswith("{") and line.endswith("}") for line in lines), \
+        [line for line in lines if not line.startswith("{")][:5]

@@ -1,10 +1,20 @@
-"""The recovery store's start check: Bytewax's options, and which stores are refused (pure)."""
+"""The recovery store's start check: Bytewax's options, which stores are refused, stored keys."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
-from runtime.bytewax_0_21.recovery import Partition, RunOptions, Store, problems, run_options
+from bytewax.recovery import init_db_dir
+
+from runtime.bytewax_0_21.recovery import (
+    Partition,
+    RunOptions,
+    Store,
+    problems,
+    run_options,
+    stored_keys,
+)
 
 RUN = "/venv/lib/python3.11/site-packages/bytewax/run.py"
 FLOW = "favorite_actions"
@@ -52,3 +62,19 @@ def test_a_cluster_process_may_hold_some_partitions_or_none() -> None:
 def test_no_store_is_not_refused_but_s0_is() -> None:
     assert problems(RunOptions(None, None, 0, 1), None, FLOW) == []
     assert problems(_options(snapshot=0), Store(True, (_part(0, 1),)), FLOW)
+
+
+def test_the_keys_a_step_has_snapshots_of_are_read_from_every_partition(tmp_path: Path) -> None:
+    init_db_dir(tmp_path, 2)
+    rows = {0: [("f.added_input", "t#0", 1), ("f.added_input", "t#0", 2), ("f.dedup", "3", 1)],
+            1: [("f.added_input", "t#4", 2)]}
+    for index, snaps in rows.items():
+        with sqlite3.connect(tmp_path / f"part-{index}.sqlite3") as conn:
+            conn.executemany("INSERT INTO snaps (step_id, state_key, snap_epoch, ser_change)"
+                             " VALUES (?, ?, ?, NULL)", snaps)
+        conn.close()
+    (tmp_path / "part-2.sqlite3").write_bytes(b"not a database")
+
+    assert stored_keys(tmp_path, "f.added_input") == {"t#0", "t#4"}
+    assert stored_keys(tmp_path, "f.removed_input") == frozenset()
+    assert stored_keys(None, "f.added_input") == frozenset()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from devenv.harness.broker_faults import cluster_job_settings
 from devenv.kafka_cluster import KafkaCluster
 from runtime.settings import Settings
 from tests.support import scratch_database
@@ -68,21 +69,6 @@ def cluster_settings(kafka_cluster: KafkaCluster, own_database: str) -> Callable
     """
 
     def factory(prefix: str, user: str, **overrides: Any) -> Settings:
-        topics: dict[str, Any] = {
-            name: f"{prefix}.{name.removeprefix('topic_').replace('_', '-')}"
-            for name, field in Settings.model_fields.items()
-            if name.startswith("topic_") and isinstance(field.default, str)}
-        values: dict[str, Any] = {
-            "kafka_bootstrap_servers": kafka_cluster.bootstrap,
-            "kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_mechanism": "PLAIN",
-            "kafka_sasl_username": user,
-            "kafka_sasl_password": kafka_cluster.client_config(user)["sasl.password"],
-            "database_url": own_database, **topics,
-            "consumer_group_favorites": f"{prefix}.favorites",
-            "consumer_group_session_linking": f"{prefix}.session-linking",
-            "outbox_transactional_id": f"{prefix}.outbox",
-            "http_port": 0, "retry_initial_seconds": 0.2, "retry_max_seconds": 2.0,
-            "outbox_idle_poll_seconds": 0.2, **overrides}
-        return Settings(**values)
+        return cluster_job_settings(kafka_cluster, own_database, prefix, user, **overrides)
 
     return factory

@@ -27,8 +27,8 @@ from devenv.harness.jobs import ROOT, SESSION_LINKING_FLOW, JobSupervisor
 from devenv.harness.messages import favorite_envelope, new_id, sign_in_envelope
 from devenv.harness.sessions import insert_session
 from devenv.kafka_cluster import ADMIN, KafkaCluster
+from devenv.prometheus_server import PrometheusServer, ScrapeTarget
 from runtime.settings import Settings
-from tests.prometheus_server import PrometheusServer, ScrapeTarget
 from tests.support import (
     Produced,
     action_rows,
@@ -115,7 +115,7 @@ def test_a_topic_the_job_may_not_write_holds_back_its_rows_alone_until_granted(
         linking.wait_until(lambda: not _held(db, started_topic), 60, "the held rows to go out")
         started = consume_all(admin, started_topic, expect_at_least=SIGN_INS, settle=2.0)
         prom.wait_until(lambda: not _active(prom, started_topic), 60, f"{HELD} to resolve")
-        codes = [favorites.terminate(timeout=25), linking.terminate(timeout=25)]
+        codes = [favorites.terminate(), linking.terminate()]
 
     assert codes == [0, 0], favorites.log_tail() + linking.log_tail()
     assert sorted(r.json()["Payload"]["FavoriteId"] for r in tracked) == sorted(

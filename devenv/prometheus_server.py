@@ -1,26 +1,19 @@
-"""Debian's real Prometheus server on loopback, for tests that evaluate the alert rules live.
+"""Debian's real Prometheus server on loopback, to evaluate the alert rules of k8s/ live.
 
-:class:`PrometheusServer` writes a config into a temporary directory (scrape and evaluation
-interval 1 s by default), starts ``prometheus`` on a free port of 127.0.0.1 with its own TSDB
-there, waits for ``/-/ready``, and answers PromQL and alert questions through Prometheus' own
-HTTP API (``/api/v1/query``, ``/api/v1/alerts``, ``/api/v1/rules``). Each :class:`ScrapeTarget`
-becomes one scrape job whose ``job`` label is rewritten to ``job_label`` and which carries the
-target labels the Prometheus Operator's PodMonitor would add (``namespace``, ``pod``,
-``endpoint``), so the rule files of k8s/ load and match as they are.
-
-:class:`ApiJob` is a :class:`~devenv.harness.jobs.JobProcess` (the favorites job, or with
-``flow=`` another dataflow) with Bytewax's API server enabled on a free port (its ``/metrics``
-has the ``bytewax_*`` metrics) and its working directory in the job's own directory (the API
-server writes ``dataflow.json`` there).
-
-Nothing outlives a test: the server runs in its own process group under
-``setpriv --pdeathsig KILL`` and :meth:`PrometheusServer.close` kills that group.
+:class:`PrometheusServer` writes a config (scrape and evaluation every 1 s by default), starts
+``prometheus`` on a free port with its own TSDB in ``workdir``, waits for ``/-/ready`` and asks
+its HTTP API (queries, alerts, rules). Each :class:`ScrapeTarget` is one scrape job with the
+``job`` label and target labels the Prometheus Operator's PodMonitor gives (``namespace``,
+``pod``, ``endpoint``), so the rule files load and match as they are. :class:`ApiJob` is a job
+with Bytewax's API server on (``bytewax_*`` metrics). Nothing outlives its owner: the server
+runs in its own process group under ``setpriv --pdeathsig KILL``; ``close`` kills that group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,12 +29,29 @@ from typing import Any, Self
 import orjson
 import yaml
 
-from devenv.harness.jobs import FAVORITES_FLOW, JobProcess, wait_until
+from devenv.harness.jobs import FAVORITES_FLOW, ROOT, JobProcess, wait_until
 from devenv.harness.ports import free_port
 from runtime.settings import Settings
 
+RULES_FILE = ROOT / "k8s" / "prometheus-rules.yaml"
 JOB_LABEL = "user-activity/user-activity-stream"
 """The ``job`` label the repository's PodMonitor gives both endpoints (see k8s/podmonitor.yaml)."""
+
+
+def one_rule(workdir: Path, alert: str, *, threshold: float, hold: str) -> Path:
+    """A rule file of k8s's ``alert`` alone, its ``> N`` threshold and its ``for`` replaced.
+
+    Raises ValueError unless the rule's expression compares with ``>`` exactly once.
+    """
+    rules = yaml.safe_load(RULES_FILE.read_text())
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
+    expr, found = re.subn(r"> [0-9.]+", f"> {threshold:g}", rule["expr"])
+    if found != 1:
+        raise ValueError(f"{alert}: no single '> N' threshold in {rule['expr']!r}")
+    rule["expr"], rule["for"] = expr, hold
+    path = workdir / f"{alert}.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": alert, "rules": [rule]}]}))
+    return path
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,8 @@ class PrometheusServer:
             raise RuntimeError("prometheus is missing: scripts/bootstrap.sh installs Debian's")
         self.binary = found
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.address = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.address}"
         self.config_path = self.workdir / "prometheus.yml"
         self.log_path = self.workdir / "prometheus.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -165,7 +176,7 @@ class PrometheusServer:
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.address}/-/ready", timeout=2) as response:
                 return bool(response.status == 200)
         except (OSError, ValueError):
             return False
@@ -200,7 +211,8 @@ class PrometheusServer:
         """GET ``/api/v1/<path>``; its ``data`` (raises on an error answer)."""
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
         try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=10) as answer:
+            with urllib.request.urlopen(f"http://{self.address}/api/v1/{path}{query}",
+                                        timeout=10) as answer:
                 body = orjson.loads(answer.read())
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{path} {params}: {exc.code} {exc.read()[:500]!r}") from exc
