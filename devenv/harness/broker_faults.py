@@ -63,9 +63,7 @@ def cluster_job_settings(cluster: KafkaCluster, database_url: str, prefix: str, 
 
 
 def grant_prefix(cluster: KafkaCluster, user: str, prefix: str) -> None:
-    """Let ``user`` read, write and describe the topics, read the groups and write the
-    transactional ids named ``prefix*``.
-    """
+    """Let ``user`` use what is named ``prefix*``: its topics, groups and transactional ids."""
     for operation in (AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE,
                       AclOperation.DESCRIBE_CONFIGS):
         cluster.grant(f"User:{user}", ResourceType.TOPIC, prefix, operation,
