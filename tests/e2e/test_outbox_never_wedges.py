@@ -492,3 +492,43 @@ def test_a_new_lease_holder_sends_a_topics_new_rows_behind_the_rows_held_before(
         db.execute("DELETE FROM user_activity.outbox_held WHERE id = %s", (old.id,))
 
     assert [c.key for c in consume_all(settings, topic, expect_at_least=2)] == [b"old", b"new"]
+
+
+def test_the_stream_without_its_progress_publishes_nothing_until_an_operator_adopts_the_watermark(
+    make_settings: SettingsFactory, db: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An upgrade from a release without transactions: rows wait until an operator adopts.
+
+    A publisher moved the cache, Kafka has no progress of the stream: said once.
+    """
+    settings = make_settings(retry_max_seconds=0.5)
+    before = _rows(settings.topic_action_tracked, 3)
+    _insert(db, before)
+    db.execute("UPDATE user_activity.outbox_watermark SET delivered = pg_current_snapshot(),"
+               " generation = 7")  # the old release published those three
+    waiting = _rows(settings.topic_action_tracked, 5)
+    _insert(db, waiting)
+    process = Process()
+    publisher = OutboxPublisher(settings, process=process)
+    with caplog.at_level(logging.INFO, logger="sinks.outbox"):
+        stop = start_publisher(publisher)
+        try:
+            _wait(lambda: "outbox-progress" in dict(process.health.snapshot().stalled), 30,
+                  "the missing progress to be said")
+            nothing = consume_all(settings, settings.topic_action_tracked, settle=2.0)
+            adopted = subprocess.run(
+                [sys.executable, "-m", "cli", "outbox", "adopt-watermark"], cwd=ROOT,
+                env={**base_env(), **settings_env(settings)}, capture_output=True, text=True,
+                timeout=120, check=True)
+            sent = consume_all(settings, settings.topic_action_tracked, expect_at_least=5)
+            _wait(lambda: "outbox-progress" not in dict(process.health.snapshot().stalled), 30,
+                  "the stall to clear")
+        finally:
+            stop()
+
+    assert nothing == []
+    assert "adopted the PostgreSQL watermark" in adopted.stdout
+    assert sorted(c.key or b"" for c in sent) == sorted(r.key for r in waiting)
+    said = [r for r in caplog.records if r.getMessage() == "outbox-progress-missing"]
+    assert len(said) == 1
