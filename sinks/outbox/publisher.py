@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from confluent_kafka import KafkaError
 
 from runtime.backoff import Backoff, retry_forever
 from runtime.logs import log_event
@@ -423,11 +424,17 @@ class OutboxPublisher:
                  ) -> list[tuple[Any, str]]:
         """The rows of an aborted ``attempt`` refused alone (to park); refused topics held.
 
-        Raises :class:`DeliveryFailedError` when the broker refused neither a row nor a topic.
+        A topic refused when it was added to the transaction names no record: then each topic
+        is tried alone. Raises :class:`DeliveryFailedError` when the broker refused neither a
+        row nor a topic.
         """
+        errors = list(attempt.errors)
+        if attempt.error is not None and is_topic_error(attempt.error) and not any(
+                e is not None and is_topic_error(e) for e in errors):
+            errors = self._topic_errors(rows, errors)
         refused: list[tuple[Any, str]] = []
         topics: set[str] = set()
-        for row, err in zip(rows, attempt.errors, strict=True):
+        for row, err in zip(rows, errors, strict=True):
             if err is not None and is_topic_error(err) and row.topic not in self._held:
                 self._hold_topic(row.topic, err.name())
                 topics.add(row.topic)
@@ -436,9 +443,20 @@ class OutboxPublisher:
                 if alone is not None and is_record_error(alone):
                     refused.append((row, alone.name()))
         if not refused and not topics:
-            error = attempt.error or next((e for e in attempt.errors if e is not None), None)
+            error = attempt.error or next((e for e in errors if e is not None), None)
             raise DeliveryFailedError(error or "the transaction was aborted")
         return refused
+
+    def _topic_errors(self, rows: Sequence[StoredRow | HeldRow],
+                      errors: list[KafkaError | None]) -> list[KafkaError | None]:
+        """``errors`` with a topic's refusal on its rows, each topic tried alone (aborted)."""
+        refusals: dict[str, KafkaError | None] = {}
+        for row in rows:
+            if row.topic not in refusals:
+                alone = self._stream.probe(row)
+                refusals[row.topic] = alone if alone is not None and is_topic_error(alone) \
+                    else None
+        return [refusals[row.topic] or err for row, err in zip(rows, errors, strict=True)]
 
     # -- held topics -----------------------------------------------------------------------
 

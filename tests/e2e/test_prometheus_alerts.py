@@ -225,7 +225,9 @@ def test_outbox_stall_fires_in_prometheus_and_resolves_and_every_dashboard_query
 
             # A record the broker refuses for good (over the topic's max.message.bytes) is parked:
             # counted, alerted on, not a stall; requeued by an operator once the topic is fixed.
-            _topic_config(settings, "max.message.bytes", "64")
+            # (200: a transaction's markers still fit; below them, Kafka cannot end the
+            # transaction, and the stream waits for the operator: docs/decisions.md)
+            _topic_config(settings, "max.message.bytes", "200")
             too_large = _favorites(settings, db, 1)
             produce(settings, too_large)
             topic = f'topic="{settings.topic_action_tracked}"'
