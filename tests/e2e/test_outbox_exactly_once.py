@@ -72,8 +72,8 @@ def _open_transaction(settings: Settings) -> bool:
 def _progress(job: JobProcess, database_url: str, stream: Stream, rng: random.Random) -> None:
     """Wait until the job recorded a few hundred more favorites and snapshotted their offsets.
 
-    A job killed again and again at one offset reads carefully and, at the third death there,
-    skips the record as one that kills every start (sources/careful.py): that is not this test.
+    A job killed again and again at one offset reads carefully and, after repeated deaths
+    there, skips the record as one that kills every start (sources/careful.py): not this test.
     """
     began, before = time.monotonic(), count_rows(database_url, stream.good_ids)
     more = rng.randint(300, 1_200)
