@@ -28,7 +28,7 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from psycopg import sql
 
-from cli.topics import ensure_topics
+from cli.topics import PROGRESS_CONFIG, ensure_topics
 from devenv.harness.jobs import ROOT, JobProcess
 from runtime.settings import Settings
 
@@ -179,16 +179,25 @@ class Services:
         self._databases.discard(suffix)
 
     def settings(self, prefix: str, db_url: str, **overrides: Any) -> Settings:
-        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the favorites ones created)."""
+        """Settings whose topics are ``bench.<run>.<prefix>.*`` (the favorites ones created).
+
+        The outbox's stream (transactional id, progress topic) is the call's own: one stream
+        per database, and every phase runs on a database of its own.
+        """
         names = {f"topic_{n.replace('-', '_')}": f"bench.{self.run_id}.{prefix}.{n}" for n in (
             "favorite-added", "favorite-removed", "action-tracked", "favorites-dlq",
             "user-signed-in", "session-linked", "session-started", "session-ended",
             "session-linking-dlq")}
+        stream = f"bench.{self.run_id}.{prefix}.{uuid.uuid4().hex[:8]}"
         settings = Settings(**{"kafka_bootstrap_servers": self.bootstrap, "database_url": db_url,
-                               "http_port": 0, **names, **overrides})
+                               "http_port": 0, **names,
+                               "topic_outbox_progress": f"{stream}.outbox-progress",
+                               "outbox_transactional_id": f"{stream}.outbox", **overrides})
         ensure_topics(settings.kafka_client_config(), [
             settings.topic_favorite_added, settings.topic_favorite_removed,
             settings.topic_action_tracked, settings.topic_favorites_dlq], 6)
+        ensure_topics(settings.kafka_client_config(), [settings.topic_outbox_progress], 1,
+                      config=PROGRESS_CONFIG)
         return settings
 
     def close(self) -> None:

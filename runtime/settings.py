@@ -203,7 +203,9 @@ class Settings(BaseSettings):
     outbox_transactional_id: str = Field(
         "user-activity-outbox", min_length=1,
         description="The outbox stream's Kafka `transactional.id`: whichever process holds the"
-                    " lease publishes with it, fencing any earlier one.")
+                    " lease publishes with it, fencing any earlier one. One per database, as"
+                    " its progress topic: two databases on one stream would read each other's"
+                    " progress.")
     outbox_transaction_timeout_ms: int = Field(
         60_000, ge=1_000, le=900_000,
         description="`transaction.timeout.ms`: the broker aborts a transaction open this long"
