@@ -113,6 +113,7 @@ class Services:
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{run_id}-"))
         self._owned: list[Any] = []
         self._databases: set[str] = set()
+        self._streams: dict[str, str] = {}  # database URL -> its outbox stream (bench.<run>.<id>)
         self.bootstrap = self.server_url = ""
         self.kafka_pid: int | None = None
         self.postmaster_pid: int | None = None
@@ -181,14 +182,14 @@ class Services:
     def settings(self, prefix: str, db_url: str, **overrides: Any) -> Settings:
         """Settings whose topics are ``bench.<run>.<prefix>.*`` (the favorites ones created).
 
-        The outbox's stream (transactional id, progress topic) is the call's own: one stream
-        per database, and every phase runs on a database of its own.
+        The outbox's stream (transactional id, progress topic) is the database's: one stream
+        per database, whichever phase's job publishes from it.
         """
         names = {f"topic_{n.replace('-', '_')}": f"bench.{self.run_id}.{prefix}.{n}" for n in (
             "favorite-added", "favorite-removed", "action-tracked", "favorites-dlq",
             "user-signed-in", "session-linked", "session-started", "session-ended",
             "session-linking-dlq")}
-        stream = f"bench.{self.run_id}.{prefix}.{uuid.uuid4().hex[:8]}"
+        stream = self._streams.setdefault(db_url, f"bench.{self.run_id}.{uuid.uuid4().hex[:8]}")
         settings = Settings(**{"kafka_bootstrap_servers": self.bootstrap, "database_url": db_url,
                                "http_port": 0, **names,
                                "topic_outbox_progress": f"{stream}.outbox-progress",
