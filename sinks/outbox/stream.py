@@ -129,7 +129,10 @@ class TransactionalStream:
         read_uncommitted consumers may see it; read_committed ones never do.
         """
         attempt = self.publish([record], Progress("1:1:"), timeout, abort=True)
-        return attempt.errors[0] or attempt.error
+        alone = attempt.errors[0]
+        if alone is not None and alone.code() not in _PURGED:
+            return alone
+        return attempt.error or alone
 
     def close(self) -> None:
         """Drop the producer: whatever it had open is aborted by the next one (never waits)."""
@@ -193,6 +196,8 @@ class TransactionalStream:
                 "topic.metadata.propagation.max.ms": 5000}
 
 
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+"""A record's report when its transaction failed for another reason."""
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                      KafkaError.INVALID_PRODUCER_EPOCH})
 
