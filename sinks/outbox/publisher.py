@@ -424,9 +424,9 @@ class OutboxPublisher:
                  ) -> list[tuple[Any, str]]:
         """The rows of an aborted ``attempt`` refused alone (to park); refused topics held.
 
-        A topic refused when it was added to the transaction names no record: then each topic
-        is tried alone. Raises :class:`DeliveryFailedError` when the broker refused neither a
-        row nor a topic.
+        A topic refused when it was added to the transaction names no record: then the broker
+        is asked which topic it refuses. Raises :class:`DeliveryFailedError` when the broker
+        refused neither a row nor a topic.
         """
         errors = list(attempt.errors)
         if attempt.error is not None and is_topic_error(attempt.error) and not any(
@@ -449,14 +449,9 @@ class OutboxPublisher:
 
     def _topic_errors(self, rows: Sequence[StoredRow | HeldRow],
                       errors: list[KafkaError | None]) -> list[KafkaError | None]:
-        """``errors`` with a topic's refusal on its rows, each topic tried alone (aborted)."""
-        refusals: dict[str, KafkaError | None] = {}
-        for row in rows:
-            if row.topic not in refusals:
-                alone = self._stream.probe(row)
-                refusals[row.topic] = alone if alone is not None and is_topic_error(alone) \
-                    else None
-        return [refusals[row.topic] or err for row, err in zip(rows, errors, strict=True)]
+        """``errors`` with the broker's refusal of each row's topic, asked of it directly."""
+        refused = self._stream.refused_topics(row.topic for row in rows)
+        return [refused.get(row.topic) or err for row, err in zip(rows, errors, strict=True)]
 
     # -- held topics -----------------------------------------------------------------------
 

@@ -16,11 +16,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from runtime.logs import LIBRDKAFKA_LOGGER, log_event
 from runtime.settings import Settings
@@ -133,6 +141,29 @@ class TransactionalStream:
         if alone is not None and alone.code() not in _PURGED:
             return alone
         return attempt.error or alone
+
+    def refused_topics(self, topics: Iterable[str], timeout: float = 10.0) -> dict[str, KafkaError]:
+        """Of ``topics``, those the broker refuses this principal to write (or does not have).
+
+        The broker's own verdict (KIP-430 authorized operations); nothing is written. A topic
+        refused as a transaction adds it names no record: this names the topic.
+        """
+        config: dict[str, Any] = {**self._settings.kafka_client_config(),
+                                  "logger": LIBRDKAFKA_LOGGER}
+        admin = AdminClient(config)
+        asked = admin.describe_topics(TopicCollection(sorted(set(topics))),
+                                      include_authorized_operations=True, request_timeout=timeout)
+        refused: dict[str, KafkaError] = {}
+        for topic, future in asked.items():
+            try:
+                found = future.result(timeout + 1)
+            except KafkaException as exc:
+                refused[topic] = exc.args[0]
+                continue
+            operations = found.authorized_operations
+            if operations is not None and "WRITE" not in {op.name for op in operations}:
+                refused[topic] = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+        return refused
 
     def close(self) -> None:
         """Drop the producer: whatever it had open is aborted by the next one (never waits)."""
