@@ -188,13 +188,14 @@ class TransactionalStream:
     def _renew(self) -> None:
         """A new producer of the stream, initialized (fencing the previous one)."""
         self.close()
-        producer = build_producer(self._settings, "outbox", **self._transactional_config())
+        producer = self._producer = build_producer(self._settings, "outbox",
+                                                   **self._transactional_config())
         try:
             producer.init_transactions(_OPEN_SECONDS)
         except KafkaException as exc:
             self._fail_if_fatal(exc.args[0])
+            self._producer = None  # not initialized: opened again by the next cycle
             raise
-        self._producer = producer
 
     def _unknown(self, error: KafkaError) -> Attempt:
         log_event(logger, "outbox-transaction-outcome-unknown", logging.WARNING,
@@ -206,6 +207,9 @@ class TransactionalStream:
     def _fail_if_fatal(self, error: KafkaError) -> None:
         if not error.fatal():
             return
+        # never destroyed before the process ends: librdkafka's destroy of a fenced transactional
+        # producer corrupted the heap (glibc: "unaligned tcache chunk detected", SIGABRT)
+        _FATAL_PRODUCERS.append(self._producer)
         self._producer = None
         fenced = error.code() in _FENCED
         log_event(logger, "outbox-stream-fenced" if fenced else "kafka-producer-fatal",
@@ -227,6 +231,7 @@ class TransactionalStream:
                 "topic.metadata.propagation.max.ms": 5000}
 
 
+_FATAL_PRODUCERS: list[Producer | None] = []
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 """A record's report when its transaction failed for another reason."""
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
