@@ -70,15 +70,15 @@ def _open_transaction(settings: Settings) -> bool:
 
 
 def _progress(job: JobProcess, database_url: str, stream: Stream, rng: random.Random) -> None:
-    """Wait until the job recorded a few hundred more favorites and snapshotted their offsets.
+    """Let the job record favorites for a few seconds: past a snapshot of its offsets.
 
     A job killed again and again at one offset reads carefully and, after repeated deaths
     there, skips the record as one that kills every start (sources/careful.py): not this test.
     """
     began, before = time.monotonic(), count_rows(database_url, stream.good_ids)
-    more = rng.randint(300, 1_200)
-    wait_until(lambda: count_rows(database_url, stream.good_ids) >= before + more
-               and time.monotonic() - began > 2.5, 120, f"{more} more favorites recorded")
+    wait_until(lambda: count_rows(database_url, stream.good_ids) > before, 120,
+               "favorites recorded")
+    time.sleep(max(0.0, began + rng.uniform(2.5, 3.5) - time.monotonic()))
 
 
 def _kill_inside_a_transaction(job: JobProcess, settings: Settings, tries: int = 200) -> bool:
@@ -140,7 +140,7 @@ def test_ten_sigkills_while_20k_favorites_stream_in_send_every_row_once_to_read_
     """Each restart catches up on the favorites that came while the job was down."""
     settings = _settings(make_settings)
     stream = good_stream(settings, database_url, 20_000, seed=12)
-    producer = PacedProducer(settings, stream.records, rate=500)
+    producer = PacedProducer(settings, stream.records, rate=400)
     producer.start()
     rng = random.Random(12)
     job = jobs.job(settings)
