@@ -17,7 +17,7 @@ from runtime.settings import Settings
 from runtime.shutdown import Shutdown
 from sinks.outbox import parked_rows, requeue_parked
 from sinks.outbox.stream import TransactionalStream
-from sinks.outbox.window import read_cache
+from sinks.outbox.table import read_cache
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

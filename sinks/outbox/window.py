@@ -1,155 +1,144 @@
-"""Reading the outbox in PostgreSQL: windows of committed rows, and the watermark cache.
+"""The window: what the fast path did not send, read from the table and sent in order.
 
-Each ``user_activity.outbox`` row keeps ``txid``, the transaction that wrote it. A window is the
-rows of the transactions a later snapshot ``target`` sees and the progress's ``delivered`` does
-not, read in ``(txid, id)`` order a page at a time (:func:`read_page`). Sink transactions commit
-in any order; a snapshot lists those still in progress, so none is skipped. ``outbox_watermark``
-is a cache of a progress Kafka committed (:mod:`sinks.outbox.progress`): it may lag Kafka, never
-lead it; the watchdog, retention and the operator commands read it. Its one UPDATE is
-conditional on the generation the lease holder read, so a former holder cannot move it.
+A window sends the rows of the transactions a ``target`` snapshot sees and the progress's
+``delivered`` does not, a page at a time in ``(txid, id)`` order (:func:`~.table.read_page`),
+each page with the progress up to its last row. It reads back only the rows of transactions
+the fast path has not sent (``progress.sent``). Its target is the newest snapshot taken at
+least ``outbox_fast_path_grace_seconds`` ago, so the rows this process's sinks are about to
+offer are left to the fast path; the current snapshot while the fast path is behind. A window
+longer than one slice (a backlog) goes on in the next cycle, and logs how it drains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
-from typing import Any, NamedTuple
-from uuid import UUID
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from schemas.action_tracked import (
-    action_tracked_key,
-    action_tracked_value,
-    rendered_created_at,
-    with_offset,
-)
+from runtime.logs import log_event
+from runtime.metrics import OUTBOX_READ_BACK
+from runtime.settings import Settings
 from sinks.db import Connection
-from sinks.outbox.progress import Progress
-from sinks.outbox.sql import query
+from sinks.outbox.progress import Progress, snapshot
+from sinks.outbox.sending import Sender
+from sinks.outbox.table import Key, current_snapshot, read_page, whole_rows
 
-_MAX_UUID = UUID(int=(1 << 128) - 1)
-_NO_ROW = (0, UUID(int=0))
+logger = logging.getLogger(__name__)
 
-
-class LeaseLostError(Exception):
-    """The watermark was moved by someone else: this publisher no longer holds the lease."""
+_DRAIN_LOG_SECONDS = 10.0
 
 
-class Key(NamedTuple):
-    """A committed outbox row's place in the stream."""
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A snapshot a window reads up to, and when it was taken (monotonic seconds)."""
 
-    txid: int
-    id: UUID
-
-
-class StoredRow(NamedTuple):
-    """A committed outbox row, rendered (a thin action-tracked row's key and value too)."""
-
-    txid: int
-    id: UUID
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: dict[str, Any]
-    created_at: datetime
-    set_aside: bool
-    """Parked or held already: never sent by a window."""
+    snapshot: str
+    taken_at: float
 
 
-class Cache(NamedTuple):
-    """``outbox_watermark`` as stored: a progress (without ``sent``), and its generation."""
+@dataclass
+class _Drain:
+    """A window longer than one slice under way: logged as it drains."""
 
-    progress: Progress
-    generation: int
-
-
-def current_snapshot(conn: Connection) -> str:
-    """``pg_current_snapshot()``: what has committed by now."""
-    row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
-    assert row is not None
-    return str(row[0])
+    target: str
+    began: float
+    logged: float
+    sent: int = 0
 
 
-def page_start(delivered: str, after: tuple[int, UUID]) -> tuple[int, UUID]:
-    """The lower bound, in ``(txid, id)`` order, of a window's rows past ``delivered``'s xmax.
+class Window:
+    """The lease holder's windows (module doc)."""
 
-    The cursor ``after`` when it is past that xmax, else the last possible row before it (so
-    ``(txid, id) > start`` is ``txid >= xmax``): the scan starts there, not at the cursor.
-    """
-    xmax = int(delivered.split(":")[1])
-    return after if after[0] >= xmax else (xmax - 1, _MAX_UUID)
+    def __init__(self, settings: Settings, sender: Sender,
+                 conn: Callable[[], Connection]) -> None:
+        self._grace = settings.outbox_fast_path_grace_seconds
+        self._page_rows = settings.outbox_batch_size
+        self._sender = sender
+        self._conn = conn
+        self._snapshots: collections.deque[Target] = collections.deque()
+        self._under_way: Target | None = None
+        self._drain: _Drain | None = None
 
+    def restart(self) -> None:
+        """A new holder (or this one again): nothing known of earlier windows."""
+        self._snapshots.clear()
+        self._under_way = self._drain = None
 
-def read_page(conn: Connection, progress: Progress, target: str, limit: int) -> list[Key]:
-    """The next ``limit`` rows of the window from ``progress`` to ``target``, as keys.
+    def target(self, *, behind: bool) -> Target | None:
+        """The target of the next window (module doc); None: none is due yet.
 
-    Past the cursor when ``progress`` has a window under way (to this ``target``).
-    """
-    after = progress.after if progress.after is not None else _NO_ROW
-    start = page_start(progress.delivered, after)
-    return [Key(int(txid), row_id) for txid, row_id in conn.execute(query("page"), {
-        "delivered": progress.delivered, "target": target, "after_txid": str(after[0]),
-        "after_id": after[1], "start_txid": str(start[0]), "start_id": start[1], "limit": limit,
-    }).fetchall()]
+        ``behind``: the fast path waits for a window up to now.
+        """
+        taken_at = time.monotonic()  # (before the query: a drop after it is not seen as read)
+        current = Target(current_snapshot(self._conn()), taken_at)
+        if behind or self._grace <= 0:
+            self._snapshots.clear()  # older than what this window reads
+            return current
+        snapshots = self._snapshots
+        snapshots.append(current)
+        while len(snapshots) > 1 and taken_at - snapshots[1].taken_at >= self._grace:
+            snapshots.popleft()
+        oldest = snapshots[0]
+        return oldest if taken_at - oldest.taken_at >= self._grace else None
 
+    def send(self, target: Target, slice_seconds: float) -> tuple[int, Target | None]:
+        """Send the window up to ``target`` (or the one under way) page by page.
 
-def whole_rows(conn: Connection, keys: Sequence[Key]) -> list[StoredRow]:
-    """The rows of ``keys``, in that order, rendered; raises if one is missing.
+        Returns the rows sent, and the target it read up to once it is done; None while it is
+        under way: a page ended ``slice_seconds`` after the call (its progress committed).
+        """
+        began, sent = time.monotonic(), 0
+        progress = self._sender.progress
+        assert progress is not None
+        if progress.target is not None:  # the window under way first
+            under_way = self._under_way
+            target = under_way if under_way is not None and \
+                under_way.snapshot == progress.target else Target(progress.target, -1e18)
+        if not snapshot(target.snapshot).sees_all_of(snapshot(progress.delivered)):
+            self._snapshots.clear()  # taken before a window that read further: done already
+            return 0, None
+        while True:
+            keys = read_page(self._conn(), progress, target.snapshot, self._page_rows)
+            done = len(keys) < self._page_rows
+            after = progress.window_done(target.snapshot) if done else \
+                progress.window_until(target.snapshot, (keys[-1].txid, keys[-1].id))
+            sent += self._send_page(keys, progress, after)
+            progress = self._sender.progress
+            assert progress is not None
+            if done:
+                self._under_way = None
+                self._report_drain(target.snapshot, sent, done=True)
+                return sent, target
+            if time.monotonic() - began >= slice_seconds:
+                self._under_way = target
+                self._report_drain(target.snapshot, sent, done=False)
+                return sent, None
 
-    Only a published row's partition is ever dropped, so a missing row is an error.
-    """
-    if not keys:
-        return []
-    stored = conn.execute(query("rows"), {
-        "txids": [str(k.txid) for k in keys], "ids": [k.id for k in keys]}).fetchall()
-    if len(stored) != len(keys):
-        raise RuntimeError(f"{len(keys) - len(stored)} outbox rows of the window are gone")
-    created: dict[Any, str] = {}  # CreatedAt rendered once per batch of the writing sink
-    return [_whole(row, created) for row in stored]
+    def _send_page(self, keys: list[Key], progress: Progress, after: Progress) -> int:
+        """Read back the page's rows the fast path did not send; send them up to ``after``."""
+        if not keys and after.sent == progress.sent and progress.target is None:
+            self._sender.progress = after  # nothing in the window: nothing to record
+            return 0
+        todo = [key for key in keys if key.txid not in progress.sent]
+        rows = whole_rows(self._conn(), todo)
+        OUTBOX_READ_BACK.inc(len(rows))
+        return self._sender.send([row for row in rows if not row.set_aside], after)
 
-
-def _whole(row: tuple[Any, ...], created: dict[Any, str]) -> StoredRow:
-    """A row of ``rows.sql``: a thin action-tracked row is rendered from its action."""
-    (txid, row_id, topic, key, value, headers, created_at, set_aside, action_event_id,
-     correlation_id, offset, found, action_type, session_id, anonymous_id, user_id,
-     occurred_local, property_object_id, favorite_id) = row
-    if value is None:
-        if found is None:  # never: an action and its row commit together, neither is deleted
-            raise RuntimeError(f"outbox row {row_id} names action {action_event_id}, which is"
-                               " missing")
-        created_text = created.get(created_at)
-        if created_text is None:
-            created_text = created[created_at] = rendered_created_at(created_at)
-        key = action_tracked_key(action_event_id)
-        value = action_tracked_value(
-            row_id, created_text, action_event_id,
-            None if correlation_id is None else bytes(correlation_id).decode(), action_type,
-            session_id, anonymous_id, user_id, with_offset(occurred_local, offset),
-            property_object_id, favorite_id)
-    return StoredRow(int(txid), row_id, topic, None if key is None else bytes(key), bytes(value),
-                     headers or {}, created_at, set_aside)
-
-
-def read_cache(conn: Connection) -> Cache:
-    """``outbox_watermark`` (raises if the migrations did not make its row)."""
-    row = conn.execute(query("watermark")).fetchone()
-    if row is None:
-        raise RuntimeError("user_activity.outbox_watermark has no row: run the migrations")
-    delivered, target, after_txid, after_id, generation = row
-    after = None if after_txid is None else (int(after_txid), after_id)
-    return Cache(Progress(delivered, target=target, after=after), generation)
-
-
-def write_cache(conn: Connection, progress: Progress, generation: int) -> int:
-    """Store ``progress`` (Kafka committed it) if the cache is still at ``generation``.
-
-    Returns the next generation; raises :class:`LeaseLostError`, changing nothing, if another
-    publisher moved it since.
-    """
-    after = progress.after
-    updated = conn.execute(query("advance"), {
-        "delivered": progress.delivered, "target": progress.target,
-        "after_txid": None if after is None else str(after[0]),
-        "after_id": None if after is None else after[1], "generation": generation}).rowcount
-    if updated != 1:
-        raise LeaseLostError("the outbox watermark was moved by another publisher")
-    return generation + 1
+    def _report_drain(self, target: str, sent: int, *, done: bool) -> None:
+        """A window longer than one slice logs how it drains (every 10 s, and its end)."""
+        now, drain = time.monotonic(), self._drain
+        if drain is None or drain.target != target:
+            if done:
+                return  # a window of one slice says nothing
+            drain = self._drain = _Drain(target, now, now)
+        drain.sent += sent
+        rate = round(drain.sent / (now - drain.began)) if now > drain.began else None
+        if done:
+            self._drain = None
+            log_event(logger, "outbox-drained", logging.INFO, sent=drain.sent,
+                      seconds=round(now - drain.began, 1), rows_per_s=rate)
+        elif now - drain.logged >= _DRAIN_LOG_SECONDS:
+            drain.logged = now
+            log_event(logger, "outbox-draining", logging.WARNING, sent=drain.sent, rows_per_s=rate)

@@ -184,7 +184,7 @@ def test_a_cache_update_lost_after_the_commit_sends_nothing_again(
     settings = make_settings(retry_initial_seconds=0.2)
     _, rows = _committed_rows(db, settings.topic_action_tracked, 40)
     publisher = OutboxPublisher(settings, process=Process())
-    from sinks.outbox import publisher as module
+    from sinks.outbox import sending as module
 
     original, calls = module.write_cache, {"n": 0}  # type: ignore[attr-defined]
 
@@ -325,7 +325,7 @@ def test_the_snapshots_kept_for_the_grace_stay_few(
     for _ in range(40):
         txid, rows = _committed_rows(db, settings.topic_action_tracked, 2)
         publisher.offer(txid, rows)
-        kept.append(len(publisher._snapshots))
+        kept.append(len(publisher._window._snapshots))
         time.sleep(0.02)
     stop()
 

@@ -20,7 +20,7 @@ from runtime.settings import Settings
 from schemas.outbox import OutboxRow
 from sinks.outbox import OutboxPublisher
 from sinks.outbox.sql import query
-from sinks.outbox.window import page_start
+from sinks.outbox.table import page_start
 from tests.conftest import SettingsFactory
 from tests.support import start_publisher
 

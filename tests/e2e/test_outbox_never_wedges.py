@@ -38,7 +38,8 @@ from sinks.outbox import (
     parked_rows,
     requeue_parked,
 )
-from sinks.outbox.window import read_cache, write_cache
+from sinks.outbox.table import read_cache, write_cache
+from sinks.outbox.window import Target
 from tests.conftest import SettingsFactory
 from tests.support import consume_all, start_publisher
 
@@ -270,10 +271,10 @@ def test_an_exception_inside_the_publish_loop_is_logged_once_and_restarts_the_jo
     stopping = Shutdown()
     publisher = OutboxPublisher(settings, process=Process(stopping=stopping))
 
-    def failing(target: str, taken_at: float, slice_seconds: float) -> int:
+    def failing(target: Target) -> int:
         raise RuntimeError("injected fault inside the publish loop")
 
-    publisher._publish_window = failing  # type: ignore[method-assign]
+    publisher._send_window = failing  # type: ignore[method-assign]
     rows = _rows(topic, 20)
     _insert(db, rows)
 

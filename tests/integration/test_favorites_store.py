@@ -19,7 +19,7 @@ from devenv.harness.messages import favorite_envelope
 from devenv.harness.sessions import insert_session
 from schemas.favorites import ActionType
 from schemas.kafka_record import SourceRecord
-from sinks.outbox.window import Key, whole_rows
+from sinks.outbox.table import Key, whole_rows
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""A window's pages (sinks.outbox.window.read_page) on a real PostgreSQL: every row once, in order.
+"""A window's pages (sinks.outbox.table.read_page) on a real PostgreSQL: every row once, in order.
 
 Pages are read in (txid, id) order from one cursor; the order is the transaction ids' own, so a
 window across 99 -> 100 (or 9999 -> 10000) neither skips nor repeats a row.
@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from sinks.outbox.progress import Progress
-from sinks.outbox.window import current_snapshot, read_page
+from sinks.outbox.table import current_snapshot, read_page
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The outbox page's one lower bound (sinks.outbox.window.page_start) selects what two did.
+"""The outbox page's one lower bound (sinks.outbox.table.page_start) selects what two did.
 
 A page reads the transactions started after the watermark ``delivered`` past the cursor
 ``after``: ``txid >= xmax(delivered) AND (txid, id) > after``. One row bound, ``(txid, id) >
@@ -13,7 +13,7 @@ from uuid import UUID
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sinks.outbox.window import page_start
+from sinks.outbox.table import page_start
 
 _IDS = st.sampled_from([UUID(int=0), UUID(int=1), UUID(int=2**127), UUID(int=2**128 - 1)])
 
