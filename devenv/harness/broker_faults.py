@@ -29,6 +29,7 @@ from devenv.harness.jobs import JobProcess
 from devenv.harness.stream import Delivery, PacedProducer, Stream, good_stream
 from devenv.kafka_cluster import KafkaCluster
 from runtime.settings import Settings
+from sinks.outbox.sql import query
 
 FREEZE_SECONDS = 30.0
 PARTITIONS = 6
@@ -82,6 +83,8 @@ class Sample:
     rows: int
     acked: int
     published_at: object
+    pending: bool
+    """A committed outbox row is not published yet."""
 
 
 class RowWatch(threading.Thread):
@@ -100,14 +103,22 @@ class RowWatch(threading.Thread):
                 acked = self._producer.acknowledged
                 row = db.execute(
                     "SELECT (SELECT count(*) FROM user_activity.action_events),"
-                    " (SELECT updated_at FROM user_activity.outbox_watermark)").fetchone()
-                if row is not None:
-                    self.samples.append(Sample(time.monotonic(), int(row[0]), acked, row[1]))
+                    " (SELECT updated_at FROM user_activity.outbox_watermark),"
+                    " pg_current_snapshot()::text").fetchone()
+                assert row is not None
+                pending = db.execute(query("pending_in"), (row[2],)).fetchone()
+                self.samples.append(Sample(time.monotonic(), int(row[0]), acked, row[1],
+                                           bool(pending and pending[0])))
 
     @property
     def rows(self) -> int:
         """The rows at the latest count."""
         return self.samples[-1].rows if self.samples else 0
+
+    @property
+    def published(self) -> bool:
+        """Every row committed by the latest count is published."""
+        return bool(self.samples) and not self.samples[-1].pending
 
     def stop(self) -> list[Sample]:
         """Stop sampling; every sample."""
@@ -249,9 +260,9 @@ def run_under_fire(cluster: KafkaCluster, job: JobProcess, admin: Settings, data
     """Run ``job`` (not started) through the fault ``fault_name``; ``admin``: its settings as admin.
 
     The topics (:func:`cluster_job_settings` of ``prefix``) are created and granted to the job's
-    user here; the job is stopped with SIGTERM at the end; the rows' timeline is written to
-    ``job.workdir / "rows.csv"``. Raises AssertionError when the job does not get ready or
-    record every favorite (liveness bounds).
+    user here; the job is stopped with SIGTERM once every row is recorded and published; the
+    rows' timeline is written to ``job.workdir / "rows.csv"``. Raises AssertionError when the job
+    does not get ready, record every favorite or publish every row (liveness bounds).
     """
     fault, rate = FAULTS[fault_name]
     settings = job.settings
@@ -272,6 +283,7 @@ def run_under_fire(cluster: KafkaCluster, job: JobProcess, admin: Settings, data
     fault_s = time.monotonic() - fault_began
     deliveries = producer.result()
     job.wait_until(lambda: watch.rows >= favorites, 120, "every row")
+    job.wait_until(lambda: watch.published, 120, "every row published")
     samples = watch.stop()
     drained_s = time.monotonic() - began
     code = job.terminate()
