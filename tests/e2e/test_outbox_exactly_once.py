@@ -76,8 +76,8 @@ def _progress(job: JobProcess, database_url: str, stream: Stream, rng: random.Ra
     there, skips the record as one that kills every start (sources/careful.py): not this test.
     """
     began, before = time.monotonic(), count_rows(database_url, stream.good_ids)
-    wait_until(lambda: count_rows(database_url, stream.good_ids) > before, 120,
-               "favorites recorded")
+    job.wait_until(lambda: count_rows(database_url, stream.good_ids) > before, 120,
+                   "favorites recorded")
     time.sleep(max(0.0, began + rng.uniform(2.5, 3.5) - time.monotonic()))
 
 
@@ -118,7 +118,7 @@ def test_a_job_killed_inside_the_outboxs_transaction_sends_each_row_once_to_read
     for _ in range(3):
         job.start()
         _progress(job, database_url, stream, rng)
-        wait_until(lambda: _open_transaction(settings), 60, "a transaction of the outbox")
+        job.wait_until(lambda: _open_transaction(settings), 60, "a transaction of the outbox")
         killed_inside += _kill_inside_a_transaction(job, settings)
         job.kill()  # (already, unless no transaction was seen open in time)
     job.start()
@@ -190,7 +190,7 @@ def test_a_kill_after_the_kafka_commit_before_the_cache_update_sends_nothing_aga
     stream, deliveries = _backlog(settings, database_url, 2_000, seed=13)
     job = jobs.job(settings)
     job.start()
-    wait_until(lambda: _cache_generation(database_url) > 0, 60, "the stream's start")
+    job.wait_until(lambda: _cache_generation(database_url) > 0, 60, "the stream's start")
     release = request.getfixturevalue("watermark_locked")  # the next cache update waits
     committed = consume_all(settings, settings.topic_action_tracked, expect_at_least=1,
                             timeout=60, settle=1.0)
