@@ -119,6 +119,11 @@ class PacedProducer(threading.Thread):
         self.produced = 0
         self.started_at = self.finished_at = 0.0
         self._failure: BaseException | None = None
+        self._hurry = threading.Event()
+
+    def hurry(self) -> None:
+        """Produce the records not produced yet at once (a backlog), not at the rate."""
+        self._hurry.set()
 
     def run(self) -> None:
         """Produce every record at its time, then flush."""
@@ -132,7 +137,7 @@ class PacedProducer(threading.Thread):
         started = self.started_at = time.monotonic()
         for index, record in enumerate(self._records):
             due = started + index / self._rate
-            while (wait := due - time.monotonic()) > 0:
+            while (wait := due - time.monotonic()) > 0 and not self._hurry.is_set():
                 producer.poll(min(wait, 0.05))
             while True:
                 try:

@@ -111,7 +111,8 @@ def test_a_job_killed_inside_the_outboxs_transaction_sends_each_row_once_to_read
 ) -> None:
     settings = _settings(make_settings)
     stream = good_stream(settings, database_url, 20_000, seed=11)
-    producer = PacedProducer(settings, stream.records, rate=1_000)  # transactions all along
+    # transactions all along: the stream lasts past the kills (66 s), the rest is then a backlog
+    producer = PacedProducer(settings, stream.records, rate=300)
     producer.start()
     job, rng = jobs.job(settings), random.Random(11)
     killed_inside = 0
@@ -121,6 +122,8 @@ def test_a_job_killed_inside_the_outboxs_transaction_sends_each_row_once_to_read
         job.wait_until(lambda: _open_transaction(settings), 60, "a transaction of the outbox")
         killed_inside += _kill_inside_a_transaction(job, settings)
         job.kill()  # (already, unless no transaction was seen open in time)
+    assert producer.produced < len(stream.records), "the stream ended before the kills"
+    producer.hurry()
     job.start()
     deliveries = producer.result()
     wait_until_drained(job, database_url, stream)
@@ -140,7 +143,7 @@ def test_ten_sigkills_while_20k_favorites_stream_in_send_every_row_once_to_read_
     """Each restart catches up on the favorites that came while the job was down."""
     settings = _settings(make_settings)
     stream = good_stream(settings, database_url, 20_000, seed=12)
-    producer = PacedProducer(settings, stream.records, rate=400)
+    producer = PacedProducer(settings, stream.records, rate=200)  # lasts past the kills (100 s)
     producer.start()
     rng = random.Random(12)
     job = jobs.job(settings)
@@ -150,6 +153,8 @@ def test_ten_sigkills_while_20k_favorites_stream_in_send_every_row_once_to_read_
         time.sleep(rng.uniform(0.0, 1.0))
         job.kill()
         time.sleep(rng.uniform(0.0, 2.0))  # a backlog builds up while it is down
+    assert producer.produced < len(stream.records), "the stream ended before the kills"
+    producer.hurry()  # the rest as a backlog for the last start
     job.start()
     deliveries = producer.result()
     wait_until_drained(job, database_url, stream)
