@@ -137,6 +137,7 @@ class _Run:
         meta, services = self.results["meta"], self.services
         log(f"run {self.run_id}: starting services (external={self.args.external})")
         meta["service_start"] = services.start()
+        meta["broker_jvm"] = None if services.broker is None else list(services.broker.jvm_options)
         meta["postgres"] = services.durability()
         if meta["postgres"]["fsync"] != "on":
             log(f"WARNING: PostgreSQL runs with {meta['postgres']}: the naive consumer's rate "

@@ -1,12 +1,13 @@
 """The services of a benchmark run, the job as a measured process, and what ``/proc`` says.
 
-:class:`Services`: by default a fresh Kafka broker and PostgreSQL (``fsync=on``, checked) in a
-temporary directory, removed at the end; ``external``: the servers named by
-``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL`` (the role must create
-databases; the run's ``bench_<run>_*`` databases are dropped at the end; processes listening on
-their ports on this machine are found, for their CPU). :class:`Job`: the favorites job with its
-CPU and RSS. :class:`CpuSampler`: CPU seconds of a process, PostgreSQL (postmaster and backends),
-Kafka and the machine over a phase. :class:`OutputCounter`: a topic's records as they arrive.
+:class:`Services`: by default a fresh Kafka broker (Kafka's production JVM options) and
+PostgreSQL (``fsync=on``, checked) in a temporary directory, removed at the end; ``external``:
+the servers named by ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL``
+(the role must create databases; the run's ``bench_<run>_*`` databases are dropped at the end;
+processes listening on their ports on this machine are found, for their CPU). :class:`Job`: the
+favorites job with its CPU and RSS. :class:`CpuSampler`: CPU seconds of
+a process, PostgreSQL (postmaster and backends), Kafka and the machine over
+a phase. :class:`OutputCounter`: a topic's records as they arrive.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class Services:
             self.kafka_pid = _listening_pid(int(self.bootstrap.split(",")[0].rsplit(":", 1)[1]))
             self.postmaster_pid = _listening_pid(urlsplit(self.server_url).port or 5432)
             return {}
-        from devenv.kafka_broker import KafkaBroker
+        from devenv.kafka_broker import PRODUCTION_JVM, KafkaBroker
         from devenv.postgres_server import PostgresServer
 
         t0 = time.monotonic()
@@ -141,7 +142,7 @@ class Services:
         if self.durability()["fsync"] != "on":
             raise RuntimeError("the benchmark's PostgreSQL must run with fsync=on")
         t0 = time.monotonic()
-        broker = self.broker = KafkaBroker(self.run_dir / "kafka")
+        broker = self.broker = KafkaBroker(self.run_dir / "kafka", jvm_options=PRODUCTION_JVM)
         self._owned.append(broker)
         self.bootstrap, self.kafka_pid = broker.start(), broker.pid
         return {**timings, "kafka_start_s": time.monotonic() - t0}
