@@ -40,6 +40,7 @@ from bench.workload import Backlog, EnvelopeFactory, OutRecord, make_backlog, pr
 from bench.workload import uuid4_from as _uuid4
 from devenv.harness.jobs import ROOT
 from devenv.harness.metrics import metric_sum
+from devenv.harness.ports import free_port
 from devenv.harness.sessions import Session
 from devenv.otlp_receiver import OtlpReceiver
 from runtime.settings import Settings
@@ -55,12 +56,15 @@ def _since(t: float | None, t0: float) -> float | None:
 
 def job_backlog(services: Services, input_settings: Settings, backlog: Backlog, db_url: str, *,
                 name: str, workers: int, prefill_rows: int, timeout: float, log: Log,
-                source_dir: Path | None = None, extra_env: dict[str, str] | None = None
-                ) -> dict[str, Any]:
+                source_dir: Path | None = None, extra_env: dict[str, str] | None = None,
+                processes: int = 1) -> dict[str, Any]:
     """Run the bounded job (``tail=False``) on the backlog until it is all processed.
 
     Done = every action-tracked on the output topic (each is published after its row's commit;
-    the rows are counted after). ``source_dir``: the job of another checkout.
+    the rows are counted after). ``source_dir``: the job of another checkout. ``processes`` > 1:
+    a Bytewax cluster of that many processes (``-i``/``-a``) of ``workers`` each, timed from the
+    first spawn; their CPU, peak RSS and metrics are summed, the run fails when any one exits
+    early.
     """
     settings = services.settings(name, db_url,
                                  topic_favorite_added=input_settings.topic_favorite_added,
@@ -68,29 +72,36 @@ def job_backlog(services: Services, input_settings: Settings, backlog: Backlog, 
     expected, total = backlog.expected_recorded, len(backlog.records)
     counter = OutputCounter(services.bootstrap, settings.topic_action_tracked)
     wal0, lsn0 = wal_position(db_url)
-    job = Job(settings, services.run_dir / f"{name}.log", workers=workers, tail=False,
-              source_dir=source_dir, extra_env=extra_env)
-    sampler = CpuSampler.of(services, job)
+    cluster = processes > 1
+    addresses = ";".join(f"127.0.0.1:{free_port()}" for _ in range(processes))
+    jobs = [Job(settings, services.run_dir / (f"{name}-{i}.log" if cluster else f"{name}.log"),
+                workers=workers, tail=False, source_dir=source_dir, extra_env=extra_env,
+                cluster=(i, addresses) if cluster else None) for i in range(processes)]
+    job = jobs[0]
+    sampler = CpuSampler.of(services, *jobs)
     t_http = t_rows = last = None
     failure, next_scrape = None, 0.0
     while counter.count < expected:
         now = time.monotonic()
         if now >= next_scrape:  # /metrics costs the job CPU: every 0.1 s until it answers, then 2 s
-            last = job.scrape(timeout=1.0) or last
+            last = _scrape_all(jobs) or last
             t_http = t_http or (now if last is not None else None)
             next_scrape = now + (2.0 if t_http is not None else 0.1)
             if t_rows is None and metric_sum(last, RECORDED) >= expected:
                 t_rows = now
-        job.hwm_mb()
-        if not job.running and job.exited_at is not None and now - job.exited_at > 15:
-            failure = f"job exited ({job.returncode}) with {counter.count}/{expected} out"
+        for one in jobs:
+            one.hwm_mb()
+        if gone := [j for j in jobs if not j.running and j.exited_at is not None
+                    and now - j.exited_at > 15]:
+            failure = f"job exited ({gone[0].returncode}) with {counter.count}/{expected} out"
             break
         if now - job.started > timeout:
             failure = f"timeout after {timeout:.0f}s: {counter.count}/{expected} out"
             break
         time.sleep(0.1)
-    code = job.wait(60)
-    code = job.stop() if code is None else code
+    codes = [one.wait(60) for one in jobs]
+    codes = [one.stop() if c is None else c for one, c in zip(jobs, codes, strict=True)]
+    code = next((c for c in codes if c), codes[0])  # the first failing process's
     cpu = sampler.stop()
     counter.close()
     found = counts(db_url)
@@ -102,7 +113,8 @@ def job_backlog(services: Services, input_settings: Settings, backlog: Backlog, 
     t_done, first = (counter.last_at if failure is None else None), counter.first_at
     wall = None if t_done is None else t_done - job.started
     result: dict[str, Any] = {
-        "workers": workers, "messages": total, "expected_recorded": expected,
+        "workers": workers, "processes": processes, "messages": total,
+        "expected_recorded": expected,
         "rows_committed": rows, "outbox_unpublished_after": found["outbox_unpublished"],
         "action_tracked_on_topic": out_total, "action_tracked_distinct": out_distinct,
         **{f"skipped_{r.replace('-', '_')}": metric_sum(last, SKIPPED, reason=r)
@@ -118,17 +130,28 @@ def job_backlog(services: Services, input_settings: Settings, backlog: Backlog, 
             round(total / (t_done - first), 1) if t_done and first and t_done > first else None),
         "wal_bytes_per_recorded_event": round((wal_end - wal0) / rows) if rows > 0 else None,
         "wal_by_kind": wal_by_kind(db_url, lsn0, lsn_end, rows),  # outside the timing
-        "job_peak_rss_mb": job.hwm_mb(),  # VmHWM, read every 0.1 s
+        "job_peak_rss_mb": round(sum(one.hwm_mb() or 0.0 for one in jobs), 1),  # VmHWM, 0.1 s
         "cpu_us_per_event": cpu_us_per_event(cpu, total), "resources": cpu,
         "ok": failure is None and rows == expected and out_distinct == expected,
     }
     if not result["ok"]:
         result["failure"] = failure or "counts differ from expected"
-        result["log_tail"] = job.log_tail(20, info=True)
+        result["log_tail"] = "\n".join(one.log_tail(20, info=True) for one in jobs)
     log(f"  {name}: {result['events_per_s']} ev/s, wall {result['wall_s']}s, rows {rows}/"
         f"{expected}, out {out_distinct}/{expected}, CPU µs/event {result['cpu_us_per_event']},"
         f" WAL B/event {result['wal_bytes_per_recorded_event']} {result['wal_by_kind']}")
     return result
+
+
+def _scrape_all(jobs: Sequence[Job]) -> dict[str, float] | None:
+    """The samples of every process of the job, summed by series; None unless all answer."""
+    merged: dict[str, float] = {}
+    for job in jobs:
+        if (found := job.scrape(timeout=1.0)) is None:
+            return None
+        for series, value in found.items():
+            merged[series] = merged.get(series, 0.0) + value
+    return merged
 
 
 def compare_jobs(services: Services, input_settings: Settings, backlog: Backlog, *, ref: str,

@@ -11,7 +11,8 @@ TARGETS = {
     "job_vs_ceiling": (">=", 0.7), "job_vs_peer": (">=", 1.5),
     "total_cpu_us_per_event": ("<=", 90.0), "wal_bytes_per_recorded_event": ("<=", 1536.0),
     "steady_p99_ms": ("<", 150.0), "dedup_rss_mb": ("<=", 200.0),
-    "restart_caught_up_s": ("<", 10.0), "scale_largest_vs_2m": (">=", 0.9)}
+    "restart_caught_up_s": ("<", 10.0), "scale_largest_vs_2m": (">=", 0.9),
+    "workers_2_job_cpu_vs_1_worker": ("<=", 1.3), "processes_2_job_cpu_vs_1_worker": ("<=", 1.5)}
 _OPS = {">=": float.__ge__, "<=": float.__le__, "<": float.__lt__}
 
 
@@ -45,6 +46,21 @@ def best_job(results: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     """The job run with the highest events/s."""
     rated = [(k, v) for k, v in (results.get("job") or {}).items() if v.get("events_per_s")]
     return max(rated, key=lambda kv: kv[1]["events_per_s"]) if rated else (None, {})
+
+
+def versus_one_worker(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each other job run over ``workers_1`` of the same run: events/s and CPU µs per event.
+
+    CPU per event of the job's processes (summed over a cluster's), PostgreSQL, the broker and
+    their total; None where either run lacks the figure.
+    """
+    runs = results.get("job") or {}
+    base = runs.get("workers_1") or {}
+    return {name: {"events_per_s": _ratio(run.get("events_per_s"), base.get("events_per_s")),
+                   **{f"{part}_cpu_us_per_event": _ratio(get(run, f"cpu_us_per_event.{part}"),
+                                                         get(base, f"cpu_us_per_event.{part}"))
+                      for part in ("job", "postgres", "kafka", "total")}}
+            for name, run in runs.items() if name != "workers_1"}
 
 
 def merge_scale(results: dict[str, Any], previous: dict[str, Any] | None) -> None:
@@ -89,6 +105,7 @@ def evaluate(results: dict[str, Any]) -> None:
     """Add ``ratios`` and ``targets`` (value, target, met) to ``results``."""
     name, job = best_job(results)
     rate = job.get("events_per_s")
+    scaling = versus_one_worker(results)
     scale = {p["rows"]: p["events_per_second"] for p in results.get("scale") or []}
     largest = max(scale, default=0)
     results["ratios"] = {
@@ -103,12 +120,15 @@ def evaluate(results: dict[str, Any]) -> None:
         "scale_points_from_this_run": sorted(
             p["rows"] for p in results.get("scale") or []
             if p.get("run_id") == results["meta"]["run_id"]),
+        "versus_1_worker": scaling,
     }
     values = {**results["ratios"], "job_events_per_s": rate,
               "wal_bytes_per_recorded_event": job.get("wal_bytes_per_recorded_event"),
               "steady_p99_ms": get(results, "steady.p99_ms"),
               "dedup_rss_mb": get(results, "dedup.rss_mb"),
-              "restart_caught_up_s": get(results, "restart.caught_up_s")}
+              "restart_caught_up_s": get(results, "restart.caught_up_s"),
+              **{f"{run}_job_cpu_vs_1_worker": get(scaling, f"{run}.job_cpu_us_per_event")
+                 for run in ("workers_2", "processes_2")}}
     results["targets"] = {
         key: {"value": values[key], "target": f"{op} {bound:g}",
               "met": "not measured" if values[key] is None
@@ -120,7 +140,7 @@ def _fmt(value: Any) -> str:
     if isinstance(value, dict):
         return " / ".join(_fmt(v) for k, v in value.items() if k != "total")
     if isinstance(value, float):
-        return f"{value:,.1f}"
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
     return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 
@@ -138,6 +158,11 @@ def print_table(results: dict[str, Any]) -> None:
                  (f"{label}: WAL B/event records / page images",
                   f"{_fmt(get(run, 'wal_by_kind.records'))} / "
                   f"{_fmt(get(run, 'wal_by_kind.page_images'))}", "", "")]
+    for name, ratio in (get(results, "ratios.versus_1_worker") or {}).items():
+        cpu = " / ".join(_fmt(ratio[f"{part}_cpu_us_per_event"])
+                         for part in ("job", "postgres", "kafka"))
+        rows.append((f"job {name.replace('_', ' ')} / workers 1: events/s; CPU/event job / "
+                     "postgres / kafka", f"{_fmt(ratio['events_per_s'])}; {cpu}", "", ""))
     for label, path in (("prefill: action_events rows", "prefill.action_events_rows"),
                         ("scale: rows, -w 1 events/s", ("prefill_scale.action_events_rows",
                                                         "scale_job.events_per_s")),

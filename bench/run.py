@@ -1,14 +1,14 @@
 """``python -m bench``: the favorites flow end to end on real Kafka + PostgreSQL, in one run.
 
-One template database holds ``--sessions`` sessions and ``--rows`` action_events rows; every
-phase runs on a copy of it: a warm-up job run (recorded apart), ``job`` (``-w`` of ``--workers``
-on a ``--messages`` backlog), ``scale`` (``-w 1`` on a template of ``--scale-rows`` rows),
-``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady`` (latency while tailing), ``dedup``
-(RSS with ``--dedup-ids`` ids, then SIGKILL and restart); ``timing`` only when named
-(bench/timing.py). ``--compare REF`` adds an interleaved A/B of the ``-w 1`` job against commit
-REF. Prints one table; writes ``--out`` (``bench/results.json``) with ``targets``, the ``scale``
-curve (other row counts' points kept from the file it replaces) and that file's sections of
-phases this run did not run (``meta.carried_over``). Exit 1 if a phase failed.
+One template database holds ``--sessions`` sessions and ``--rows`` action_events rows; every phase
+runs on a copy of it: a warm-up job run (recorded apart), ``job`` (``-w`` of ``--workers``, then
+``-i/-a`` clusters of ``--processes``, on a ``--messages`` backlog), ``scale`` (``-w 1`` on a
+template of ``--scale-rows`` rows), ``naive``, ``ceiling``, ``peer`` (Quix Streams), ``steady``
+(latency while tailing), ``dedup`` (RSS with ``--dedup-ids`` ids, then SIGKILL and restart);
+``timing`` only when named (bench/timing.py). ``--compare REF`` adds an interleaved A/B of the
+``-w 1`` job against commit REF. Prints one table; writes ``--out`` (``bench/results.json``) with
+``targets``, the ``scale`` curve (other row counts' points kept from the file it replaces) and that
+file's sections of phases this run did not run (``meta.carried_over``). Exit 1 if a phase failed.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(full),
                             help=f"{what} (default {full:g})")
     parser.add_argument("--workers", default="1,2", help="job worker counts (default 1,2)")
+    parser.add_argument("--processes", default="2",
+                        help="job cluster sizes, one worker per process (default 2; empty: none)")
     parser.add_argument("--phases", default=",".join(DEFAULT_PHASES),
                         help=f"comma list of {', '.join(ALL_PHASES)} (default: all but timing)")
     parser.add_argument("--timing-rounds", type=int, default=3,
@@ -88,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, small if args.small else full)
     args.workers = [int(w) for w in str(args.workers).split(",") if w]
+    args.processes = [int(p) for p in str(args.processes).split(",") if p]
+    if any(p < 2 for p in args.processes):
+        parser.error("--processes: a cluster has 2 processes or more")
     args.phases = [p for p in str(args.phases).split(",") if p]
     if unknown := set(args.phases) - set(ALL_PHASES):
         parser.error(f"unknown phases: {sorted(unknown)}")
@@ -137,6 +142,7 @@ class _Run:
         meta, services = self.results["meta"], self.services
         log(f"run {self.run_id}: starting services (external={self.args.external})")
         meta["service_start"] = services.start()
+        meta["broker_jvm"] = None if services.broker is None else list(services.broker.jvm_options)
         meta["postgres"] = services.durability()
         if meta["postgres"]["fsync"] != "on":
             log(f"WARNING: PostgreSQL runs with {meta['postgres']}: the naive consumer's rate "
@@ -174,11 +180,12 @@ class _Run:
             else:
                 self.services.drop_database(name)
 
-    def job(self, name: str, workers: int, db: str, rows: int | None = None) -> dict[str, Any]:
+    def job(self, name: str, workers: int, db: str, rows: int | None = None, *,
+            processes: int = 1) -> dict[str, Any]:
         """The bounded job on the backlog, in ``db`` prefilled with ``rows`` (``--rows``)."""
         run = phases.job_backlog(self.services, self.input, self.backlog, db, name=name,
                                  workers=workers, prefill_rows=rows or self.args.rows,
-                                 timeout=self.args.job_timeout, log=log)
+                                 timeout=self.args.job_timeout, log=log, processes=processes)
         self.failed |= not run["ok"]
         return run
 
@@ -189,11 +196,16 @@ class _Run:
             "events_per_s", "cpu_us_per_event", "first_output_s", "ok")}
 
     def phase_job(self) -> None:
+        """``-w N`` of each ``--workers``, then a cluster of each ``--processes`` of ``-w 1``."""
         self.results["job"] = {}
         for workers in self.args.workers:
             name = f"job_w{workers}"
             self.results["job"][f"workers_{workers}"] = self.on_copy(
                 name, functools.partial(self.job, name, workers), keep=True)
+        for processes in self.args.processes:
+            name = f"job_p{processes}"
+            self.results["job"][f"processes_{processes}"] = self.on_copy(
+                name, functools.partial(self.job, name, 1, processes=processes))
 
     def phase_scale(self) -> None:
         """The ``-w 1`` job on a template of ``--scale-rows`` rows: the other point of ``scale``."""

@@ -1,12 +1,13 @@
 """The services of a benchmark run, the job as a measured process, and what ``/proc`` says.
 
-:class:`Services`: by default a fresh Kafka broker and PostgreSQL (``fsync=on``, checked) in a
-temporary directory, removed at the end; ``external``: the servers named by
-``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL`` (the role must create
-databases; the run's ``bench_<run>_*`` databases are dropped at the end; processes listening on
-their ports on this machine are found, for their CPU). :class:`Job`: the favorites job with its
-CPU and RSS. :class:`CpuSampler`: CPU seconds of a process, PostgreSQL (postmaster and backends),
-Kafka and the machine over a phase. :class:`OutputCounter`: a topic's records as they arrive.
+:class:`Services`: by default a fresh Kafka broker (Kafka's production JVM options) and
+PostgreSQL (``fsync=on``, checked) in a temporary directory, removed at the end; ``external``:
+the servers named by ``USER_ACTIVITY_KAFKA_BOOTSTRAP_SERVERS`` / ``USER_ACTIVITY_DATABASE_URL``
+(the role must create databases; the run's ``bench_<run>_*`` databases are dropped at the end;
+processes listening on their ports on this machine are found, for their CPU). :class:`Job`: the
+favorites job (or one process of a cluster) with its CPU and RSS. :class:`CpuSampler`: CPU
+seconds of the job's processes, PostgreSQL (postmaster and backends), Kafka and the machine over
+a phase. :class:`OutputCounter`: a topic's records as they arrive.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class Services:
             self.kafka_pid = _listening_pid(int(self.bootstrap.split(",")[0].rsplit(":", 1)[1]))
             self.postmaster_pid = _listening_pid(urlsplit(self.server_url).port or 5432)
             return {}
-        from devenv.kafka_broker import KafkaBroker
+        from devenv.kafka_broker import PRODUCTION_JVM, KafkaBroker
         from devenv.postgres_server import PostgresServer
 
         t0 = time.monotonic()
@@ -141,7 +142,7 @@ class Services:
         if self.durability()["fsync"] != "on":
             raise RuntimeError("the benchmark's PostgreSQL must run with fsync=on")
         t0 = time.monotonic()
-        broker = self.broker = KafkaBroker(self.run_dir / "kafka")
+        broker = self.broker = KafkaBroker(self.run_dir / "kafka", jvm_options=PRODUCTION_JVM)
         self._owned.append(broker)
         self.bootstrap, self.kafka_pid = broker.start(), broker.pid
         return {**timings, "kafka_start_s": time.monotonic() - t0}
@@ -254,13 +255,14 @@ def wal_by_kind(db_url: str, start: str, end: str, events: int) -> dict[str, flo
 class Job(JobProcess):
     """The favorites job, started at once with its own log; recovery only with ``recovery_dir``.
 
-    ``source_dir`` runs it from another checkout (an A/B against another commit).
+    ``source_dir`` runs it from another checkout (an A/B against another commit); ``cluster``
+    ``(process id, addresses)`` runs one process of a Bytewax cluster (``-i``/``-a``).
     """
 
     def __init__(self, settings: Settings, log_path: Path, *, workers: int = 1, tail: bool,
                  recovery_dir: Path | None = None, extra_env: dict[str, str] | None = None,
-                 source_dir: Path | None = None) -> None:
-        super().__init__(settings, log_path.parent, workers=workers, tail=tail,
+                 source_dir: Path | None = None, cluster: tuple[int, str] | None = None) -> None:
+        super().__init__(settings, log_path.parent, workers=workers, tail=tail, cluster=cluster,
                          recovery=recovery_dir is not None, recovery_dir=recovery_dir,
                          snapshot_interval=5, backup_interval=0, log_path=log_path,
                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, extra_env=extra_env,
@@ -315,9 +317,16 @@ class CpuSampler:
         self._thread.start()
 
     @classmethod
-    def of(cls, services: Services, job: Job) -> CpuSampler:
-        """A sampler of ``job``."""
-        return cls(services, job.cpu_seconds, job.rss_mb)
+    def of(cls, services: Services, *jobs: Job) -> CpuSampler:
+        """A sampler of ``jobs`` (the processes of one cluster): their summed CPU and RSS."""
+
+        def total(read: Callable[[Job], float | None]) -> Callable[[], float | None]:
+            def summed() -> float | None:  # None while any process is unreadable
+                values = [read(job) for job in jobs]
+                return None if None in values else sum(v or 0.0 for v in values)
+            return summed
+
+        return cls(services, total(Job.cpu_seconds), total(Job.rss_mb))
 
     def _read(self) -> dict[str, float]:
         busy, total, pressure = _machine()

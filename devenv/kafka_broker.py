@@ -47,10 +47,15 @@ DEFAULT_LIB_DIR = ASSETS_DIR / f"lib-{KAFKA_VERSION}"
 DEFAULT_RUN_DIR = Path(__file__).resolve().parent.parent / ".run" / "kafka"
 _KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
 
-# Serial GC + C1-only JIT: far less CPU at start-up on small CI machines; fine for tests.
-_JVM_OPTS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:+ExitOnOutOfMemoryError",
-             "-XX:-UsePerfData", "-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true",
-             f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}")
+QUICK_START_JVM = ("-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+"""The broker's default heap, GC and JIT: serial GC and C1 only start with far less CPU on small
+CI machines; for tests, not for measuring the broker."""
+PRODUCTION_JVM = ("-Xms1g", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                  "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent")
+"""Kafka's own options (``kafka-server-start.sh``, ``kafka-run-class.sh``): a 1 GB heap, G1,
+every JIT tier."""
+_JVM_OPTS = ("-XX:+ExitOnOutOfMemoryError", "-XX:-UsePerfData", "-Djava.awt.headless=true",
+             "-Djava.net.preferIPv4Stack=true", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}")
 
 # For clients of brokers that start or stop: hides librdkafka's "Connection refused" noise.
 QUIET_RDKAFKA_LOGGER = logging.getLogger(f"{__name__}.rdkafka")
@@ -189,13 +194,16 @@ class KafkaBroker:
     """One broker+controller JVM on 127.0.0.1 whose state (ports, data, log) lives in ``run_dir``.
 
     The JVM gets ``die_with_parent`` when the thread that started it exits (the CLI: None).
+    ``jvm_options``: its heap, GC and JIT (:data:`QUICK_START_JVM`; the benchmark's
+    :data:`PRODUCTION_JVM`).
     """
 
     def __init__(self, run_dir: Path | str, *, port: int | None = None,
                  controller_port: int | None = None, cluster_id: str | None = None,
                  server_properties: Mapping[str, str | int | bool] | None = None,
                  start_timeout: float = 90.0,
-                 die_with_parent: signal.Signals | None = signal.SIGTERM) -> None:
+                 die_with_parent: signal.Signals | None = signal.SIGTERM,
+                 jvm_options: Sequence[str] = QUICK_START_JVM) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.data_dir, self.log_path = self.run_dir / "data", self.run_dir / "broker.log"
         self.properties_path = self.run_dir / "server.properties"
@@ -203,6 +211,7 @@ class KafkaBroker:
         self._extra = {k: str(v).lower() if isinstance(v, bool) else str(v)
                        for k, v in (server_properties or {}).items()}
         self.start_timeout, self._die_with_parent = start_timeout, die_with_parent
+        self.jvm_options = tuple(jvm_options)
         self._proc: subprocess.Popen[bytes] | None = None
         self._launch_offset = 0  # of broker.log, for the lines of the latest start
         self.cluster_id = cluster_id
@@ -255,8 +264,9 @@ class KafkaBroker:
         offset = self._log_header("format storage")
         with self.log_path.open("ab") as log:
             code = subprocess.run(
-                [_java(), "-Xmx256m", *_JVM_OPTS, "-cp", f"{lib}/*", "kafka.tools.StorageTool",
-                 "format", "-t", cluster_id, "-c", str(self.properties_path)],
+                [_java(), *QUICK_START_JVM, *_JVM_OPTS, "-cp", f"{lib}/*",
+                 "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                 "-c", str(self.properties_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=120,
                 check=False, cwd=self.run_dir).returncode
         if code != 0:
@@ -268,7 +278,7 @@ class KafkaBroker:
 
         Call this from a long-lived thread: the JVM dies with it (``die_with_parent``).
         """
-        cmd = [_java(), "-Xms64m", "-Xmx384m", *_JVM_OPTS, "-cp", f"{fetch_jars()}/*",
+        cmd = [_java(), *self.jvm_options, *_JVM_OPTS, "-cp", f"{fetch_jars()}/*",
                "kafka.Kafka", str(self.properties_path)]
         if self._die_with_parent and (setpriv := shutil.which("setpriv")):
             cmd = [setpriv, "--pdeathsig", self._die_with_parent.name.removeprefix("SIG"), *cmd]

@@ -62,7 +62,7 @@ def test_bench_small_writes_every_section_with_positive_numbers(
     _positive(results, "prefill", "action_events_rows")
     assert results["warmup"]["ok"], results["warmup"]  # the job once, before the measured runs
     _positive(results, "warmup", "events_per_s")
-    for workers in ("workers_1", "workers_2"):
+    for workers in ("workers_1", "workers_2", "processes_2"):
         run = results["job"][workers]
         assert run["ok"], run
         assert run["rows_committed"] == run["expected_recorded"]
@@ -102,6 +102,7 @@ def test_bench_small_writes_every_section_with_positive_numbers(
         "job_events_per_s", "job_vs_naive", "job_vs_ceiling", "job_vs_peer",
         "total_cpu_us_per_event", "wal_bytes_per_recorded_event", "steady_p99_ms",
         "dedup_rss_mb", "restart_caught_up_s", "scale_largest_vs_2m",
+        "workers_2_job_cpu_vs_1_worker", "processes_2_job_cpu_vs_1_worker",
     }
     for key, target in results["targets"].items():
         # the scale target needs a point above 2M rows (the full run's 10M)
@@ -159,5 +160,8 @@ def test_the_committed_results_are_evaluated_and_printed(capsys: pytest.CaptureF
     results = json.loads((ROOT / "bench" / "results.json").read_text())
     evaluate(results)
     print_table(results)
-    assert all(t["met"] == "met" for t in results["targets"].values()), results["targets"]
+    open_targets = {"workers_2_job_cpu_vs_1_worker", "processes_2_job_cpu_vs_1_worker"}  # issue 48
+    assert all(t["met"] == "met" for key, t in results["targets"].items()
+               if key not in open_targets), results["targets"]
+    assert all(results["targets"][key]["met"] != "not measured" for key in open_targets)
     assert "target scale_largest_vs_2m" in capsys.readouterr().out
