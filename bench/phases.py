@@ -173,6 +173,7 @@ def compare_jobs(services: Services, input_settings: Settings, backlog: Backlog,
         reference = {"ref": commit if ref else "this tree", "ref_env": ref_env}
         rates: dict[str, list[float]] = {"head": [], "ref": []}
         cpu_us: dict[str, list[float]] = {"head": [], "ref": []}
+        pg_us: dict[str, list[float]] = {"head": [], "ref": []}
         first_output: dict[str, list[float]] = {"head": [], "ref": []}
         for round_no in range(rounds):
             order = [("head", None), ("ref", checkout)]
@@ -190,6 +191,8 @@ def compare_jobs(services: Services, input_settings: Settings, backlog: Backlog,
                     first_output[label].append(run["first_output_s"])
                 if job_cpu := run["resources"].get("job_cpu_s"):
                     cpu_us[label].append(round(1e6 * job_cpu / run["messages"], 1))
+                if pg_cpu := run["resources"].get("postgres_cpu_s"):
+                    pg_us[label].append(round(1e6 * pg_cpu / run["messages"], 1))
         head, base = statistics.median(rates["head"]), statistics.median(rates["ref"])
         result = {**reference, "rounds": rounds, "events_per_s": rates, "median_head": head,
                   "median_ref": base, "ratio_head_to_ref": round(head / base, 3),
@@ -200,6 +203,14 @@ def compare_jobs(services: Services, input_settings: Settings, backlog: Backlog,
             result |= {"job_cpu_us_per_event": cpu_us, "cpu_ratio_ref_to_head": round(
                 statistics.median(cpu_us["ref"]) / statistics.median(cpu_us["head"]), 3),
                 "cpu_paired_head_to_ref": paired_ratios(cpu_us["head"], cpu_us["ref"])}
+        if len(pg_us["head"]) == len(pg_us["ref"]) == rounds == len(cpu_us["head"]):
+            both = {label: [j + p for j, p in zip(cpu_us[label], pg_us[label], strict=True)]
+                    for label in ("head", "ref")}
+            result |= {"postgres_cpu_us_per_event": pg_us,
+                       "postgres_cpu_paired_head_to_ref": paired_ratios(pg_us["head"],
+                                                                        pg_us["ref"]),
+                       "job_and_postgres_cpu_paired_head_to_ref": paired_ratios(both["head"],
+                                                                                both["ref"])}
         return result
     finally:
         if checkout is not None:
