@@ -25,7 +25,7 @@ from confluent_kafka import (
 
 from cli import table
 from cli.migrate import MIGRATIONS_DIR
-from cli.topics import admin_client, outbox_topics, own_topics
+from cli.topics import admin_client, own_topics
 from runtime.settings import Settings
 from runtime.shutdown import Shutdown
 from sinks.outbox.stream import StreamFencedError, TransactionalStream
@@ -78,7 +78,7 @@ def needs(settings: Settings, flows: tuple[str, ...]) -> tuple[dict[str, str], d
                    settings.topic_session_linking_dlq: "WRITE"}
         groups[settings.consumer_group_session_linking] = "READ"
     if settings.outbox_enabled:
-        topics |= dict.fromkeys(outbox_topics(settings), "WRITE")
+        topics |= dict.fromkeys(settings.outbox_topics(), "WRITE")
         topics[settings.topic_outbox_progress] = "READ, WRITE"  # read back at every start
     if settings.start_from_group:
         groups[settings.start_from_group] = "DESCRIBE"

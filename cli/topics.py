@@ -28,14 +28,9 @@ from runtime.settings import Settings
 MIN_ISR = "min.insync.replicas"
 
 
-def outbox_topics(settings: Settings) -> list[str]:
-    """The outbox's outputs (the session lifecycle topics only while published)."""
-    return settings.outbox_topics()
-
-
 def own_topics(settings: Settings) -> list[str]:
     """The topics this service writes and owns: the outbox's, and the dead letters."""
-    return [*outbox_topics(settings), settings.topic_favorites_dlq,
+    return [*settings.outbox_topics(), settings.topic_favorites_dlq,
             settings.topic_session_linking_dlq, settings.topic_outbox_progress]
 
 

@@ -9,7 +9,6 @@ from schemas.base import WireModel
 from schemas.envelope import Envelope, Moment, Timestamp
 
 ACTION_EVENT_AGGREGATE_TYPE = "ActionEvent"
-FAVORITE_AGGREGATE_TYPE = "Favorite"
 
 
 class ActionType(StrEnum):

@@ -12,7 +12,6 @@ from schemas.base import WireModel
 from schemas.envelope import Envelope, Moment, Timestamp
 
 SESSION_AGGREGATE_TYPE = "Session"
-USER_AGGREGATE_TYPE = "User"
 
 
 class UserSignedInPayload(WireModel):

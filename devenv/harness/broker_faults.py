@@ -240,18 +240,15 @@ FAULTS: dict[str, tuple[Fault, float]] = {  # the fault, and a favorites rate th
 
 @dataclass(frozen=True)
 class FireRun:
-    """What one run under fire did; seconds, the pauses' starts relative to the fault's."""
+    """What one run under fire did; the pauses in seconds."""
 
     stream: Stream
     deliveries: list[Delivery]
     exit_code: int | None
     rows: int
     pause_s: float
-    pause_at_s: float
     pause_with_failover_s: float
-    pause_with_failover_at_s: float
     outbox_pause_s: float
-    outbox_pause_at_s: float
     summary: str
 
 
@@ -299,7 +296,5 @@ def run_under_fire(cluster: KafkaCluster, job: JobProcess, admin: Settings, data
                f"{literal:.2f}s at +{literal_at - fault_began:.1f}s with it; outbox "
                f"{outbox:.2f}s at +{outbox_at - fault_began:.1f}s; produced in "
                f"{producer.seconds}s, all rows after {drained_s:.1f}s; job exits {code}")
-    return FireRun(stream, deliveries, code, samples[-1].rows, round(pause, 2),
-                   round(at - fault_began, 1), round(literal, 2),
-                   round(literal_at - fault_began, 1), round(outbox, 2),
-                   round(outbox_at - fault_began, 1), summary)
+    return FireRun(stream, deliveries, code, samples[-1].rows, round(pause, 2), round(literal, 2),
+                   round(outbox, 2), summary)
