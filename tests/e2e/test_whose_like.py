@@ -196,6 +196,11 @@ def _applied(job: JobProcess) -> float:
                                           "late-conflict", "superseded"))
 
 
+def _recorded(db: psycopg.Connection[Any]) -> int:
+    row = db.execute("SELECT count(*) FROM user_activity.action_events").fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_the_lag_gauge_and_alert_see_a_postgres_outage_under_a_trickle(
     make_settings: SettingsFactory, db: psycopg.Connection[Any], postgres_server: Any,
     tmp_path: Path,
@@ -226,7 +231,7 @@ def test_the_lag_gauge_and_alert_see_a_postgres_outage_under_a_trickle(
                 produce(settings, [_like(settings, datetime.now(UTC),
                                          device=devices[sent % len(devices)])[1]])
                 sent += 1
-                if sent == 15:
+                if sent >= 15 and not stopped and _recorded(db):  # caught up, then the outage
                     postgres_server.stop()
                     stopped = True
                 if stopped and prometheus.firing("UserActivityFavoritesLagHigh"):
@@ -237,6 +242,7 @@ def test_the_lag_gauge_and_alert_see_a_postgres_outage_under_a_trickle(
         finally:
             if stopped:
                 postgres_server.start()
+        assert stopped, "the job recorded no like in 60 s: no outage was started"
         assert lag > 8, lag
         assert firing, prometheus.log_tail()
         job.wait_until(lambda: job.metric("user_activity_favorites_lag_seconds") < 2, 60,
