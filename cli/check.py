@@ -28,7 +28,7 @@ from cli.migrate import MIGRATIONS_DIR
 from cli.topics import admin_client, own_topics
 from runtime.settings import Settings
 from runtime.shutdown import Shutdown
-from sinks.outbox.stream import StreamFencedError, TransactionalStream
+from sinks.outbox.stream import OutcomeUnknownError, StreamFencedError, TransactionalStream
 
 FLOWS = ("favorites", "session-linking")
 
@@ -130,7 +130,7 @@ def transactional_id_row(settings: Settings) -> Row:
     stream = TransactionalStream(settings, stopping=Shutdown())
     try:
         stream.open()
-    except StreamFencedError as exc:  # fatal: the broker's refusal, named
+    except (StreamFencedError, OutcomeUnknownError) as exc:  # fatal: the refusal, named
         unauthorized = str(exc) == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
         return ("transactional-id", name, False,
                 "no WRITE for this principal" if unauthorized else f"refused ({exc})")

@@ -1,16 +1,14 @@
 """A real single-node Apache Kafka broker (KRaft combined mode) for tests and local development.
 
 No library runs real Kafka without containers, so this runs the broker's Maven Central jars on the
-machine's Java 17+. ``fetch_jars`` resolves them once with Maven (devenv/kafka/pom.xml) into
-``devenv/kafka/lib-<version>/``, with a class archive of a broker's start (:func:`archive_classes`:
-a quick-start JVM loads its classes from it, half the CPU of a start); later starts need no
-network. ``KafkaBroker(run_dir)``: ``start``
-(format on first use, wait until ready), ``stop`` (SIGTERM), ``kill`` (SIGKILL), a context manager.
+machine's Java 17+, resolved once by ``fetch_jars`` (devenv/kafka/pom.xml) into
+``devenv/kafka/lib-<version>/`` with a class archive of a broker's start (:func:`archive_classes`,
+half the CPU of a quick-start JVM's start). ``KafkaBroker(run_dir)``: ``start`` (format on first
+use, wait until ready), ``stop`` (SIGTERM), ``kill`` (SIGKILL), a context manager.
 
 CLI (state in ``.run/kafka`` unless ``--run-dir``): ``python -m devenv.kafka_broker
-fetch | start [--port N] [--fresh] | status | create-topics TOPIC... | stop``; ``fetch`` also
-writes the class archive; ``start`` prints the bootstrap address as its last line and leaves the
-broker running.
+fetch | start [--port N] [--fresh] | status | create-topics TOPIC... | stop``; ``start`` prints
+the bootstrap address as its last line and leaves the broker running.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ The ``transactional.id`` belongs to the stream, not the process. :meth:`~Transac
 makes a producer, ``init_transactions`` (fencing any earlier producer of the stream, ending its
 open transaction), then reads the last committed progress record (read_committed).
 :meth:`~TransactionalStream.publish` sends records, then the progress, in one Kafka transaction:
-committed, or aborted with each record's refusal. An unknown outcome (a time-out) drops the
-producer and raises :class:`OutcomeUnknownError`: the stream is opened again, never continued
-(no KIP-890 part 2 in librdkafka, confluentinc/librdkafka#5423). A fenced or fatal producer asks
-for a restart (exit 75), raising :class:`StreamFencedError`; an unanswered call raises
-``KafkaException`` (retried).
+committed, or aborted with each record's refusal. An unknown outcome (a time-out), and once per
+commit a producer's own fatal state (:func:`renewable`), drop the producer and raise
+:class:`OutcomeUnknownError`: the stream is opened again, never continued (no KIP-890 part 2 in
+librdkafka, confluentinc/librdkafka#5423). A fenced or refused producer asks for a restart
+(exit 75), raising :class:`StreamFencedError`; an unanswered call raises ``KafkaException``.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class TransactionalStream:
         self._key = settings.outbox_transactional_id.encode()
         self._topic = settings.topic_outbox_progress
         self._producer: Producer | None = None
+        self._fatal_since_commit = False
 
     @property
     def is_open(self) -> bool:
@@ -129,6 +130,8 @@ class TransactionalStream:
             if isinstance(cause, KafkaException):
                 self._fail_if_fatal(cause.args[0])
             return self._unknown(KafkaError(KafkaError._FAIL, str(exc)))
+        if not abort:
+            self._fatal_since_commit = False
         return Attempt(True, errors)
 
     def probe(self, record: Producible, timeout: float = COMMIT_SECONDS) -> KafkaError | None:
@@ -205,12 +208,21 @@ class TransactionalStream:
         raise OutcomeUnknownError(f"a transaction's outcome is unknown ({error.name()})")
 
     def _fail_if_fatal(self, error: KafkaError) -> None:
+        """A fatal error: :class:`OutcomeUnknownError` (renewable, module doc), else a restart."""
         if not error.fatal():
             return
         # never destroyed before the process ends: librdkafka's destroy of a fenced transactional
         # producer corrupted the heap (glibc: "unaligned tcache chunk detected", SIGABRT)
         _FATAL_PRODUCERS.append(self._producer)
         self._producer = None
+        if renewable(error, fatal_since_commit=self._fatal_since_commit):
+            self._fatal_since_commit = True
+            log_event(logger, "kafka-producer-fatal", logging.WARNING,
+                      transactional_id=self._key.decode(), error=error.name(),
+                      detail=error.str(), action="a new producer fences this one and reads the"
+                                                 " progress Kafka committed")
+            raise OutcomeUnknownError(f"the outbox's producer is in its fatal state"
+                                      f" ({error.name()})")
         fenced = error.code() in _FENCED
         log_event(logger, "outbox-stream-fenced" if fenced else "kafka-producer-fatal",
                   logging.ERROR, transactional_id=self._key.decode(), error=error.name(),
@@ -231,11 +243,23 @@ class TransactionalStream:
                 "topic.metadata.propagation.max.ms": 5000}
 
 
+def renewable(error: KafkaError, *, fatal_since_commit: bool) -> bool:
+    """Whether a fatal ``error`` is the producer's own state, which a new producer ends.
+
+    Not a fence (another producer of the stream) nor the broker's refusal of the transactional
+    id, and no other fatal error since the stream's last commit (a second one: a restart).
+    """
+    return (error.fatal() and not fatal_since_commit
+            and error.code() not in _FENCED and error.code() not in _REFUSED)
+
+
 _FATAL_PRODUCERS: list[Producer | None] = []
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 """A record's report when its transaction failed for another reason."""
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                      KafkaError.INVALID_PRODUCER_EPOCH})
+_REFUSED = frozenset({KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                      KafkaError.CLUSTER_AUTHORIZATION_FAILED})
 
 
 def read_progress(client_config: dict[str, Any], topic: str, key: bytes,
