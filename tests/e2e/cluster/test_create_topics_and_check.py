@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclOperation,
     AdminClient,
@@ -78,14 +79,32 @@ def test_create_topics_makes_three_replicas_and_two_in_sync_and_a_dry_run_change
     metadata = admin.list_topics(timeout=10).topics
     assert [sorted(len(p.replicas) for p in metadata[t].partitions.values()) for t in ours] == [
         [3] * 6] * 6 + [[3]]  # the progress topic: one partition
-    configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in ours])
-    assert {f.result(10)["min.insync.replicas"].value for f in configs.values()} == {"2"}
+    # the broker asked may not have applied the new topics yet (UNKNOWN_TOPIC_OR_PART): asked again
+    found: list[set[str] | None] = [None]
+
+    def described() -> bool:
+        found[0] = _min_insync(admin, ours)
+        return found[0] is not None
+
+    wait_until(described, 30, "the topics' configs")
+    assert found[0] == {"2"}
     assert not set(input_topics(settings)) & set(metadata)
 
     kafka_cluster.stop(3)  # the metadata lists 2 brokers: still not a cluster for RF 1
     wait_until(lambda: len(admin.list_topics(timeout=10).brokers) == 2, 30, "node 3 gone")
     assert create_topics(settings, dry_run=True) == 0
     assert "cluster: 3 broker(s)" in capsys.readouterr().out
+
+
+def _min_insync(admin: AdminClient, topics: list[str]) -> set[str] | None:
+    """Each topic's ``min.insync.replicas``; None while a broker does not know one yet."""
+    asked = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics])
+    try:
+        return {f.result(10)["min.insync.replicas"].value for f in asked.values()}
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise
+        return None
 
 
 def _grants(settings: Settings) -> list[tuple[ResourceType, str, AclOperation]]:
