@@ -123,12 +123,21 @@ class _ActionHistoryPartition(TransactionalPartition[FavoriteMessage, BatchOutco
     def sweep_waiting(self) -> None:
         """Record the waiting actions whose owner now has a session; skip the expired ones.
 
-        Sweeps until a page is not full; outages are retried like a write.
+        Sweeps until a page is not full. An outage ends the sweep (paused on ``postgres``; the
+        next tick tries again): the worker goes on reading, and the batches it takes wait for
+        PostgreSQL as held ones, which the lag gauge sees.
         """
         while True:
             self._swept_at = time.monotonic()
-            swept = self._write_retrying(
-                lambda: self._store.sweep_waiting(self._db.connection(), _SWEEP_PAGE))
+            try:
+                swept = self._store.sweep_waiting(self._db.connection(), _SWEEP_PAGE)
+            except psycopg.Error as exc:
+                if not is_infrastructure_error(exc):
+                    raise
+                self._db.reset()
+                self._health.paused("postgres", 1, type(exc).__name__, waiter=self._name)
+                return
+            self._health.resumed(waiter=self._name)
             _report_swept(swept)
             if len(swept) < _SWEEP_PAGE:
                 return
