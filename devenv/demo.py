@@ -40,7 +40,8 @@ RUN_DIR = Path(__file__).resolve().parent.parent / ".run"
 def _produce_demo(settings: Settings, devices: list[uuid.UUID], count: int,
                   traced: list[str]) -> None:
     """Produce ``count`` events, 80 % on favorite-added; the first ``len(traced)`` sampled."""
-    producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all"})
+    producer = Producer({**settings.kafka_client_config(), "linger.ms": 20, "acks": "all",
+                         "enable.idempotence": True})
     rng = random.Random(7)
     for i in range(count):
         parent = f"00-{traced[i]}-{rng.getrandbits(64) or 1:016x}-01" if i < len(traced) else ""

@@ -47,11 +47,14 @@ def _arguments(record: Produced) -> dict[str, Any]:
 
 
 def produce(settings: Settings, records: Iterable[Produced], **overrides: Any) -> int:
-    """Produce ``records`` and fail unless every one is acknowledged.
+    """Produce ``records`` in order per partition and fail unless every one is acknowledged.
 
-    ``overrides``: producer settings, with ``_`` for ``.`` (``compression_type="zstd"``).
+    Idempotent, so a retried request (a topic's leader not known yet) cannot land after the
+    records produced behind it. ``overrides``: producer settings, with ``_`` for ``.``
+    (``compression_type="zstd"``).
     """
     producer = Producer({**settings.kafka_client_config(), "acks": "all", "linger.ms": 5,
+                         "enable.idempotence": True,
                          **{key.replace("_", "."): value for key, value in overrides.items()}})
     errors: list[Any] = []
     count = 0

@@ -237,7 +237,8 @@ class Deployment:
         """
         topics = [self.settings["USER_ACTIVITY_TOPIC_FAVORITE_ADDED"],
                   self.settings["USER_ACTIVITY_TOPIC_FAVORITE_REMOVED"]]
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 10})
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "linger.ms": 10,
+                             "enable.idempotence": True})
         bursts = 10 if seconds else 1
         for i in range(count):
             envelope = favorite_envelope(anonymous_id=self.devices[(seed * 7919 + i)
@@ -467,7 +468,8 @@ def session_linking(d: Deployment) -> str:
     probed = d.probe_pod(pod)
     guests, _users = seed_owners(d.dsn, SIGN_INS, 0)
     users = {device: uuid.uuid4() for device in guests}
-    producer = Producer({"bootstrap.servers": d.bootstrap, "acks": "all"})
+    producer = Producer({"bootstrap.servers": d.bootstrap, "acks": "all",
+                         "enable.idempotence": True})
     for device, user in users.items():
         producer.produce(d.settings["USER_ACTIVITY_TOPIC_USER_SIGNED_IN"], key=str(user).encode(),
                          value=orjson.dumps(sign_in_envelope(
