@@ -33,7 +33,8 @@ from cli.topics import PROGRESS_CONFIG, ensure_topics
 from devenv.harness.jobs import ROOT, JobProcess
 from runtime.settings import Settings
 
-POSTGRES_SETTINGS = {"fsync": "on"}  # the dev server's default is off: commits must be durable
+# the dev server's default fsync is off: commits must be durable; WAL compressed as the runbook says
+POSTGRES_SETTINGS = {"fsync": "on", "wal_compression": "zstd"}
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _LIVE: set[Job] = set()
 
