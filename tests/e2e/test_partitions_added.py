@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewPartitions
 
-from devenv.harness.jobs import JobSupervisor
+from devenv.harness.jobs import JobSupervisor, wait_until
 from devenv.harness.stream import PacedProducer, good_stream
 from tests.chaos import (
     assert_exact_outcome,
@@ -47,6 +47,10 @@ def test_partitions_added_to_an_input_topic_are_read_after_the_job_restarts_itse
             [NewPartitions(topic, PARTITIONS_AFTER) for topic in topics]).values():
         future.result(30)
     added = time.monotonic()
+    # the broker applies the new partitions to its metadata after the call returns (up to half a
+    # second measured on a busy machine): a producer made before that writes to 6 partitions only
+    wait_until(lambda: all(len(admin.list_topics(topic, timeout=10).topics[topic].partitions)
+                           == PARTITIONS_AFTER for topic in topics), 30, "12 partitions listed")
     after = PacedProducer(settings, second, rate=1_000)  # a new producer sees 12 partitions
     after.start()
     code = job.wait(60)
