@@ -10,14 +10,20 @@ for that one window); every later row exactly once.
 from __future__ import annotations
 
 import argparse
+import time
 
 import psycopg
 
 from runtime.settings import Settings
 from runtime.shutdown import Shutdown
 from sinks.outbox import parked_rows, requeue_parked
+from sinks.outbox.lease import LEASE_KEY
+from sinks.outbox.sql import query
 from sinks.outbox.stream import TransactionalStream
 from sinks.outbox.table import read_cache
+
+LEASE_WAIT_SECONDS = 30.0
+"""A publisher without progress gives the lease up after each attempt; one keeping it publishes."""
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -41,6 +47,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _adopt(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> int:
+    """Under the outbox lease, so no publisher is between opening the stream and reading it."""
+    if not _lease_taken(conn, LEASE_WAIT_SECONDS):
+        print(f"user-activity outbox adopt-watermark: a publisher held the outbox lease for"
+              f" {LEASE_WAIT_SECONDS:.0f} s, so it publishes (Kafka has its progress): nothing"
+              " adopted")
+        return 2
     stream = TransactionalStream(settings, stopping=Shutdown())
     try:
         found = stream.open()  # fences any producer of the stream
@@ -60,3 +72,15 @@ def _adopt(conn: psycopg.Connection[tuple[object, ...]], settings: Settings) -> 
           f" {settings.outbox_transactional_id}: rows after it that an earlier publisher sent"
           " are sent again (at least once for that one window); every later row exactly once")
     return 0
+
+
+def _lease_taken(conn: psycopg.Connection[tuple[object, ...]], seconds: float) -> bool:
+    """The outbox lease held by this session (released when it ends), tried for ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        row = conn.execute(query("take_lease"), (LEASE_KEY,)).fetchone()
+        if row is not None and row[0]:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)

@@ -245,9 +245,14 @@ class OutboxPublisher:
     def _conn(self) -> Connection:
         return self._lease.connection()
 
-    def _lose_lease(self) -> None:
-        """Forget what only the lease holder knows; the stream is opened anew with the lease."""
-        self._lost = self._lost or self._lease.held or self._sender.progress is not None
+    def _lose_lease(self, *, given_up: bool = False) -> None:
+        """Forget what only the lease holder knows; the stream is opened anew with the lease.
+
+        ``given_up``: nothing was published under it, so another holder next is no sign that
+        this process was superseded (it waits as a standby).
+        """
+        self._lost = not given_up and (
+            self._lost or self._lease.held or self._sender.progress is not None)
         self._lease.lost()
         self._stream.close()
         self._sender.forget()
@@ -272,7 +277,7 @@ class OutboxPublisher:
     def _on_retry(self, exc: BaseException, attempt: int, delay: float) -> None:
         OUTBOX_PUBLISH_FAILURES.inc()
         if isinstance(exc, ProgressMissingError):
-            self._lose_lease()  # nothing to publish: a standby's turn, checked again later
+            self._lose_lease(given_up=True)  # a standby's turn (an operator's adopt-watermark)
             return
         dependency = "postgres" if isinstance(exc, (psycopg.Error, LeaseLostError)) else "kafka"
         self._health.paused(dependency, attempt, type(exc).__name__, waiter=self._name)

@@ -533,3 +533,7 @@ def test_the_stream_without_its_progress_publishes_nothing_until_an_operator_ado
     assert sorted(c.key or b"" for c in sent) == sorted(r.key for r in waiting)
     said = [r for r in caplog.records if r.getMessage() == "outbox-progress-missing"]
     assert len(said) == 1
+    # the command takes the lease: it never fences a publisher between its attempts
+    assert not {r.getMessage() for r in caplog.records} & {
+        "outbox-stream-fenced", "outbox-lease-superseded"}
+    assert not process.stopping.requested()
