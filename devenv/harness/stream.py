@@ -120,6 +120,7 @@ class PacedProducer(threading.Thread):
         self.started_at = self.finished_at = 0.0
         self._failure: BaseException | None = None
         self._hurry = threading.Event()
+        self._purged: set[int] = set()
 
     def hurry(self) -> None:
         """Produce the records not produced yet at once (a backlog), not at the rate."""
@@ -149,13 +150,41 @@ class PacedProducer(threading.Thread):
                 except BufferError:
                     producer.poll(0.05)
             self.produced = index + 1
-        remaining = producer.flush(300)
+        remaining = self._flushed(producer)
         self.finished_at = time.monotonic()
         if remaining:
             self.errors.append(f"{remaining} records not delivered")
 
+    def _flushed(self, producer: Producer) -> int:
+        """Flush; records left queued (never sent) a minute on are sent by a new producer.
+
+        librdkafka can keep a partition's leader unknown after a broker restart ("new leader-1
+        not found in cache") while later metadata lists it: what waits for that partition never
+        goes. Only records never sent are purged and produced again, so none lands twice.
+        """
+        deadline = time.monotonic() + 300
+        while (remaining := producer.flush(60)) and time.monotonic() < deadline:
+            self._purged.clear()
+            producer.purge(in_queue=True, in_flight=False, blocking=True)
+            while producer.poll(0.1):  # the purged records' callbacks
+                pass
+            if not self._purged:
+                continue  # only records in flight: their requests decide
+            logger.warning("paced producer: %d records queued a minute, sent anew",
+                           len(self._purged))
+            producer.flush(max(0.0, deadline - time.monotonic()))  # those in flight
+            producer = Producer(self._config)
+            for index in sorted(self._purged):
+                record = self._records[index]
+                producer.produce(record.topic, key=record.key, value=record.value,
+                                 headers=list(record.headers), on_delivery=self._report(index))
+        return remaining
+
     def _report(self, index: int) -> Any:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None and err.code() == KafkaError._PURGE_QUEUE:
+                self._purged.add(index)  # never sent: produced again (_flushed)
+                return
             if err is not None:
                 self.errors.append(err.name())
                 return
