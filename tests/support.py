@@ -7,11 +7,14 @@ Envelopes and session rows come from :mod:`devenv.harness.messages` and
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -234,6 +237,35 @@ def recreate_topic(admin: AdminClient, topic: str, partitions: int) -> None:
         except KafkaException:
             assert time.monotonic() < deadline, f"{topic} not created again in 30 s"
             time.sleep(0.5)
+
+
+def _thread_states(pid: int) -> set[str]:
+    """The scheduler states (``R``, ``S``, ``T``, ...) of ``pid``'s threads."""
+    states = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            states.add((task / "stat").read_text().rpartition(")")[2].split()[0])
+    return states
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """``pid`` stopped with SIGSTOP, every thread of it seen stopped, then SIGCONT on leaving.
+
+    Its kernel still accepts connections and buffers requests; nothing answers them. Leaving
+    the block also checks it stayed stopped throughout, so a test's premise is proven, not
+    assumed.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10.0
+        while (states := _thread_states(pid)) != {"T"}:
+            assert time.monotonic() < deadline, f"pid {pid} not stopped by SIGSTOP: {states}"
+            time.sleep(0.01)
+        yield
+        assert _thread_states(pid) == {"T"}, f"pid {pid} went on while it should be stopped"
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def start_publisher(publisher: Any) -> Callable[[], None]:

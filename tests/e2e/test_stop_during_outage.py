@@ -10,7 +10,6 @@ ended a stop is read from the job's log; the harness's own waits are liveness bo
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from typing import Any
@@ -29,6 +28,7 @@ from tests.chaos import (
     wait_until_drained,
 )
 from tests.conftest import SettingsFactory
+from tests.support import frozen
 
 pytestmark = pytest.mark.e2e
 
@@ -183,16 +183,12 @@ def test_a_broker_that_accepts_and_never_answers_pauses_the_job_within_the_stuck
     settings = make_settings(source_stuck_seconds=3.0, stop_grace_seconds=5.0,
                              retry_initial_seconds=0.5, retry_max_seconds=2.0)
     job, stream, producer = _streaming(settings, jobs, seed=25)
-    pid = kafka_broker.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(kafka_broker.pid):
         said_after = job.wait_until(lambda: _paused_on(job, "kafka"), 45,
                                     "/readyz paused on kafka")
         livez = job.get("/livez")
         assert livez is not None and livez.status == 200, "a frozen broker is no reason to restart"
         code = job.terminate(sig=signal.SIGTERM)
-    finally:
-        os.kill(pid, signal.SIGCONT)
     stop_s = job.stop_seconds(1)
     report(record_property, "frozen-broker", {"said_after_s": round(said_after, 1),
                                               "stop_s": stop_s, "exit_code": code})

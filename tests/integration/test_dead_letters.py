@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -35,7 +34,7 @@ from schemas.dlq import (
 from schemas.dlq_letter import DeadLetter
 from schemas.kafka_record import SourceRecord
 from sinks.dead_letters import DEFAULT_TOPIC_LIMIT, DeadLetterPublisher
-from tests.support import Consumed, consume_all
+from tests.support import Consumed, consume_all, frozen
 
 pytestmark = pytest.mark.integration
 
@@ -304,14 +303,10 @@ def test_letters_sent_to_a_frozen_broker_are_written_once_when_it_resumes(
     dlq = Dlq(kafka_bootstrap)
     dlq.publisher.publish([_letter(b"first", 0)])  # connected, the limit read
     thread, errors = _publishing(dlq, [_letter(b"frozen-%d" % i, i) for i in range(1, 4)])
-    pid = kafka_broker.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(kafka_broker.pid):
         thread.start()
         time.sleep(33)  # past the 30 s message timeout the letters had
-        assert thread.is_alive()  # waiting, not dead-lettering into the void
-    finally:
-        os.kill(pid, signal.SIGCONT)
+        assert thread.is_alive(), f"done while the broker was frozen: {errors}"  # waiting
     thread.join(90)
 
     assert not thread.is_alive() and errors == []
