@@ -27,9 +27,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run on the same pytest-xdist worker")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shared_kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    """The session's cluster, started on first use; every JVM is SIGKILLed at the end.
+    """The folder's cluster, started on first use; every JVM is SIGKILLed after its last test.
+
+    Its tests run one after another on one worker (their group), so the three JVMs do not idle
+    through the rest of that worker's session.
 
     If the run is killed instead, each JVM gets SIGKILL from the kernel (``die_with_parent``).
     """
