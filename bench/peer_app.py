@@ -13,12 +13,14 @@ no DLQ; ``PostgreSQLSink`` takes a batch's columns from its first row (UserId ma
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from quixstreams import Application
 from quixstreams.dataframe.joins.lookups.postgresql import PostgresLookup
+from quixstreams.models.topics.exceptions import TopicNotFoundError
 from quixstreams.sinks.community.postgresql import PostgreSQLSink
 
 _EMPTY = "00000000-0000-0000-0000-000000000000"
@@ -69,7 +71,25 @@ def _row(action_type: str) -> Any:
 
 
 def main() -> None:
-    """Run the app until SIGTERM."""
+    """Run the app until SIGTERM.
+
+    Quix Streams describes a changelog topic right after creating it; on a busy single broker
+    the topic may not be listed yet (TopicNotFoundError). Built again, it finds the topic.
+    """
+    for attempt in range(10):
+        try:
+            app = _app()
+        except TopicNotFoundError:
+            if attempt == 9:
+                raise
+            time.sleep(0.5)
+        else:
+            app.run()
+            return
+
+
+def _app() -> Application:
+    """The app's two pipelines, its topics created (module doc)."""
     env = os.environ
     db = {"host": env["PEER_PG_HOST"], "port": int(env["PEER_PG_PORT"]),
           "dbname": env["PEER_PG_DBNAME"], "user": env["PEER_PG_USER"],
@@ -92,7 +112,7 @@ def main() -> None:
         sdf.sink(PostgreSQLSink(**db, table_name="action_events", schema_name="user_activity",
                                 schema_auto_update=False, include_metadata=False,
                                 on_conflict_do_nothing=True))
-    app.run()
+    return app
 
 
 if __name__ == "__main__":
