@@ -176,10 +176,11 @@ def test_a_broker_outage_is_checked_once_per_step_for_the_worker_and_every_parti
         produce(settings, [r for t in topics for p in range(3) for r in _values(t, p, 5, 5)]
                 + _values(topics[0], 3, 5, 5))
         got = _read_round_robin(parts, 35, 60)
+        retries = _events(caplog, "kafka-consumer-retry")
+        said = [(r.attempt, r.error) for r in retries[-3:]]  # what the last probes met
         for (topic, partition), records in got.items():
             expected = range(5, 10) if partition < 3 else range(5)
-            assert [r.offset for r in records] == list(expected), (topic, partition)
-        retries = _events(caplog, "kafka-consumer-retry")
+            assert [r.offset for r in records] == list(expected), (topic, partition, said)
         assert [r.attempt for r in retries] == list(range(1, len(retries) + 1)), (
             "one line per step, not one per partition")
         assert all(set(r.partitions) >= waiters for r in retries)
